@@ -1,0 +1,1 @@
+"""Backends: one module per model server protocol, all behind ``proxy.backends.base.Backend``."""

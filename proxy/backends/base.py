@@ -1,0 +1,59 @@
+"""The backend interface. Every model server protocol implements it.
+
+Rules that MUST hold:
+- Errors are raised as ``ProxyError`` with the right kind; a backend's own error keeps its code
+  and text (``origin="backend"``); a transport failure says which backend and address failed.
+- ``infer`` never waits past ``min(call.remaining(), timeout_s)``.
+- ``metadata`` returns the backend's real contract; the caller caches it.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+
+from proxy.call import Call, LocalReply, Result, Target
+from proxy.contract import ModelContract
+from proxy.errors import ErrorKind, ProxyError
+
+
+class Backend(abc.ABC):
+    name: str
+    protocol: str  # "grpc", "http" or "inprocess": what wire form it can forward unchanged
+    timeout_s: float
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Open connections / load models. May raise; the caller retries."""
+
+    @abc.abstractmethod
+    async def ready(self) -> bool: ...
+
+    @abc.abstractmethod
+    async def model_ready(self, model: str, version: str = "") -> bool: ...
+
+    @abc.abstractmethod
+    async def metadata(self, model: str, version: str = "") -> ModelContract: ...
+
+    @abc.abstractmethod
+    async def infer(self, call: Call, target: Target) -> Result: ...
+
+    async def stream(self, call: Call, target: Target) -> AsyncIterator[Result | LocalReply]:
+        """Responses of a (decoupled) model as they come. Default: one response."""
+        yield await self.infer(call, target)
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    def timeout_for(self, call: Call) -> float:
+        remaining = call.remaining()
+        timeout = self.timeout_s if remaining is None else min(self.timeout_s, remaining)
+        if timeout <= 0:
+            raise ProxyError(ErrorKind.DEADLINE_EXCEEDED,
+                             f"deadline for model '{call.model}' passed before it reached "
+                             f"backend '{self.name}'")
+        return timeout
+
+    def deadline_error(self, target: Target, timeout: float) -> ProxyError:
+        return ProxyError(ErrorKind.DEADLINE_EXCEEDED,
+                          f"backend '{self.name}' did not answer model '{target.model}' within "
+                          f"{timeout * 1000:.0f} ms")

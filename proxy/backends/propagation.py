@@ -1,0 +1,24 @@
+"""What crosses the proxy hop: client metadata that the backend should see, plus W3C trace
+context. Transport and hop-by-hop headers stay behind, and so do mmguard's own."""
+
+from __future__ import annotations
+
+from opentelemetry import propagate
+
+_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+    "transfer-encoding", "upgrade", "host", "content-length", "content-type", "user-agent",
+    "accept", "accept-encoding", "content-encoding", "expect", "inference-header-content-length",
+    "traceparent", "tracestate",
+})
+
+
+def forward_headers(headers: dict[str, str]) -> dict[str, str]:
+    out = {k: v for k, v in headers.items()
+           if k not in _HOP and not k.startswith((":", "grpc-", "mmguard-"))}
+    propagate.inject(out)  # the current span's context (or the client's, passed through)
+    return out
+
+
+def forward_metadata(headers: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple((k, v) for k, v in forward_headers(headers).items() if not k.endswith("-bin"))

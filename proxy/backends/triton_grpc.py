@@ -1,0 +1,159 @@
+"""Triton over gRPC (KServe v2): pooled grpc.aio channels, deadlines, metadata propagated.
+
+Requests and responses cross as bytes: no deserializer is registered for ModelInfer, so an
+unedited request is sent exactly as the client sent it and the answer comes back unparsed until
+a filter or a front of another protocol needs it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+
+from proxy import codec_grpc
+from proxy.backends.base import Backend
+from proxy.backends.propagation import forward_metadata
+from proxy.call import Call, LocalReply, Result, Target
+from proxy.config import TritonGrpcBackend as GrpcConfig
+from proxy.contract import ModelContract, TensorSpec, fingerprint
+from proxy.errors import ErrorKind, ProxyError, kind_from_grpc
+from proxy.pb import grpc_service_pb2 as pb
+from proxy.pb import grpc_service_pb2_grpc as pb_grpc
+
+_SERVICE = "/inference.GRPCInferenceService/"
+
+
+class TritonGrpcBackend(Backend):
+    protocol = "grpc"
+
+    def __init__(self, cfg: GrpcConfig) -> None:
+        self.name = cfg.name
+        self.cfg = cfg
+        self.timeout_s = cfg.timeout_s
+        options = [
+            ("grpc.max_send_message_length", cfg.max_message_bytes),
+            ("grpc.max_receive_message_length", cfg.max_message_bytes),
+            ("grpc.keepalive_time_ms", 30_000),
+            # Distinct channel args keep the channels on separate connections.
+        ]
+        self._channels = [grpc.aio.insecure_channel(cfg.url, options=[*options,
+                                                                      ("mmguard.channel", i)])
+                          for i in range(cfg.channels)]
+        self._infer = [c.unary_unary(_SERVICE + "ModelInfer") for c in self._channels]
+        self._stream = [c.stream_stream(_SERVICE + "ModelStreamInfer") for c in self._channels]
+        self._stubs = [pb_grpc.GRPCInferenceServiceStub(c) for c in self._channels]
+        self._next = itertools.cycle(range(cfg.channels))
+
+    async def ready(self) -> bool:
+        try:
+            resp = await self._stubs[0].ServerReady(pb.ServerReadyRequest(), timeout=2.0)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(resp.ready)
+
+    async def model_ready(self, model: str, version: str = "") -> bool:
+        try:
+            resp = await self._stubs[0].ModelReady(
+                pb.ModelReadyRequest(name=model, version=version), timeout=2.0)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(resp.ready)
+
+    async def metadata(self, model: str, version: str = "") -> ModelContract:
+        stub = self._stubs[0]
+        try:
+            meta = await stub.ModelMetadata(pb.ModelMetadataRequest(name=model, version=version),
+                                            timeout=self.timeout_s)
+            cfg = await stub.ModelConfig(pb.ModelConfigRequest(name=model, version=version),
+                                         timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc, model) from None
+        config = json_format.MessageToDict(cfg.config, preserving_proto_field_name=True)
+        return contract_from_triton(meta.name, list(meta.versions), meta.platform,
+                                    [(t.name, t.datatype, tuple(t.shape)) for t in meta.inputs],
+                                    [(t.name, t.datatype, tuple(t.shape)) for t in meta.outputs],
+                                    _int_dims(config))
+
+    async def infer(self, call: Call, target: Target) -> Result:
+        body = codec_grpc.encode_request(call, target.model, target.version)
+        timeout = self.timeout_for(call)
+        i = next(self._next)
+        try:
+            resp = await self._infer[i](body, timeout=timeout,
+                                        metadata=forward_metadata(call.headers))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise self.deadline_error(target, timeout) from None
+            raise self._error(exc, target.model) from None
+        return codec_grpc.decode_response(resp)
+
+    async def stream(self, call: Call, target: Target) -> AsyncIterator[Result | LocalReply]:
+        # One backend stream per request: the request is written and the stream half-closed,
+        # so Triton ends it once the model has sent its last response.
+        body = codec_grpc.encode_request(call, target.model, target.version)
+        timeout = self.timeout_for(call)
+        i = next(self._next)
+        rpc = self._stream[i](iter([body]), timeout=timeout,
+                              metadata=forward_metadata(call.headers))
+        try:
+            async for raw in rpc:
+                msg = pb.ModelStreamInferResponse()
+                msg.ParseFromString(raw)
+                if msg.error_message:
+                    yield LocalReply(ErrorKind.INTERNAL, msg.error_message, origin="backend")
+                else:
+                    yield codec_grpc.result_from_pb(
+                        msg.infer_response,
+                        codec_grpc.Wire("grpc", msg.infer_response.SerializeToString()))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise self.deadline_error(target, timeout) from None
+            raise self._error(exc, target.model) from None
+        finally:
+            rpc.cancel()
+
+    def _error(self, exc: grpc.aio.AioRpcError, model: str) -> ProxyError:
+        code = exc.code()
+        details = exc.details() or ""
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return ProxyError(ErrorKind.UNAVAILABLE,
+                              f"backend '{self.name}' ({self.cfg.url}) is unavailable for model "
+                              f"'{model}': {details}")
+        return ProxyError(kind_from_grpc(code), details, origin="backend")
+
+    async def close(self) -> None:
+        for c in self._channels:
+            await c.close()
+
+
+def contract_from_triton(name: str, versions: list[str], platform: str,
+                         inputs: list[tuple[str, str, tuple[int, ...]]],
+                         outputs: list[tuple[str, str, tuple[int, ...]]],
+                         config: dict[str, Any]) -> ModelContract:
+    """Build the contract from Triton's metadata (shapes) and config (batching, optional,
+    decoupled). With max_batch_size >= 1 the metadata's leading -1 is the batch dimension."""
+    optional = {i["name"] for i in config.get("input", []) if i.get("optional")}
+    policy = config.get("model_transaction_policy") or {}
+    return ModelContract(
+        name=name, versions=tuple(versions), platform=platform or config.get("backend", ""),
+        inputs=tuple(TensorSpec(n, d, s, n in optional) for n, d, s in inputs),
+        outputs=tuple(TensorSpec(n, d, s) for n, d, s in outputs),
+        max_batch_size=int(config.get("max_batch_size", 0) or 0),
+        decoupled=bool(policy.get("decoupled", False)),
+        fingerprint=fingerprint(config, versions),
+        config=config,
+    )
+
+
+def _int_dims(config: dict[str, Any]) -> dict[str, Any]:
+    # proto3 JSON writes int64 as strings; Triton's HTTP config has numbers. Use numbers.
+    for key in ("input", "output"):
+        for t in config.get(key, []):
+            t["dims"] = [int(d) for d in t.get("dims", [])]
+    if "max_batch_size" in config:
+        config["max_batch_size"] = int(config["max_batch_size"])
+    return config

@@ -1,0 +1,171 @@
+"""The protocol-neutral request (``Call``), its answer (``Result``) and a refusal (``LocalReply``).
+
+A front decodes its wire request into a ``Call``; filters read and edit it; the terminal hands it
+to a backend. Rules that MUST hold:
+
+- Per-request state lives on the call under typed keys (``CallKey``), never on a filter object.
+- ``Call.wire`` / ``Result.wire`` hold the original encoded message while nothing has edited the
+  inputs/outputs. Any edit goes through ``set_inputs`` / ``set_outputs``, which drops the wire form,
+  so an edited call is re-encoded and an unedited one is forwarded byte for byte.
+- ``Call.decisions`` are the ``mmguard-*`` annotations that filters make (see
+  ``Telemetry.decide``): the fronts send them as HTTP response headers or gRPC trailing metadata,
+  whether the answer is a result or a refusal.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from proxy.errors import ErrorKind, ProxyError
+from proxy.tensor import Tensor
+
+T = TypeVar("T")
+
+
+class CallKey(Generic[T]):
+    """A typed key for per-request state: ``call.state[KEY]`` is a ``T``."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"CallKey({self.name!r})"
+
+
+class CallState:
+    def __init__(self) -> None:
+        self._items: dict[CallKey[Any], Any] = {}
+
+    def __getitem__(self, key: CallKey[T]) -> T:
+        return self._items[key]  # type: ignore[no-any-return]
+
+    def __setitem__(self, key: CallKey[T], value: T) -> None:
+        self._items[key] = value
+
+    def __contains__(self, key: CallKey[Any]) -> bool:
+        return key in self._items
+
+    def get(self, key: CallKey[T], default: T | None = None) -> T | None:
+        return self._items.get(key, default)
+
+
+@dataclass(slots=True)
+class Wire:
+    """An encoded message as it came: ``protocol`` is ``grpc`` (protobuf bytes) or ``http``
+    (a v2 JSON body, with ``header_length`` for the binary extension)."""
+
+    protocol: str
+    body: bytes
+    header_length: int | None = None
+    content_type: str | None = None
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    name: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Target:
+    """Where the terminal sends the call: a backend by name and the model name it knows."""
+
+    backend: str
+    model: str
+    version: str = ""
+
+
+@dataclass(slots=True, eq=False)
+class Call:
+    model: str
+    version: str
+    inputs: list[Tensor]
+    id: str = ""
+    outputs: list[RequestedOutput] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)  # client metadata, lower-case keys
+    front: str = ""  # grpc | http
+    streaming: bool = False
+    deadline: float | None = None  # time.monotonic() by which the answer is due
+    wire: Wire | None = None
+    target: Target | None = None
+    state: CallState = field(default_factory=CallState)
+    decisions: dict[str, str] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+
+    def set_inputs(self, inputs: list[Tensor]) -> None:
+        self.inputs = inputs
+        self.wire = None
+
+    def input(self, name: str) -> Tensor | None:
+        for t in self.inputs:
+            if t.name == name:
+                return t
+        return None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.inputs)
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (may be negative), or None without one."""
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+
+class Result:
+    """A backend's answer. ``outputs`` may be decoded lazily from ``wire`` on first access."""
+
+    __slots__ = ("model", "version", "id", "parameters", "wire", "stream",
+                 "_outputs", "_decode")
+
+    def __init__(self, model: str, version: str = "", id: str = "",
+                 outputs: list[Tensor] | None = None, *, parameters: dict[str, Any] | None = None,
+                 wire: Wire | None = None,
+                 decode: Callable[[], list[Tensor]] | None = None,
+                 stream: AsyncIterator[Result | LocalReply] | None = None) -> None:
+        self.model = model
+        self.version = version
+        self.id = id
+        self.parameters = parameters or {}
+        self.wire = wire
+        self.stream = stream
+        self._outputs = outputs
+        self._decode = decode
+
+    @property
+    def outputs(self) -> list[Tensor]:
+        if self._outputs is None:
+            self._outputs = self._decode() if self._decode else []
+        return self._outputs
+
+    def set_outputs(self, outputs: list[Tensor]) -> None:
+        self._outputs = outputs
+        self.wire = None
+
+    def output(self, name: str) -> Tensor | None:
+        for t in self.outputs:
+            if t.name == name:
+                return t
+        return None
+
+
+@dataclass(slots=True)
+class LocalReply:
+    """A refusal made by mmguard (or a backend error), encoded by the front through ONE table."""
+
+    kind: ErrorKind
+    message: str
+    origin: str = "mmguard"
+    retry_after_s: float | None = None
+
+    @classmethod
+    def from_error(cls, err: ProxyError) -> LocalReply:
+        return cls(err.kind, err.message, origin=err.origin, retry_after_s=err.retry_after_s)
+
+
+Reply = Result | LocalReply

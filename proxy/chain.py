@@ -1,0 +1,107 @@
+"""The filter chain: an onion of async filters around a terminal that calls the backend.
+
+A filter is ``async def __call__(self, call, next) -> Result | LocalReply``. It may edit the call
+and ``await next(call)``; return a ``LocalReply`` without calling ``next``; inspect or replace the
+result; or call ``next`` again with another target. The chain for a route is composed once (at
+start-up and on reload); an outer layer guarantees that no exception escapes: a ``ProxyError``
+becomes its ``LocalReply``, anything else an INTERNAL reply naming the filter.
+
+Filters are found through the ``mmguard.filters`` entry-point group, so ``proxy`` never imports
+``filters``: each entry point names a ``FilterFactory`` with its own pydantic config model.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import cache
+from importlib.metadata import entry_points
+from typing import Any, Protocol
+
+from opentelemetry import trace
+from pydantic import BaseModel
+
+from proxy.call import Call, LocalReply, Reply
+from proxy.clock import Clock
+from proxy.contract import ModelContract
+from proxy.errors import ErrorKind, ProxyError
+from proxy.telemetry import Telemetry
+
+Next = Callable[[Call], Awaitable[Reply]]
+log = logging.getLogger("mmguard.chain")
+
+
+class Filter(Protocol):
+    async def __call__(self, call: Call, next: Next) -> Reply: ...
+
+
+@dataclass(frozen=True)
+class FilterContext:
+    """What a filter may use besides the call: its route, telemetry, time, randomness and the
+    backend's contract (a callable, because the contract is refreshed while the filter lives)."""
+
+    route: str
+    telemetry: Telemetry
+    clock: Clock
+    rng: random.Random
+    contract: Callable[[], ModelContract | None]
+
+
+class FilterFactory(Protocol):
+    name: str
+    config_model: type[BaseModel]
+
+    def build(self, config: Any, ctx: FilterContext) -> Filter: ...
+
+
+@cache
+def filter_factories() -> dict[str, FilterFactory]:
+    found: dict[str, FilterFactory] = {}
+    for ep in entry_points(group="mmguard.filters"):
+        factory = ep.load()
+        found[ep.name] = factory() if isinstance(factory, type) else factory
+    return found
+
+
+def compose(filters: list[tuple[str, Filter]], terminal: Next) -> Next:
+    """Fold filters (outermost first) around ``terminal`` and add the never-leak layer."""
+    tracer = trace.get_tracer("mmguard")
+    handler = terminal
+    for name, f in reversed(filters):
+        handler = _step(name, f, handler, tracer)
+    return _guard(handler)
+
+
+def _step(name: str, f: Filter, nxt: Next, tracer: trace.Tracer) -> Next:
+    async def step(call: Call) -> Reply:
+        with tracer.start_as_current_span(f"filter {name}"):
+            try:
+                return await f(call, nxt)
+            except ProxyError:
+                raise
+            except Exception as exc:
+                # Say which filter broke; the outer guard turns this into INTERNAL.
+                raise _FilterCrash(name, exc) from exc
+
+    return step
+
+
+class _FilterCrash(Exception):
+    def __init__(self, name: str, exc: Exception) -> None:
+        super().__init__(f"filter '{name}' failed: {type(exc).__name__}: {exc}")
+        self.filter = name
+
+
+def _guard(handler: Next) -> Next:
+    async def guarded(call: Call) -> Reply:
+        try:
+            return await handler(call)
+        except ProxyError as err:
+            return LocalReply.from_error(err)
+        except Exception as exc:  # the one place that swallows: callers always get an answer
+            log.exception("internal error on model %r: %s", call.model, exc)
+            return LocalReply(ErrorKind.INTERNAL, f"mmguard internal error: {exc}")
+
+    return guarded

@@ -1,0 +1,69 @@
+"""``mmguard``: serve, check-config, demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from proxy.config import ConfigError, load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mmguard", description="Guard proxy for model serving")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the proxy (embedded default without --config)")
+    serve.add_argument("--config", type=Path, help="YAML config file")
+    serve.add_argument("--http-port", type=int, help="KServe v2 HTTP port (default 9000)")
+    serve.add_argument("--grpc-port", type=int, help="KServe v2 gRPC port (default 9001)")
+    serve.add_argument("--admin-port", type=int, help="admin port: /metrics, /healthz (9002)")
+    check = sub.add_parser("check-config", help="validate a config file without serving")
+    check.add_argument("file", type=Path)
+    demo = sub.add_parser("demo", help="send one real request to a running mmguard")
+    demo.add_argument("--url", default="127.0.0.1:9001", help="gRPC address of mmguard")
+    demo.add_argument("--text", default="a photo of a cat")
+    args = parser.parse_args(argv)
+    if args.command == "check-config":
+        return check_config(args.file)
+    if args.command == "demo":
+        from proxy.demo_client import run_demo
+        return run_demo(args.url, args.text)
+    return serve_main(args)
+
+
+def check_config(path: Path) -> int:
+    try:
+        cfg = load_config(path)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 1
+    print(f"{path}: ok ({len(cfg.backends)} backends, {len(cfg.models)} models)")
+    return 0
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    from proxy.embedded import embedded_config
+    from proxy.server import Ports, Server
+    from proxy.telemetry import setup_logging, setup_tracing
+
+    try:
+        config = load_config(args.config) if args.config else embedded_config()
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 1
+    setup_logging(config.telemetry.log_level, config.telemetry.log_format)
+    setup_tracing(config.telemetry.otlp_endpoint, config.telemetry.service_name)
+
+    async def run() -> None:
+        server = Server(config, args.config, Ports(args.http_port, args.grpc_port,
+                                                   args.admin_port))
+        await server.start()
+        await server.run_until_signalled()
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

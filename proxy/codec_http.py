@@ -1,0 +1,208 @@
+"""KServe v2 HTTP/REST (JSON and the binary tensor extension) ↔ ``Call`` / ``Result``.
+
+Binary tensors are memoryview slices of the request body, never copied on the way in. An unedited
+call to an HTTP backend is forwarded as its original body; a call that crossed protocols or was
+edited is re-encoded with every tensor binary (raw to raw). Responses are encoded the way the
+client asked: ``binary_data`` per output, ``binary_data_output`` for all, JSON otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from proxy.call import Call, RequestedOutput, Result, Wire
+from proxy.errors import ErrorKind, ProxyError
+from proxy.tensor import DATATYPES, Tensor
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+JSON_TYPE = "application/json"
+BINARY_TYPE = "application/octet-stream"
+
+
+def bad(message: str) -> ProxyError:
+    return ProxyError(ErrorKind.INVALID_ARGUMENT, message)
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], int | None]:
+    """Parse the JSON part of a v2 body; returns it and the binary offset (None: JSON only)."""
+    hlen: int | None = None
+    if header_length is not None:
+        try:
+            hlen = int(header_length)
+        except ValueError:
+            raise bad(f"{HEADER_LENGTH} must be an integer, got {header_length!r}") from None
+        if not 0 <= hlen <= len(body):
+            raise bad(f"{HEADER_LENGTH} is {hlen} but the body has {len(body)} bytes")
+    head = body if hlen is None else body[:hlen]
+    try:
+        doc = json.loads(head)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad(f"malformed JSON in the request body: {exc}") from None
+    if not isinstance(doc, dict):
+        raise bad(f"the request body must be a JSON object, got {type(doc).__name__}")
+    return doc, hlen
+
+
+def decode_request(body: bytes, header_length: str | None, model: str, version: str,
+                   content_type: str | None = None) -> Call:
+    doc, hlen = split_body(body, header_length)
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise bad("the request needs a non-empty 'inputs' list")
+    view = memoryview(body)
+    offset = hlen or 0
+    inputs = []
+    for i, item in enumerate(raw_inputs):
+        t, offset = _decode_input(i, item, view, offset, hlen is not None)
+        inputs.append(t)
+    if hlen is not None and offset != len(body):
+        raise bad(f"the binary part has {len(body) - hlen} bytes but the inputs declare "
+                  f"{offset - hlen} (binary_data_size)")
+    outputs = []
+    for o in doc.get("outputs") or []:
+        if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+            raise bad("each entry of 'outputs' must be an object with a 'name'")
+        outputs.append(RequestedOutput(o["name"], dict(o.get("parameters") or {})))
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise bad("'parameters' must be an object")
+    return Call(model=model, version=version, id=str(doc.get("id", "")), inputs=inputs,
+                outputs=outputs, parameters=params, front="http",
+                wire=Wire("http", body, hlen, content_type))
+
+
+def _decode_input(i: int, item: Any, view: memoryview, offset: int,
+                  has_binary: bool) -> tuple[Tensor, int]:
+    if not isinstance(item, dict):
+        raise bad(f"inputs[{i}] must be an object")
+    name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
+    if not isinstance(name, str):
+        raise bad(f"inputs[{i}] needs a string 'name'")
+    if datatype not in DATATYPES:
+        raise bad(f"input '{name}': unknown datatype {datatype!r}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
+                                              for d in shape):
+        raise bad(f"input '{name}': 'shape' must be a list of integers, got {shape!r}")
+    params = item.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise bad(f"input '{name}': 'parameters' must be an object")
+    if "shared_memory_region" in params:
+        raise ProxyError(ErrorKind.UNIMPLEMENTED,
+                         f"input '{name}' uses shared memory; mmguard does not support "
+                         "shared-memory regions across the proxy hop")
+    size = params.get("binary_data_size")
+    if size is not None:
+        if not has_binary:
+            raise bad(f"input '{name}' has binary_data_size but the request has no "
+                      f"{HEADER_LENGTH} header")
+        if not isinstance(size, int) or size < 0 or offset + size > len(view):
+            raise bad(f"input '{name}': binary_data_size {size!r} runs past the end of the "
+                      f"body ({len(view) - offset} bytes left)")
+        t = Tensor(name, datatype, tuple(shape), raw=view[offset:offset + size],
+                   parameters=params)
+        offset += size
+    elif "data" in item:
+        t = Tensor(name, datatype, tuple(shape), data=item["data"], parameters=params)
+        _check_json_data(t)
+    else:
+        raise bad(f"input '{name}' has neither 'data' nor a binary_data_size parameter")
+    t.check_payload()
+    return t, offset
+
+
+def _check_json_data(t: Tensor) -> None:
+    try:
+        raw = t.to_raw()
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise bad(f"input '{t.name}': data does not fit {t.datatype}: {exc}") from None
+    t.raw, t.data = raw, None  # check_payload then reports any count mismatch exactly
+
+
+def encode_request(call: Call) -> tuple[bytes, int | None, bool]:
+    """Body and header length for an HTTP backend; the flag says whether the client's own body
+    was forwarded (then the backend's answer is already in the form the client asked for)."""
+    if call.wire is not None and call.wire.protocol == "http":
+        return call.wire.body, call.wire.header_length, True
+    head: dict[str, Any] = {"inputs": []}
+    if call.id:
+        head["id"] = call.id
+    if call.parameters:
+        head["parameters"] = dict(call.parameters)
+    chunks: list[Any] = []
+    for t in call.inputs:
+        raw = t.raw_bytes()
+        params = {**t.parameters, "binary_data_size": len(raw)}
+        head["inputs"].append({"name": t.name, "datatype": t.datatype, "shape": list(t.shape),
+                               "parameters": params})
+        chunks.append(raw)
+    if call.outputs:
+        head["outputs"] = [{"name": o.name, "parameters": {**o.parameters, "binary_data": True}}
+                           for o in call.outputs]
+    else:
+        head.setdefault("parameters", {})["binary_data_output"] = True
+    header = json.dumps(head, separators=(",", ":")).encode()
+    return b"".join([header, *chunks]), len(header), False
+
+
+def decode_response(body: bytes, header_length: str | None, wire_valid: bool) -> Result:
+    try:
+        doc, hlen = split_body(body, header_length)
+    except ProxyError as err:
+        raise ProxyError(ErrorKind.INTERNAL, f"backend sent a malformed v2 response: {err}",
+                         origin="backend") from None
+    view = memoryview(body)
+
+    def outputs() -> list[Tensor]:
+        offset = hlen or 0
+        out = []
+        for o in doc.get("outputs") or []:
+            params = dict(o.get("parameters") or {})
+            size = params.pop("binary_data_size", None)
+            shape = tuple(o.get("shape") or ())
+            if size is not None:
+                out.append(Tensor(o["name"], o["datatype"], shape,
+                                  raw=view[offset:offset + size], parameters=params))
+                offset += size
+            else:
+                t = Tensor(o["name"], o["datatype"], shape, data=o.get("data", []),
+                           parameters=params)
+                t.raw, t.data = t.to_raw(), None
+                out.append(t)
+        return out
+
+    wire = Wire("http", body, hlen) if wire_valid else None
+    return Result(str(doc.get("model_name", "")), str(doc.get("model_version", "")),
+                  str(doc.get("id", "")), parameters=dict(doc.get("parameters") or {}),
+                  wire=wire, decode=outputs)
+
+
+def encode_response(call: Call, result: Result) -> tuple[bytes, int | None]:
+    if result.wire is not None and result.wire.protocol == "http" and result.model == call.model:
+        return result.wire.body, result.wire.header_length
+    want_binary_all = bool(call.parameters.get("binary_data_output", False))
+    asked = {o.name: o.parameters for o in call.outputs}
+    head: dict[str, Any] = {"model_name": call.model, "model_version": result.version,
+                            "outputs": []}
+    if call.id or result.id:
+        head["id"] = call.id or result.id
+    if result.parameters:
+        head["parameters"] = result.parameters
+    chunks: list[Any] = []
+    for t in result.outputs:
+        binary = asked.get(t.name, {}).get("binary_data", want_binary_all)
+        entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+        params = {k: v for k, v in t.parameters.items() if k != "binary_data_size"}
+        if binary:
+            raw = t.raw_bytes()
+            params["binary_data_size"] = len(raw)
+            chunks.append(raw)
+        else:
+            entry["data"] = t.to_list()
+        if params:
+            entry["parameters"] = params
+        head["outputs"].append(entry)
+    header = json.dumps(head, separators=(",", ":")).encode()
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)

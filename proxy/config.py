@@ -1,0 +1,235 @@
+"""mmguard's configuration: one YAML file validated into frozen, typed models.
+
+Unknown keys are refused everywhere (``extra="forbid"``). Errors name the key path and the reason,
+e.g. ``models[0].filters[1].limits.max_batch: Input should be greater than 0``. Each filter's own
+config model lives beside the filter and is found through its factory; ``load_config`` validates
+those too, so ``mmguard check-config`` catches a bad filter option before anything serves.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from proxy.chain import filter_factories
+
+MiB = 1024 * 1024
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HttpListener(Strict):
+    host: str = "0.0.0.0"
+    """Address the KServe v2 HTTP front binds."""
+    port: int = Field(9000, ge=0, le=65535)
+    """0 picks a free port (logged at start)."""
+    max_request_bytes: int = Field(64 * MiB, gt=0)
+    """Bodies above this are refused with 413 before they are read."""
+
+
+class GrpcListener(Strict):
+    host: str = "0.0.0.0"
+    port: int = Field(9001, ge=0, le=65535)
+    max_request_bytes: int = Field(64 * MiB, gt=0)
+    """Messages above this are refused by gRPC with RESOURCE_EXHAUSTED."""
+
+
+class AdminListener(Strict):
+    host: str = "127.0.0.1"
+    """Localhost by default: the admin port is not for the world."""
+    port: int = Field(9002, ge=0, le=65535)
+
+
+class Listeners(Strict):
+    http: HttpListener = HttpListener()
+    grpc: GrpcListener = GrpcListener()
+    admin: AdminListener = AdminListener()
+
+
+class TritonGrpcBackend(Strict):
+    kind: Literal["triton_grpc"]
+    name: str
+    url: str
+    """host:port of Triton's gRPC endpoint."""
+    timeout_s: float = Field(30.0, gt=0)
+    channels: int = Field(1, ge=1, le=64)
+    """gRPC channels (HTTP/2 connections) used round-robin."""
+    max_message_bytes: int = Field(256 * MiB, gt=0)
+
+
+class TritonHttpBackend(Strict):
+    kind: Literal["triton_http"]
+    name: str
+    url: str
+    """http://host:port (or host:port) of Triton's HTTP endpoint."""
+    timeout_s: float = Field(30.0, gt=0)
+    pool_size: int = Field(64, ge=1)
+    """Keep-alive connections kept open to the server."""
+
+
+class OnnxRuntimeBackend(Strict):
+    kind: Literal["onnxruntime"]
+    name: str
+    model_dir: Path
+    """A repository laid out like Triton's: <model>/<version>/model.onnx (or <model>.onnx)."""
+    models: tuple[str, ...] | None = None
+    """Models to load; all found in model_dir when absent."""
+    threads: int = Field(2, ge=1, le=256)
+    """Worker threads running inference (the bounded pool)."""
+    intra_op_threads: int = Field(1, ge=0)
+    """ONNX Runtime's own threads per run; 0 lets it decide."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: CUDA when onnxruntime-gpu is installed and CUDA really loads, else CPU."""
+    max_batch_size: dict[str, int] = {}
+    """Per model: declare the leading dim a batch dim of at most this size (Triton's meaning)."""
+    timeout_s: float = Field(30.0, gt=0)
+
+
+BackendConfig = Annotated[TritonGrpcBackend | TritonHttpBackend | OnnxRuntimeBackend,
+                          Field(discriminator="kind")]
+
+
+class FilterSpec(Strict):
+    name: str
+    config: Any
+
+
+class ModelRoute(Strict):
+    name: str
+    """The model name clients use."""
+    backend: str
+    backend_model: str | None = None
+    """The name the backend knows; defaults to ``name``."""
+    version: str = ""
+    filters: tuple[dict[str, Any], ...] | None = None
+    """Filter chain, outermost first, as ``- <filter>: {options}``; defaults.filters when absent."""
+    timeout_s: float | None = Field(None, gt=0)
+    """Overall deadline for this model (the client's own deadline still wins when shorter)."""
+
+
+class Defaults(Strict):
+    filters: tuple[dict[str, Any], ...] = ({"limits": {}},)
+
+
+class TelemetryConfig(Strict):
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "text"] = "json"
+    otlp_endpoint: str | None = None
+    """OTLP/gRPC collector for traces; tracing export is off without it."""
+    service_name: str = "mmguard"
+
+
+class Config(Strict):
+    listeners: Listeners = Listeners()
+    backends: tuple[BackendConfig, ...]
+    models: tuple[ModelRoute, ...]
+    defaults: Defaults = Defaults()
+    telemetry: TelemetryConfig = TelemetryConfig()
+    contract_refresh_s: float = Field(30.0, gt=0)
+    """How often each backend's contract is re-read (a model reload is noticed within this)."""
+    shutdown_grace_s: float = Field(10.0, ge=0)
+
+    @model_validator(mode="after")
+    def _references(self) -> Config:
+        names = [b.name for b in self.backends]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"backend names must be unique; repeated: {sorted(dup)}")
+        models = [m.name for m in self.models]
+        dup = {n for n in models if models.count(n) > 1}
+        if dup:
+            raise ValueError(f"model names must be unique; repeated: {sorted(dup)}")
+        for m in self.models:
+            if m.backend not in names:
+                raise ValueError(f"model '{m.name}' names backend '{m.backend}', "
+                                 f"which is not among the backends {names}")
+        return self
+
+    def route_filters(self, route: ModelRoute) -> tuple[dict[str, Any], ...]:
+        return route.filters if route.filters is not None else self.defaults.filters
+
+
+class ConfigError(Exception):
+    def __init__(self, problems: list[str], source: str = "config") -> None:
+        self.problems = problems
+        super().__init__(f"{source} is invalid:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def resolve_filters(entries: tuple[dict[str, Any], ...], path: str) -> list[FilterSpec]:
+    """Validate a filter list against each filter's own config model."""
+    factories = filter_factories()
+    specs, problems = [], []
+    for i, entry in enumerate(entries):
+        where = f"{path}[{i}]"
+        if not isinstance(entry, dict) or len(entry) != 1:
+            problems.append(f"{where}: each filter is a one-key mapping '<filter>: {{options}}'")
+            continue
+        (name, options), = entry.items()
+        if name not in factories:
+            problems.append(f"{where}: unknown filter '{name}' (known: {sorted(factories)})")
+            continue
+        try:
+            cfg = factories[name].config_model.model_validate(options or {})
+        except ValidationError as exc:
+            problems.extend(_format(exc, f"{where}.{name}"))
+            continue
+        specs.append(FilterSpec(name=name, config=cfg))
+    if problems:
+        raise ConfigError(problems)
+    return specs
+
+
+def parse_config(doc: Any, source: str = "config") -> Config:
+    if doc is None:
+        raise ConfigError(["the file is empty"], source)
+    try:
+        cfg = Config.model_validate(doc)
+    except ValidationError as exc:
+        raise ConfigError(_format(exc, ""), source) from None
+    problems: list[str] = []
+    try:
+        resolve_filters(cfg.defaults.filters, "defaults.filters")
+    except ConfigError as err:
+        problems.extend(err.problems)
+    for i, route in enumerate(cfg.models):
+        if route.filters is None:
+            continue
+        try:
+            resolve_filters(route.filters, f"models[{i}].filters")
+        except ConfigError as err:
+            problems.extend(err.problems)
+    if problems:
+        raise ConfigError(problems, source)
+    return cfg
+
+
+def load_config(path: str | Path) -> Config:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError([f"cannot read: {exc}"], str(path)) from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"not valid YAML: {exc}"], str(path)) from None
+    return parse_config(doc, str(path))
+
+
+def _format(exc: ValidationError, prefix: str) -> list[str]:
+    out = []
+    for err in exc.errors():
+        path = prefix
+        for part in err["loc"]:
+            if isinstance(part, int):
+                path += f"[{part}]"
+            elif part in ("triton_grpc", "triton_http", "onnxruntime"):
+                continue  # discriminator tag that pydantic adds to the location
+            else:
+                path += f".{part}" if path else str(part)
+        out.append(f"{path or '(top level)'}: {err['msg']}")
+    return out

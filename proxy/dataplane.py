@@ -1,0 +1,129 @@
+"""The data plane both fronts share: health, metadata, statistics and inference over the current
+runtime, with the request-level span, metrics and statistics done once, here, for every front."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from opentelemetry import propagate, trace
+
+from proxy import __version__
+from proxy.call import Call, LocalReply, Reply, Result
+from proxy.contract import ModelContract
+from proxy.errors import ErrorKind, ProxyError
+from proxy.runtime import Runtime
+from proxy.telemetry import Telemetry
+
+EXTENSIONS = ("classification", "binary_tensor_data", "statistics", "model_configuration")
+_tracer = trace.get_tracer("mmguard")
+
+
+@dataclass
+class ModelStats:
+    success_count: int = 0
+    success_ns: int = 0
+    fail_count: int = 0
+    fail_ns: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+
+
+class DataPlane:
+    def __init__(self, runtime: Runtime, telemetry: Telemetry) -> None:
+        self.runtime = runtime
+        self.telemetry = telemetry
+        self.stats: dict[str, ModelStats] = {}
+        self.draining = False
+
+    # --- health and metadata ----------------------------------------------------------------
+
+    def live(self) -> bool:
+        return True
+
+    async def ready(self) -> bool:
+        return not self.draining and await self.runtime.ready()
+
+    async def model_ready(self, model: str, version: str = "") -> bool:
+        return not self.draining and await self.runtime.model_ready(model, version)
+
+    def server_metadata(self) -> dict[str, object]:
+        return {"name": "mmguard", "version": __version__, "extensions": list(EXTENSIONS)}
+
+    def contract(self, model: str) -> ModelContract:
+        """The served contract, under the name clients use (raises NOT_FOUND / UNAVAILABLE)."""
+        return self.runtime.contract(model)
+
+    def model_stats(self, model: str = "") -> dict[str, ModelStats]:
+        if model:
+            if model not in self.runtime.routes:
+                raise ProxyError(ErrorKind.NOT_FOUND, f"model '{model}' is not served by mmguard")
+            return {model: self.stats.get(model, ModelStats())}
+        return {name: self.stats.get(name, ModelStats()) for name in self.runtime.routes}
+
+    # --- inference --------------------------------------------------------------------------
+
+    async def infer(self, call: Call) -> Reply:
+        ctx = propagate.extract(call.headers)
+        labels = (call.model, call.front)
+        with _tracer.start_as_current_span(f"mmguard {call.front} infer", context=ctx,
+                                           kind=trace.SpanKind.SERVER) as span:
+            span.set_attribute("mmguard.model", call.model)
+            self.telemetry.in_flight.labels(*labels).inc()
+            start = time.perf_counter_ns()
+            try:
+                reply = await self.runtime.handle(call)
+            finally:
+                self.telemetry.in_flight.labels(*labels).dec()
+            elapsed = time.perf_counter_ns() - start
+            self._account(call, reply, elapsed)
+            if isinstance(reply, LocalReply):
+                span.set_status(trace.StatusCode.ERROR, reply.message)
+                span.set_attribute("mmguard.error_kind", reply.kind.value)
+        return reply
+
+    def _account(self, call: Call, reply: Reply, elapsed_ns: int) -> None:
+        backend = call.target.backend if call.target else ""
+        code = "ok" if isinstance(reply, Result) else reply.kind.value
+        if call.model not in self.runtime.routes:
+            call_model = "(unknown)"  # keep label cardinality bounded
+        else:
+            call_model = call.model
+        self.telemetry.requests.labels(call_model, backend, call.front, code).inc()
+        self.telemetry.latency.labels(call_model, backend, call.front).observe(elapsed_ns / 1e9)
+        self.telemetry.request_bytes.labels(call_model, call.front).inc(call.nbytes)
+        if call_model == "(unknown)":
+            return
+        st = self.stats.setdefault(call.model, ModelStats())
+        if isinstance(reply, Result):
+            st.success_count += 1
+            st.success_ns += elapsed_ns
+            st.execution_count += 1
+            st.inference_count += _batch_size(call)
+            st.last_inference_ms = int(time.time() * 1000)
+        else:
+            st.fail_count += 1
+            st.fail_ns += elapsed_ns
+
+    async def stream(self, call: Call) -> AsyncIterator[Reply]:
+        """Each response of a streamed call as it comes; errors become a LocalReply item."""
+        call.streaming = True
+        reply = await self.infer(call)
+        if isinstance(reply, LocalReply) or reply.stream is None:
+            yield reply
+            return
+        try:
+            async for item in reply.stream:
+                yield item
+        except ProxyError as exc:
+            yield LocalReply.from_error(exc)
+        except Exception as exc:  # a stream never ends without a last word to the client
+            yield LocalReply(ErrorKind.INTERNAL, f"stream failed: {type(exc).__name__}: {exc}")
+
+
+def _batch_size(call: Call) -> int:
+    if call.inputs and call.inputs[0].shape:
+        return max(call.inputs[0].shape[0], 1)
+    return 1

@@ -1,0 +1,93 @@
+"""Error kinds and the ONE table that maps them to HTTP status and gRPC code.
+
+Every refusal in mmguard — a front's decode error, a filter's ``LocalReply``, a backend failure —
+carries an ``ErrorKind``. Both fronts MUST encode a kind through ``STATUS`` and nothing else, so
+the same failure never gets a 400 on one protocol and INTERNAL on the other (KServe's python
+server has exactly that bug).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+import grpc
+
+
+class ErrorKind(enum.Enum):
+    INVALID_ARGUMENT = "invalid_argument"
+    UNPROCESSABLE = "unprocessable"  # well-formed but refused on content (quality)
+    NOT_FOUND = "not_found"
+    TOO_LARGE = "too_large"
+    OVERLOADED = "overloaded"
+    UNAVAILABLE = "unavailable"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    UNIMPLEMENTED = "unimplemented"
+    FAILED_PRECONDITION = "failed_precondition"
+    CANCELLED = "cancelled"
+    UNAUTHENTICATED = "unauthenticated"
+    PERMISSION_DENIED = "permission_denied"
+    INTERNAL = "internal"
+
+
+class Status(NamedTuple):
+    http: int
+    grpc: grpc.StatusCode
+
+
+STATUS: dict[ErrorKind, Status] = {
+    ErrorKind.INVALID_ARGUMENT: Status(400, grpc.StatusCode.INVALID_ARGUMENT),
+    ErrorKind.UNPROCESSABLE: Status(422, grpc.StatusCode.INVALID_ARGUMENT),
+    ErrorKind.NOT_FOUND: Status(404, grpc.StatusCode.NOT_FOUND),
+    ErrorKind.TOO_LARGE: Status(413, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    ErrorKind.OVERLOADED: Status(429, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    ErrorKind.UNAVAILABLE: Status(503, grpc.StatusCode.UNAVAILABLE),
+    ErrorKind.DEADLINE_EXCEEDED: Status(504, grpc.StatusCode.DEADLINE_EXCEEDED),
+    ErrorKind.UNIMPLEMENTED: Status(501, grpc.StatusCode.UNIMPLEMENTED),
+    ErrorKind.FAILED_PRECONDITION: Status(412, grpc.StatusCode.FAILED_PRECONDITION),
+    ErrorKind.CANCELLED: Status(499, grpc.StatusCode.CANCELLED),
+    ErrorKind.UNAUTHENTICATED: Status(401, grpc.StatusCode.UNAUTHENTICATED),
+    ErrorKind.PERMISSION_DENIED: Status(403, grpc.StatusCode.PERMISSION_DENIED),
+    ErrorKind.INTERNAL: Status(500, grpc.StatusCode.INTERNAL),
+}
+
+# Reverse lookups for errors that come back from a backend, so they pass through with their code.
+_FROM_GRPC: dict[grpc.StatusCode, ErrorKind] = {
+    grpc.StatusCode.INVALID_ARGUMENT: ErrorKind.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND: ErrorKind.NOT_FOUND,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ErrorKind.OVERLOADED,
+    grpc.StatusCode.UNAVAILABLE: ErrorKind.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED: ErrorKind.DEADLINE_EXCEEDED,
+    grpc.StatusCode.UNIMPLEMENTED: ErrorKind.UNIMPLEMENTED,
+    grpc.StatusCode.FAILED_PRECONDITION: ErrorKind.FAILED_PRECONDITION,
+    grpc.StatusCode.CANCELLED: ErrorKind.CANCELLED,
+    grpc.StatusCode.UNAUTHENTICATED: ErrorKind.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED: ErrorKind.PERMISSION_DENIED,
+    grpc.StatusCode.OUT_OF_RANGE: ErrorKind.INVALID_ARGUMENT,
+    grpc.StatusCode.ALREADY_EXISTS: ErrorKind.INVALID_ARGUMENT,
+}
+_FROM_HTTP: dict[int, ErrorKind] = {s.http: k for k, s in STATUS.items()}
+
+
+def kind_from_grpc(code: grpc.StatusCode) -> ErrorKind:
+    return _FROM_GRPC.get(code, ErrorKind.INTERNAL)
+
+
+def kind_from_http(status: int) -> ErrorKind:
+    if status in _FROM_HTTP:
+        return _FROM_HTTP[status]
+    if status == 408:
+        return ErrorKind.DEADLINE_EXCEEDED
+    return ErrorKind.INVALID_ARGUMENT if 400 <= status < 500 else ErrorKind.INTERNAL
+
+
+class ProxyError(Exception):
+    """An error with a kind; ``origin`` says who found it (``mmguard`` or ``backend``)."""
+
+    def __init__(self, kind: ErrorKind, message: str, *, origin: str = "mmguard",
+                 retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.origin = origin
+        self.retry_after_s = retry_after_s

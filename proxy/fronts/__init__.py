@@ -1,0 +1,1 @@
+"""Fronts: wire protocol in, ``Call`` to the data plane, wire protocol out."""

@@ -1,0 +1,224 @@
+"""The KServe v2 gRPC front (``inference.GRPCInferenceService``), wire-compatible with Triton.
+
+ModelInfer and ModelStreamInfer take and give raw bytes (no generated (de)serializers), so an
+unedited request and answer cross mmguard without being re-encoded. Decisions made by filters go
+out as trailing metadata (``mmguard-*``); errors are encoded through ``proxy.errors.STATUS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from proxy import codec_grpc
+from proxy.call import Call, LocalReply, Reply
+from proxy.dataplane import DataPlane
+from proxy.errors import STATUS, ErrorKind, ProxyError
+from proxy.pb import grpc_service_pb2 as pb
+
+SERVICE = "inference.GRPCInferenceService"
+_UNIMPLEMENTED = {
+    "RepositoryIndex": "mmguard is a sidecar proxy: it does not manage the model repository; "
+                       "ask the model server directly",
+    "RepositoryModelLoad": "mmguard does not load models; load them on the model server",
+    "RepositoryModelUnload": "mmguard does not unload models; unload them on the model server",
+    "SystemSharedMemoryStatus": "shared memory does not cross the proxy hop; send tensors inline",
+    "SystemSharedMemoryRegister": "shared memory does not cross the proxy hop; send tensors "
+                                  "inline",
+    "SystemSharedMemoryUnregister": "shared memory does not cross the proxy hop",
+    "CudaSharedMemoryStatus": "CUDA shared memory does not cross the proxy hop; send tensors "
+                              "inline",
+    "CudaSharedMemoryRegister": "CUDA shared memory does not cross the proxy hop; send tensors "
+                                "inline",
+    "CudaSharedMemoryUnregister": "CUDA shared memory does not cross the proxy hop",
+    "TraceSetting": "trace settings are mmguard config (telemetry.otlp_endpoint), not an RPC",
+    "LogSettings": "log settings are mmguard config (telemetry.log_level), not an RPC",
+}
+
+
+def client_headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    return {k.lower(): v for k, v in (context.invocation_metadata() or ())
+            if isinstance(v, str)}
+
+
+async def abort(context: grpc.aio.ServicerContext, reply: LocalReply,
+                decisions: dict[str, str]) -> None:
+    trailers = [*decisions.items(), ("mmguard-error-origin", reply.origin)]
+    if reply.retry_after_s is not None:
+        trailers.append(("retry-after", str(max(1, round(reply.retry_after_s)))))
+    context.set_trailing_metadata(tuple(trailers))
+    await context.abort(STATUS[reply.kind].grpc, reply.message)
+
+
+class GrpcFront:
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        typed: dict[str, tuple[Callable[..., Awaitable[Message]], type[Message]]] = {
+            "ServerLive": (self.server_live, pb.ServerLiveRequest),
+            "ServerReady": (self.server_ready, pb.ServerReadyRequest),
+            "ModelReady": (self.model_ready, pb.ModelReadyRequest),
+            "ServerMetadata": (self.server_metadata, pb.ServerMetadataRequest),
+            "ModelMetadata": (self.model_metadata, pb.ModelMetadataRequest),
+            "ModelConfig": (self.model_config, pb.ModelConfigRequest),
+            "ModelStatistics": (self.model_statistics, pb.ModelStatisticsRequest),
+        }
+        methods: dict[str, grpc.RpcMethodHandler] = {
+            name: grpc.unary_unary_rpc_method_handler(
+                _typed(fn), request_deserializer=req.FromString,
+                response_serializer=lambda m: m.SerializeToString())
+            for name, (fn, req) in typed.items()
+        }
+        methods["ModelInfer"] = grpc.unary_unary_rpc_method_handler(self.model_infer)
+        methods["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+            self.model_stream_infer)
+        for name, why in _UNIMPLEMENTED.items():
+            methods[name] = grpc.unary_unary_rpc_method_handler(_unimplemented(name, why))
+        return grpc.method_handlers_generic_handler(SERVICE, methods)
+
+    # --- health and metadata ----------------------------------------------------------------
+
+    async def server_live(self, req: pb.ServerLiveRequest, ctx: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.plane.live())
+
+    async def server_ready(self, req: pb.ServerReadyRequest, ctx: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=await self.plane.ready())
+
+    async def model_ready(self, req: pb.ModelReadyRequest, ctx: Any) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=await self.plane.model_ready(req.name, req.version))
+
+    async def server_metadata(self, req: Any, ctx: Any) -> pb.ServerMetadataResponse:
+        meta = self.plane.server_metadata()
+        return pb.ServerMetadataResponse(name=str(meta["name"]), version=str(meta["version"]),
+                                         extensions=list(meta["extensions"]))  # type: ignore
+
+    async def model_metadata(self, req: pb.ModelMetadataRequest,
+                             ctx: Any) -> pb.ModelMetadataResponse:
+        c = self.plane.contract(req.name)
+        resp = pb.ModelMetadataResponse(name=req.name, versions=list(c.versions),
+                                        platform=c.platform)
+        for spec, out in ((c.inputs, resp.inputs), (c.outputs, resp.outputs)):
+            for t in spec:
+                out.add(name=t.name, datatype=t.datatype, shape=list(t.dims))
+        return resp
+
+    async def model_config(self, req: pb.ModelConfigRequest, ctx: Any) -> pb.ModelConfigResponse:
+        cfg = dict(self.plane.contract(req.name).config_json())
+        cfg["name"] = req.name
+        resp = pb.ModelConfigResponse()
+        json_format.ParseDict(cfg, resp.config, ignore_unknown_fields=True)
+        return resp
+
+    async def model_statistics(self, req: pb.ModelStatisticsRequest,
+                               ctx: Any) -> pb.ModelStatisticsResponse:
+        resp = pb.ModelStatisticsResponse()
+        for name, st in self.plane.model_stats(req.name).items():
+            s = resp.model_stats.add(name=name, version=req.version,
+                                     last_inference=st.last_inference_ms,
+                                     inference_count=st.inference_count,
+                                     execution_count=st.execution_count)
+            s.inference_stats.success.count = st.success_count
+            s.inference_stats.success.ns = st.success_ns
+            s.inference_stats.fail.count = st.fail_count
+            s.inference_stats.fail.ns = st.fail_ns
+        return resp
+
+    # --- inference --------------------------------------------------------------------------
+
+    async def model_infer(self, body: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            call = codec_grpc.decode_request(body)
+        except ProxyError as err:
+            await abort(context, LocalReply.from_error(err), {})
+            return b""
+        call.headers = client_headers(context)
+        remaining = context.time_remaining()
+        if remaining is not None:
+            call.deadline = time.monotonic() + remaining
+        reply = await self.plane.infer(call)
+        if isinstance(reply, LocalReply):
+            await abort(context, reply, call.decisions)
+            return b""
+        try:
+            out = codec_grpc.encode_response(call, reply)
+        except ProxyError as err:
+            await abort(context, LocalReply.from_error(err), call.decisions)
+            return b""
+        if call.decisions:
+            context.set_trailing_metadata(tuple(call.decisions.items()))
+        self.plane.telemetry.response_bytes.labels(call.model, "grpc").inc(len(out))
+        return out
+
+    async def model_stream_infer(self, requests: AsyncIterator[bytes],
+                                 context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """Each request runs the chain on its own; responses are written as they arrive, in the
+        order the backend produces them (decoupled models may interleave). Errors are stream
+        messages with ``error_message``, as Triton sends them, and the stream stays open."""
+        headers = client_headers(context)
+        out: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=64)
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def serve(body: bytes) -> None:
+            try:
+                call = codec_grpc.decode_request(body)
+            except ProxyError as err:
+                await out.put(codec_grpc.stream_error(err.message))
+                return
+            call.headers = headers
+            async for item in self.plane.stream(call):
+                await out.put(_stream_item(call, item))
+
+        async def pump() -> None:
+            try:
+                async for body in requests:
+                    t = asyncio.create_task(serve(body))
+                    tasks.add(t)
+                    t.add_done_callback(tasks.discard)
+                while tasks:
+                    await asyncio.gather(*list(tasks), return_exceptions=True)
+            finally:
+                await out.put(None)
+
+        reader = asyncio.create_task(pump())
+        try:
+            while (msg := await out.get()) is not None:
+                yield msg
+        finally:
+            reader.cancel()
+            for t in list(tasks):
+                t.cancel()
+
+
+def _stream_item(call: Call, item: Reply) -> bytes:
+    if isinstance(item, LocalReply):
+        return codec_grpc.stream_error(item.message)
+    try:
+        return codec_grpc.stream_response(codec_grpc.encode_response(call, item))
+    except ProxyError as err:
+        return codec_grpc.stream_error(err.message)
+
+
+def _typed(fn: Callable[[Any, Any], Awaitable[Message]]) -> Callable[..., Awaitable[Message]]:
+    async def handler(req: Any, context: grpc.aio.ServicerContext) -> Message:
+        try:
+            return await fn(req, context)
+        except ProxyError as err:
+            await abort(context, LocalReply.from_error(err), {})
+            raise  # unreachable: abort raises
+
+    return handler
+
+
+def _unimplemented(name: str, why: str) -> Callable[[bytes, Any], Awaitable[bytes]]:
+    async def handler(body: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        await abort(context, LocalReply(ErrorKind.UNIMPLEMENTED, f"{name}: {why}"), {})
+        return b""
+
+    return handler

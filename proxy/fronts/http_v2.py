@@ -1,0 +1,161 @@
+"""The KServe v2 HTTP/REST front (aiohttp): JSON tensors and the binary tensor extension.
+
+Bodies over the listener's limit are refused with 413 before they are read. Errors are
+``{"error": "..."}`` with the status from ``proxy.errors.STATUS``; filter decisions go out as
+``mmguard-*`` response headers.
+"""
+
+from __future__ import annotations
+
+import gzip
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from proxy import codec_http
+from proxy.call import LocalReply
+from proxy.dataplane import DataPlane
+from proxy.errors import STATUS, ErrorKind, ProxyError
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+TIMEOUT_HEADER = "mmguard-timeout-ms"
+
+
+def error_response(reply: LocalReply, decisions: dict[str, str] | None = None) -> web.Response:
+    headers = {**(decisions or {}), "mmguard-error-origin": reply.origin}
+    if reply.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, round(reply.retry_after_s)))
+    return web.json_response({"error": reply.message}, status=STATUS[reply.kind].http,
+                             headers=headers)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ProxyError as err:
+        return error_response(LocalReply.from_error(err))
+    except web.HTTPRequestEntityTooLarge as exc:
+        return error_response(LocalReply(ErrorKind.TOO_LARGE, f"request body too large: {exc}"))
+    except web.HTTPNotFound:
+        return error_response(LocalReply(ErrorKind.NOT_FOUND,
+                                         f"no such endpoint: {request.method} {request.path}"))
+    except web.HTTPMethodNotAllowed:
+        return web.json_response({"error": f"method {request.method} not allowed on "
+                                           f"{request.path}"}, status=405)
+
+
+class HttpFront:
+    def __init__(self, plane: DataPlane, max_request_bytes: int) -> None:
+        self.plane = plane
+        self.max_request_bytes = max_request_bytes
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_request_bytes, middlewares=[_errors])
+        r = app.router
+        r.add_get("/v2/health/live", self.live)
+        r.add_get("/v2/health/ready", self.ready)
+        r.add_get("/v2", self.server_metadata)
+        r.add_get("/v2/models/stats", self.stats)
+        for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+            r.add_get(base, self.model_metadata)
+            r.add_get(base + "/ready", self.model_ready)
+            r.add_get(base + "/config", self.model_config)
+            r.add_get(base + "/stats", self.stats)
+            r.add_post(base + "/infer", self.infer)
+        return app
+
+    async def live(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.plane.live() else 503)
+
+    async def ready(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if await self.plane.ready() else 503)
+
+    async def server_metadata(self, request: web.Request) -> web.Response:
+        return web.json_response(self.plane.server_metadata())
+
+    async def model_metadata(self, request: web.Request) -> web.Response:
+        model = request.match_info["model"]
+        meta = self.plane.contract(model).metadata_json()
+        meta["name"] = model
+        return web.json_response(meta)
+
+    async def model_ready(self, request: web.Request) -> web.Response:
+        ok = await self.plane.model_ready(request.match_info["model"],
+                                          request.match_info.get("version", ""))
+        return web.Response(status=200 if ok else 503)
+
+    async def model_config(self, request: web.Request) -> web.Response:
+        model = request.match_info["model"]
+        cfg = dict(self.plane.contract(model).config_json())
+        cfg["name"] = model
+        return web.json_response(cfg)
+
+    async def stats(self, request: web.Request) -> web.Response:
+        version = request.match_info.get("version", "")
+        out = []
+        for name, st in self.plane.model_stats(request.match_info.get("model", "")).items():
+            out.append({
+                "name": name, "version": version, "last_inference": st.last_inference_ms,
+                "inference_count": st.inference_count, "execution_count": st.execution_count,
+                "inference_stats": {
+                    "success": {"count": st.success_count, "ns": st.success_ns},
+                    "fail": {"count": st.fail_count, "ns": st.fail_ns},
+                },
+            })
+        return web.json_response({"model_stats": out})
+
+    async def infer(self, request: web.Request) -> web.Response:
+        length = request.content_length
+        if length is not None and length > self.max_request_bytes:
+            raise ProxyError(ErrorKind.TOO_LARGE,
+                             f"request body is {length} bytes; this listener accepts at most "
+                             f"{self.max_request_bytes}")
+        body = _decompress(await request.read(), request.headers.get("Content-Encoding"))
+        call = codec_http.decode_request(
+            body, request.headers.get(codec_http.HEADER_LENGTH), request.match_info["model"],
+            request.match_info.get("version", ""), request.content_type)
+        call.headers = {k.lower(): v for k, v in request.headers.items()}
+        timeout_ms = call.headers.get(TIMEOUT_HEADER)
+        if timeout_ms is not None:
+            call.deadline = time.monotonic() + _positive_ms(timeout_ms) / 1000
+        reply = await self.plane.infer(call)
+        if isinstance(reply, LocalReply):
+            return error_response(reply, call.decisions)
+        data, hlen = codec_http.encode_response(call, reply)
+        headers = dict(call.decisions)
+        if hlen is not None:
+            headers[codec_http.HEADER_LENGTH] = str(hlen)
+        self.plane.telemetry.response_bytes.labels(call.model, "http").inc(len(data))
+        return web.Response(body=data, headers=headers,
+                            content_type=codec_http.BINARY_TYPE if hlen is not None
+                            else codec_http.JSON_TYPE)
+
+
+def _decompress(body: bytes, encoding: str | None) -> bytes:
+    if not encoding or encoding == "identity":
+        return body
+    try:
+        if encoding == "gzip":
+            return gzip.decompress(body)
+        if encoding == "deflate":
+            return zlib.decompress(body)
+    except (OSError, zlib.error, EOFError) as exc:
+        raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                         f"body is not valid {encoding}: {exc}") from None
+    raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                     f"unsupported Content-Encoding {encoding!r} (gzip, deflate)")
+
+
+def _positive_ms(value: str) -> float:
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = -1
+    if ms <= 0:
+        raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                         f"{TIMEOUT_HEADER} must be a positive number of milliseconds, got "
+                         f"{value!r}")
+    return ms

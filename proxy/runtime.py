@@ -1,0 +1,216 @@
+"""What a config turns into: backends, routes with their composed chains, and live contracts.
+
+A ``Runtime`` is immutable once built; a reload builds a new one (reusing the backends whose
+config did not change) and the data plane swaps it in. In-flight calls finish on the runtime
+they started on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+
+from proxy.backends.base import Backend
+from proxy.call import Call, LocalReply, Reply, Result, Target
+from proxy.chain import FilterContext, Next, compose, filter_factories
+from proxy.clock import Clock
+from proxy.config import BackendConfig, Config, ModelRoute, resolve_filters
+from proxy.contract import ModelContract
+from proxy.errors import ErrorKind, ProxyError
+from proxy.telemetry import Telemetry
+
+log = logging.getLogger("mmguard.runtime")
+
+
+def make_backend(cfg: BackendConfig) -> Backend:
+    if cfg.kind == "onnxruntime":
+        from proxy.backends.onnxruntime import OnnxRuntimeBackend
+        return OnnxRuntimeBackend(cfg)
+    if cfg.kind == "triton_grpc":
+        from proxy.backends.triton_grpc import TritonGrpcBackend
+        return TritonGrpcBackend(cfg)
+    from proxy.backends.triton_http import TritonHttpBackend
+    return TritonHttpBackend(cfg)
+
+
+@dataclass
+class Route:
+    spec: ModelRoute
+    chain: Next
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def target(self) -> Target:
+        return Target(self.spec.backend, self.spec.backend_model or self.spec.name,
+                      self.spec.version)
+
+
+class Runtime:
+    def __init__(self, config: Config, telemetry: Telemetry, clock: Clock,
+                 backends: dict[str, Backend]) -> None:
+        self.config = config
+        self.telemetry = telemetry
+        self.clock = clock
+        self.backends = backends
+        self.contracts: dict[str, ModelContract] = {}
+        self.routes: dict[str, Route] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = {name: asyncio.Event() for name in backends}
+        for spec in config.models:
+            self.routes[spec.name] = Route(spec, self._build_chain(spec))
+
+    @classmethod
+    def build(cls, config: Config, telemetry: Telemetry, clock: Clock,
+              previous: Runtime | None = None) -> Runtime:
+        backends: dict[str, Backend] = {}
+        for cfg in config.backends:
+            old = previous.backend_config(cfg.name) if previous else None
+            if previous is not None and old == cfg:
+                backends[cfg.name] = previous.backends[cfg.name]  # unchanged: keep its connections
+            else:
+                backends[cfg.name] = make_backend(cfg)
+        return cls(config, telemetry, clock, backends)
+
+    def backend_config(self, name: str) -> BackendConfig | None:
+        return next((b for b in self.config.backends if b.name == name), None)
+
+    def _build_chain(self, spec: ModelRoute) -> Next:
+        factories = filter_factories()
+        filters = []
+        for fs in resolve_filters(self.config.route_filters(spec), f"models[{spec.name}].filters"):
+            ctx = FilterContext(route=spec.name, telemetry=self.telemetry, clock=self.clock,
+                                rng=random.Random(), contract=lambda n=spec.name:
+                                self.contracts.get(n))
+            filters.append((fs.name, factories[fs.name].build(fs.config, ctx)))
+        return compose(filters, self._terminal)
+
+    async def _terminal(self, call: Call) -> Reply:
+        target = call.target
+        assert target is not None
+        backend = self.backends[target.backend]
+        if call.streaming:
+            return Result(target.model, stream=backend.stream(call, target))
+        start = self.clock.monotonic()
+        try:
+            return await backend.infer(call, target)
+        except ProxyError as err:
+            return LocalReply.from_error(err)
+        finally:
+            self.telemetry.backend_latency.labels(call.model, target.backend).observe(
+                self.clock.monotonic() - start)
+
+    async def handle(self, call: Call) -> Reply:
+        route = self.routes.get(call.model)
+        if route is None:
+            return LocalReply(ErrorKind.NOT_FOUND,
+                              f"model '{call.model}' is not served by mmguard "
+                              f"(serving: {sorted(self.routes)})")
+        if call.version and route.spec.version and call.version != route.spec.version:
+            return LocalReply(ErrorKind.NOT_FOUND,
+                              f"model '{call.model}' version '{call.version}' is not served "
+                              f"(serving version '{route.spec.version}')")
+        target = route.target
+        if call.version and not route.spec.version:
+            target.version = call.version
+        call.target = target
+        if route.spec.timeout_s is not None:
+            limit = self.clock.monotonic() + route.spec.timeout_s
+            call.deadline = limit if call.deadline is None else min(call.deadline, limit)
+        return await route.chain(call)
+
+    # --- life cycle -------------------------------------------------------------------------
+
+    async def start(self, started: set[str] | None = None) -> None:
+        """Start backends not already started (reused ones are) and watch contracts."""
+        for name, backend in self.backends.items():
+            if started is None or name not in started:
+                self._tasks.append(asyncio.create_task(self._start_backend(name, backend)))
+            else:
+                self._started[name].set()
+        for route in self.routes.values():
+            self._tasks.append(asyncio.create_task(self._watch_contract(route)))
+
+    async def _start_backend(self, name: str, backend: Backend) -> None:
+        delay = 0.2
+        while True:
+            try:
+                await backend.start()
+                self._started[name].set()
+                return
+            except Exception as exc:  # keep trying: the model server may start after us
+                log.warning("backend %r failed to start: %s; retrying in %.1fs", name, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _watch_contract(self, route: Route) -> None:
+        target = route.target
+        backend = self.backends[target.backend]
+        await self._started[target.backend].wait()
+        delay = 0.2
+        while True:
+            try:
+                contract = await backend.metadata(target.model, target.version)
+            except Exception as exc:
+                if route.name not in self.contracts:
+                    log.info("contract of model %r not available yet from backend %r: %s",
+                             route.name, target.backend, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            old = self.contracts.get(route.name)
+            if old is None:
+                log.info("contract of model %r learned from backend %r (fingerprint %s)",
+                         route.name, target.backend, contract.fingerprint[:12])
+            elif old.fingerprint != contract.fingerprint:
+                log.warning("contract of model %r changed on backend %r: %s -> %s",
+                            route.name, target.backend, old.fingerprint[:12],
+                            contract.fingerprint[:12],
+                            extra={"fields": {"model": route.name, "old": old.fingerprint,
+                                              "new": contract.fingerprint}})
+            self.contracts[route.name] = contract
+            delay = 0.2
+            await asyncio.sleep(self.config.contract_refresh_s)
+
+    async def ready(self) -> bool:
+        if any(r not in self.contracts for r in self.routes):
+            return False
+        results = await asyncio.gather(*(b.ready() for b in self.backends.values()))
+        for name, ok in zip(self.backends, results, strict=True):
+            self.telemetry.backend_ready.labels(name).set(1 if ok else 0)
+        return all(results)
+
+    async def model_ready(self, model: str, version: str = "") -> bool:
+        route = self.routes.get(model)
+        if route is None or model not in self.contracts:
+            return False
+        target = route.target
+        return await self.backends[target.backend].model_ready(target.model,
+                                                               version or target.version)
+
+    def contract(self, model: str) -> ModelContract:
+        if model not in self.routes:
+            raise ProxyError(ErrorKind.NOT_FOUND, f"model '{model}' is not served by mmguard "
+                                                  f"(serving: {sorted(self.routes)})")
+        contract = self.contracts.get(model)
+        if contract is None:
+            raise ProxyError(ErrorKind.UNAVAILABLE,
+                             f"model '{model}': backend '{self.routes[model].spec.backend}' has "
+                             "not answered with its metadata yet")
+        return contract
+
+    async def stop_watching(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def close(self, keep: set[str] | None = None) -> None:
+        await self.stop_watching()
+        for name, backend in self.backends.items():
+            if keep is None or name not in keep:
+                await backend.close()

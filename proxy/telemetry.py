@@ -1,0 +1,112 @@
+"""Metrics, traces and logs, and the one way a filter makes a decision visible.
+
+Metrics use ``prometheus-client`` with a registry per server (tests run several in one process).
+Why not OpenTelemetry metrics: the Prometheus exposition is the product here (ServiceMonitor,
+alert rules, Grafana), and prometheus-client gives it exactly, with no SDK bridge on the hot path.
+Traces use the OpenTelemetry API; the SDK and OTLP exporter are set up only when configured.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from proxy.call import Call
+
+log = logging.getLogger("mmguard.decision")
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                    5.0, 10.0, 30.0)
+
+
+class Telemetry:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.requests = Counter("mmguard_requests_total", "Requests answered, by outcome code.",
+                                ["model", "backend", "front", "code"], registry=r)
+        self.latency = Histogram("mmguard_request_duration_seconds",
+                                 "Time from decoded request to encoded answer.",
+                                 ["model", "backend", "front"], buckets=_LATENCY_BUCKETS,
+                                 registry=r)
+        self.backend_latency = Histogram("mmguard_backend_duration_seconds",
+                                         "Time spent waiting for the backend.",
+                                         ["model", "backend"], buckets=_LATENCY_BUCKETS,
+                                         registry=r)
+        self.in_flight = Gauge("mmguard_requests_in_flight", "Requests being served.",
+                               ["model", "front"], registry=r)
+        self.request_bytes = Counter("mmguard_request_bytes_total", "Request tensor bytes.",
+                                     ["model", "front"], registry=r)
+        self.response_bytes = Counter("mmguard_response_bytes_total", "Response body bytes.",
+                                      ["model", "front"], registry=r)
+        self.decisions = Counter("mmguard_filter_decisions_total",
+                                 "Decisions filters made (reject, reroute, degrade, inject...).",
+                                 ["filter", "model", "decision"], registry=r)
+        self.backend_ready = Gauge("mmguard_backend_ready", "1 when the backend is ready.",
+                                   ["backend"], registry=r)
+        self.config_reloads = Counter("mmguard_config_reloads_total", "Config reload attempts.",
+                                      ["result"], registry=r)
+
+    def decide(self, call: Call, filter_name: str, decision: str, detail: str = "",
+               **attributes: Any) -> None:
+        """Record one filter decision everywhere at once: the ``mmguard-<filter>`` header /
+        trailer, a counter, a span event and a log line."""
+        call.decisions[f"mmguard-{filter_name}"] = decision if not detail else f"{decision}; {detail}"
+        self.decisions.labels(filter_name, call.model, decision).inc()
+        attrs = {"mmguard.filter": filter_name, "mmguard.decision": decision,
+                 "mmguard.model": call.model, **{f"mmguard.{k}": v for k, v in attributes.items()}}
+        if detail:
+            attrs["mmguard.detail"] = detail
+        trace.get_current_span().add_event(f"{filter_name}.{decision}", attributes=attrs)
+        log.info("%s %s on model %r%s", filter_name, decision, call.model,
+                 f": {detail}" if detail else "", extra={"fields": attrs})
+
+
+def setup_tracing(otlp_endpoint: str | None, service_name: str) -> None:
+    """Install the SDK with an OTLP exporter; without an endpoint the API stays a no-op (the
+    incoming W3C context is still propagated to backends)."""
+    if not otlp_endpoint:
+        return
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint,
+                                                                    insecure=True)))
+    trace.set_tracer_provider(provider)
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:
+            out["trace_id"] = format(span.trace_id, "032x")
+        fields = getattr(record, "fields", None)
+        if fields:
+            out.update(fields)
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def setup_logging(level: str = "info", fmt: str = "json") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("mmguard")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
