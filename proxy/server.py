@@ -91,15 +91,19 @@ class Server:
         assert server is not None and server.sockets  # type: ignore[attr-defined]
         return int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
 
+    async def refresh_health(self) -> bool:
+        """Set grpc.health.v1 (overall and per service name) from readiness; returns it."""
+        ready = await self.plane.ready()
+        status = (health_pb2.HealthCheckResponse.SERVING if ready
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.health.set("", status)
+        await self.health.set(SERVICE, status)
+        return ready
+
     async def _track_health(self) -> None:
-        """Keep grpc.health.v1 in step with readiness (overall and per service name)."""
-        serving = health_pb2.HealthCheckResponse.SERVING
-        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
         while True:
-            status = serving if await self.plane.ready() else not_serving
-            await self.health.set("", status)
-            await self.health.set(SERVICE, status)
-            await asyncio.sleep(1.0)
+            await self.refresh_health()
+            await asyncio.sleep(0.5)
 
     async def reload(self) -> bool:
         """Re-read the config file; swap in the new runtime only if it is valid and builds."""

@@ -193,7 +193,17 @@ def _feed(t: Tensor) -> Any:
         return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, _BF16)
     arr = t.numpy()
     if t.datatype == "BYTES":
-        return np.vectorize(lambda b: b.decode("utf-8", "surrogateescape"), otypes=[object])(arr)
+        flat = arr.reshape(-1)
+        text = np.empty(flat.shape, dtype=object)
+        for i, item in enumerate(flat):
+            try:
+                text[i] = item.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                                 f"input '{t.name}': element {i} is not UTF-8 ({exc.reason} at "
+                                 f"byte {exc.start}); ONNX Runtime string tensors hold UTF-8 text"
+                                 ) from None
+        return text.reshape(arr.shape)
     return arr
 
 

@@ -1,0 +1,74 @@
+"""Run a real mmguard ``Server`` on ephemeral localhost ports in a background thread.
+
+The server gets its own event loop, so tests can use tritonclient's sync clients (which block)
+as well as async clients on the test's own loop, all over real sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from proxy.config import Config, parse_config
+from proxy.server import Ports, Server
+from proxy.telemetry import Telemetry
+
+T = TypeVar("T")
+
+
+class RunningMmguard:
+    def __init__(self, config: Config | dict[str, Any], config_path: Path | None = None) -> None:
+        self.config = config if isinstance(config, Config) else parse_config(config)
+        self.config_path = config_path
+        self.loop = asyncio.new_event_loop()
+        self.telemetry = Telemetry()
+        self.server: Server | None = None
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def __enter__(self) -> RunningMmguard:
+        self._thread.start()
+        self.server = Server(self.config, self.config_path, Ports(0, 0, 0),
+                             telemetry=self.telemetry)
+        self.run(self.server.start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.run(self.server.stop())
+            self.server = None
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        assert self.server is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.run(self.server.refresh_health()):
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"mmguard not ready after {timeout}s")
+
+    @property
+    def http_url(self) -> str:
+        assert self.server is not None
+        return f"127.0.0.1:{self.server.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        assert self.server is not None
+        return f"127.0.0.1:{self.server.grpc_port}"
+
+    @property
+    def admin_url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.admin_port}"

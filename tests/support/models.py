@@ -1,0 +1,39 @@
+"""Small ONNX models made at test time (deterministic, no torch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+from proxy.demo_model import ensure_clip_demo
+
+IDENTITY_TYPES = {
+    "FP32": TensorProto.FLOAT, "FP16": TensorProto.FLOAT16, "BF16": TensorProto.BFLOAT16,
+    "INT64": TensorProto.INT64, "BOOL": TensorProto.BOOL, "BYTES": TensorProto.STRING,
+}
+
+
+def write_identity(model_dir: Path, datatype: str) -> str:
+    """``identity_<dtype>``: INPUT0 [-1] → OUTPUT0, the same bytes."""
+    name = f"identity_{datatype.lower()}"
+    t = IDENTITY_TYPES[datatype]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], name,
+        [helper.make_tensor_value_info("INPUT0", t, ["n"])],
+        [helper.make_tensor_value_info("OUTPUT0", t, ["n"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = model_dir / name / "1" / "model.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, path)
+    return name
+
+
+def ort_repository(model_dir: Path) -> Path:
+    """clip_demo plus identity models for every datatype the byte-identity tests use."""
+    ensure_clip_demo(model_dir)
+    for dt in IDENTITY_TYPES:
+        write_identity(model_dir, dt)
+    return model_dir
