@@ -1,0 +1,109 @@
+"""The real process: the embedded default, port 0, SIGHUP reload (bad config refused, good one
+applied), SIGTERM exits 0."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import yaml
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import ort_config
+from tests.support.process import MmguardProcess
+
+
+def _identity(url: str, model: str = "identity_fp32") -> np.ndarray:
+    client = grpcclient.InferenceServerClient(url)
+    x = grpcclient.InferInput("INPUT0", [3], "FP32")
+    x.set_data_from_numpy(np.array([1, 2, 3], np.float32))
+    out = client.infer(model, [x]).as_numpy("OUTPUT0")
+    assert out is not None
+    return out
+
+
+def _wait_ready(url: str, model: str, timeout: float = 30) -> None:
+    client = grpcclient.InferenceServerClient(url)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if client.is_model_ready(model):
+                return
+        except InferenceServerException:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{model} not ready")
+
+
+def test_embedded_default_serves_clip_demo_and_demo_command(tmp_path: Path) -> None:
+    env_cache = tmp_path / "cache"
+    import os
+    os.environ["MMGUARD_CACHE_DIR"] = str(env_cache)
+    try:
+        p = MmguardProcess([], tmp_path / "serve.log")
+    finally:
+        del os.environ["MMGUARD_CACHE_DIR"]
+    try:
+        url = f"127.0.0.1:{p.ports['grpc']}"
+        _wait_ready(url, "clip_demo")
+        demo = subprocess.run([sys.executable, "-m", "proxy.cli", "demo", "--url", url],
+                              capture_output=True, text=True, timeout=60)
+        assert demo.returncode == 0, demo.stdout + demo.stderr
+        assert "similarity (image vs text):" in demo.stdout
+        assert (env_cache / "models" / "clip_demo" / "1" / "model.onnx").exists()
+        providers = p.wait_log("loaded model 'clip_demo'")
+        assert providers["providers"] == ["CPUExecutionProvider"]
+    finally:
+        assert p.stop() == 0
+
+
+def test_sighup_reload_keeps_old_config_when_new_one_is_bad(tmp_path: Path,
+                                                            ort_models: Path) -> None:
+    cfg = ort_config(ort_models)
+    cfg["models"] = [{"name": "identity_fp32", "backend": "ort"}]
+    path = tmp_path / "mmguard.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    p = MmguardProcess(["--config", str(path)], tmp_path / "serve.log")
+    try:
+        url = f"127.0.0.1:{p.ports['grpc']}"
+        _wait_ready(url, "identity_fp32")
+        path.write_text("models: [{name: x, backend: nowhere}]\nbackends: []\n")
+        p.signal(signal.SIGHUP)
+        p.wait_log("config reload rejected")
+        np.testing.assert_array_equal(_identity(url), [1, 2, 3])  # old config still serves
+        cfg["models"] = [{"name": "identity_fp32", "backend": "ort"},
+                         {"name": "echo", "backend": "ort", "backend_model": "identity_fp32"}]
+        path.write_text(yaml.safe_dump(cfg))
+        p.signal(signal.SIGHUP)
+        p.wait_log("config reloaded from")
+        _wait_ready(url, "echo")
+        np.testing.assert_array_equal(_identity(url, "echo"), [1, 2, 3])
+    finally:
+        assert p.stop() == 0
+
+
+def test_bad_config_file_refuses_to_start(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("backends: []\nmodels: [{name: m, backend: ghost}]\n")
+    r = subprocess.run([sys.executable, "-m", "proxy.cli", "serve", "--config", str(path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert "model 'm' names backend 'ghost'" in r.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_stop_cleanly(tmp_path: Path, ort_models: Path, sig: int) -> None:
+    path = tmp_path / "mmguard.yaml"
+    path.write_text(yaml.safe_dump(ort_config(ort_models)))
+    p = MmguardProcess(["--config", str(path)], tmp_path / "serve.log")
+    _wait_ready(f"127.0.0.1:{p.ports['grpc']}", "identity_fp32")
+    p.signal(sig)
+    assert p.proc.wait(30) == 0
+    p.wait_log("stopped")
+    p.stop()

@@ -1,0 +1,95 @@
+"""The onion: order, short-circuit, retry with another target, and the never-leak guard."""
+
+from __future__ import annotations
+
+import grpc
+
+from proxy.call import Call, LocalReply, Reply, Result, Target
+from proxy.chain import Next, compose
+from proxy.errors import STATUS, ErrorKind, ProxyError, kind_from_grpc, kind_from_http
+
+
+def make_call() -> Call:
+    return Call(model="m", version="", inputs=[], target=Target("a", "m"))
+
+
+async def test_filters_wrap_in_order_and_see_the_result() -> None:
+    seen: list[str] = []
+
+    def tag(name: str):  # type: ignore[no-untyped-def]
+        async def f(call: Call, next: Next) -> Reply:
+            seen.append(f"{name}>")
+            result = await next(call)
+            seen.append(f"<{name}")
+            return result
+        return f
+
+    async def terminal(call: Call) -> Reply:
+        seen.append("backend")
+        return Result("m")
+
+    chain = compose([("outer", tag("outer")), ("inner", tag("inner"))], terminal)
+    assert isinstance(await chain(make_call()), Result)
+    assert seen == ["outer>", "inner>", "backend", "<inner", "<outer"]
+
+
+async def test_local_reply_short_circuits() -> None:
+    called = []
+
+    async def refuse(call: Call, next: Next) -> Reply:
+        return LocalReply(ErrorKind.UNPROCESSABLE, "no")
+
+    async def terminal(call: Call) -> Reply:
+        called.append(1)
+        return Result("m")
+
+    reply = await compose([("refuse", refuse)], terminal)(make_call())
+    assert isinstance(reply, LocalReply) and reply.kind is ErrorKind.UNPROCESSABLE
+    assert called == []
+
+
+async def test_a_filter_may_call_next_again_with_another_target() -> None:
+    async def fallback(call: Call, next: Next) -> Reply:
+        first = await next(call)
+        if isinstance(first, LocalReply):
+            call.target = Target("b", "m")
+            return await next(call)
+        return first
+
+    async def terminal(call: Call) -> Reply:
+        assert call.target is not None
+        if call.target.backend == "a":
+            return LocalReply(ErrorKind.UNAVAILABLE, "a is down")
+        return Result("m", version="from-b")
+
+    reply = await compose([("fallback", fallback)], terminal)(make_call())
+    assert isinstance(reply, Result) and reply.version == "from-b"
+
+
+async def test_exceptions_never_leak() -> None:
+    async def broken(call: Call, next: Next) -> Reply:
+        raise KeyError("oops")
+
+    async def refusing(call: Call, next: Next) -> Reply:
+        raise ProxyError(ErrorKind.TOO_LARGE, "too big")
+
+    async def terminal(call: Call) -> Reply:
+        return Result("m")
+
+    reply = await compose([("broken", broken)], terminal)(make_call())
+    assert isinstance(reply, LocalReply) and reply.kind is ErrorKind.INTERNAL
+    assert "filter 'broken' failed: KeyError" in reply.message
+    reply = await compose([("refusing", refusing)], terminal)(make_call())
+    assert isinstance(reply, LocalReply) and reply.kind is ErrorKind.TOO_LARGE
+
+
+def test_one_table_round_trips_backend_codes() -> None:
+    assert set(STATUS) == set(ErrorKind)
+    for kind, status in STATUS.items():
+        if kind in (ErrorKind.UNPROCESSABLE, ErrorKind.TOO_LARGE):
+            continue  # two kinds share a gRPC code; the HTTP status tells them apart
+        assert kind_from_grpc(status.grpc) is kind
+        assert kind_from_http(status.http) is kind
+    assert STATUS[ErrorKind.OVERLOADED] == (429, grpc.StatusCode.RESOURCE_EXHAUSTED)
+    assert kind_from_http(418) is ErrorKind.INVALID_ARGUMENT
+    assert kind_from_http(502) is ErrorKind.INTERNAL
