@@ -120,8 +120,16 @@ class Call:
 class Result:
     """A backend's answer. ``outputs`` may be decoded lazily from ``wire`` on first access."""
 
-    __slots__ = ("model", "version", "id", "parameters", "wire", "stream",
-                 "_outputs", "_decode")
+    __slots__ = (
+        "_decode",
+        "_outputs",
+        "id",
+        "model",
+        "parameters",
+        "stream",
+        "version",
+        "wire",
+    )
 
     def __init__(self, model: str, version: str = "", id: str = "",
                  outputs: list[Tensor] | None = None, *, parameters: dict[str, Any] | None = None,

@@ -31,7 +31,8 @@ def decode_request(body: bytes) -> Call:
     try:
         req.ParseFromString(body)
     except DecodeError as exc:
-        raise ProxyError(ErrorKind.INVALID_ARGUMENT, f"malformed ModelInferRequest: {exc}") from None
+        raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                         f"malformed ModelInferRequest: {exc}") from None
     raws = req.raw_input_contents
     if raws and len(raws) != len(req.inputs):
         raise ProxyError(ErrorKind.INVALID_ARGUMENT,

@@ -19,6 +19,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import NDArray
 
 CLIP_DEMO = "clip_demo"
 EMBED_DIM = 64
@@ -113,7 +114,7 @@ def ensure_clip_demo(model_dir: Path | None = None) -> Path:
     return path
 
 
-def tokenize(text: str) -> np.ndarray:
+def tokenize(text: str) -> NDArray[np.int64]:
     """A stand-in tokenizer for the demo: word hashes, 0-padded to 77 ids. Not CLIP's BPE."""
     ids = [1 + zlib.crc32(w.encode()) % (VOCAB_SIZE - 1) for w in text.lower().split()]
     out = np.zeros(CONTEXT_LENGTH, dtype=np.int64)

@@ -82,10 +82,12 @@ class Runtime:
     def _build_chain(self, spec: ModelRoute) -> Next:
         factories = filter_factories()
         filters = []
+        def contract() -> ModelContract | None:
+            return self.contracts.get(spec.name)
+
         for fs in resolve_filters(self.config.route_filters(spec), f"models[{spec.name}].filters"):
             ctx = FilterContext(route=spec.name, telemetry=self.telemetry, clock=self.clock,
-                                rng=random.Random(), contract=lambda n=spec.name:
-                                self.contracts.get(n))
+                                rng=random.Random(), contract=contract)
             filters.append((fs.name, factories[fs.name].build(fs.config, ctx)))
         return compose(filters, self._terminal)
 

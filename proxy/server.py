@@ -53,6 +53,7 @@ class Server:
         self._stopped = asyncio.Event()
         self._reload_lock = asyncio.Lock()
         self._health_task: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         await self.plane.runtime.start()
@@ -129,7 +130,9 @@ class Server:
             self.config = config
             self.telemetry.config_reloads.labels("applied").inc()
             log.info("config reloaded from %s", self.config_path)
-            asyncio.create_task(self._retire(old, keep=reused))
+            retire = asyncio.create_task(self._retire(old, keep=reused))
+            self._background.add(retire)
+            retire.add_done_callback(self._background.discard)
             return True
 
     async def _retire(self, old: Runtime, keep: set[str]) -> None:

@@ -56,7 +56,8 @@ class Telemetry:
                **attributes: Any) -> None:
         """Record one filter decision everywhere at once: the ``mmguard-<filter>`` header /
         trailer, a counter, a span event and a log line."""
-        call.decisions[f"mmguard-{filter_name}"] = decision if not detail else f"{decision}; {detail}"
+        value = f"{decision}; {detail}" if detail else decision
+        call.decisions[f"mmguard-{filter_name}"] = value
         self.decisions.labels(filter_name, call.model, decision).inc()
         attrs = {"mmguard.filter": filter_name, "mmguard.decision": decision,
                  "mmguard.model": call.model, **{f"mmguard.{k}": v for k, v in attributes.items()}}

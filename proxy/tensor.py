@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from proxy.errors import ErrorKind, ProxyError
 
@@ -44,7 +45,7 @@ def numpy_dtype(datatype: str) -> np.dtype[Any]:
     return _NUMPY[datatype]
 
 
-def datatype_of(arr: np.ndarray) -> str:
+def datatype_of(arr: NDArray[Any]) -> str:
     if arr.dtype.kind in ("O", "S", "U"):
         return "BYTES"
     try:
@@ -102,7 +103,7 @@ class Tensor:
         arr = np.asarray(self.data, dtype=_NUMPY[self.datatype]).reshape(-1)
         return arr.tobytes()
 
-    def numpy(self) -> np.ndarray:
+    def numpy(self) -> NDArray[Any]:
         """A view of the payload in its shape. Zero-copy for raw payloads (read-only)."""
         if self.datatype == "BYTES":
             items = (decode_bytes_elements(self.raw, self.elements) if self.raw is not None
@@ -120,8 +121,9 @@ class Tensor:
         if self.datatype == "BYTES":
             return [_json_text(x) for x in arr]
         if self.datatype == "BF16":
-            return _bf16_to_float(np.asarray(arr)).tolist()
-        return arr.tolist()  # type: ignore[no-any-return]
+            arr = _bf16_to_float(np.asarray(arr))
+        values: list[Any] = arr.tolist()
+        return values
 
     def check_payload(self) -> None:
         """Raise INVALID_ARGUMENT unless the payload matches shape × datatype."""
@@ -146,13 +148,13 @@ class Tensor:
             )
 
     @classmethod
-    def from_numpy(cls, name: str, arr: np.ndarray, datatype: str | None = None) -> Tensor:
+    def from_numpy(cls, name: str, arr: NDArray[Any], datatype: str | None = None) -> Tensor:
         dt = datatype or datatype_of(arr)
         shape = tuple(int(d) for d in arr.shape)
         if dt == "BYTES":
             raw: Payload = encode_bytes_elements([_as_bytes(x) for x in arr.reshape(-1)])
         else:
-            raw = memoryview(np.ascontiguousarray(arr)).cast("B")
+            raw = memoryview(np.ascontiguousarray(arr)).cast("B")  # type: ignore[arg-type]
         return cls(name, dt, shape, raw=raw)
 
 
@@ -216,5 +218,5 @@ def _json_text(x: bytes) -> str:
         return x.decode("latin-1")
 
 
-def _bf16_to_float(bits: np.ndarray) -> np.ndarray:
+def _bf16_to_float(bits: NDArray[Any]) -> NDArray[Any]:
     return (bits.astype(np.uint32) << 16).view(np.float32)

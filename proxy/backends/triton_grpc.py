@@ -17,7 +17,7 @@ from google.protobuf import json_format
 from proxy import codec_grpc
 from proxy.backends.base import Backend
 from proxy.backends.propagation import forward_metadata
-from proxy.call import Call, LocalReply, Result, Target
+from proxy.call import Call, LocalReply, Result, Target, Wire
 from proxy.config import TritonGrpcBackend as GrpcConfig
 from proxy.contract import ModelContract, TensorSpec, fingerprint
 from proxy.errors import ErrorKind, ProxyError, kind_from_grpc
@@ -45,7 +45,8 @@ class TritonGrpcBackend(Backend):
                           for i in range(cfg.channels)]
         self._infer = [c.unary_unary(_SERVICE + "ModelInfer") for c in self._channels]
         self._stream = [c.stream_stream(_SERVICE + "ModelStreamInfer") for c in self._channels]
-        self._stubs = [pb_grpc.GRPCInferenceServiceStub(c) for c in self._channels]
+        self._stubs = [pb_grpc.GRPCInferenceServiceStub(c)  # type: ignore[no-untyped-call]
+                       for c in self._channels]
         self._next = itertools.cycle(range(cfg.channels))
 
     async def ready(self) -> bool:
@@ -108,7 +109,7 @@ class TritonGrpcBackend(Backend):
                 else:
                     yield codec_grpc.result_from_pb(
                         msg.infer_response,
-                        codec_grpc.Wire("grpc", msg.infer_response.SerializeToString()))
+                        Wire("grpc", msg.infer_response.SerializeToString()))
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise self.deadline_error(target, timeout) from None

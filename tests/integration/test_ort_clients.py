@@ -68,7 +68,7 @@ def test_http_infer_json_and_binary(ort_proxy: RunningMmguard, binary: bool) -> 
     outputs = [httpclient.InferRequestedOutput("similarity", binary_data=binary),
                httpclient.InferRequestedOutput("text_embeds", binary_data=binary)]
     result = client.infer("clip_demo", inputs, outputs=outputs)
-    img, txt, sim = _direct(ort_proxy, px, ids)
+    _, txt, sim = _direct(ort_proxy, px, ids)
     np.testing.assert_allclose(result.as_numpy("similarity"), sim, rtol=0, atol=0)
     np.testing.assert_array_equal(result.as_numpy("text_embeds"), txt)
     described = {o["name"]: o for o in result.get_response()["outputs"]}
