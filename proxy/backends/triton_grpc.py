@@ -34,12 +34,20 @@ class TritonGrpcBackend(Backend):
         self.name = cfg.name
         self.cfg = cfg
         self.timeout_s = cfg.timeout_s
+        self._channels: list[grpc.aio.Channel] = []
+        self._next = itertools.cycle(range(cfg.channels))
+
+    async def start(self) -> None:
+        # Channels bind to the running event loop, so they are made here, not in __init__.
+        if self._channels:
+            return
+        cfg = self.cfg
         options = [
             ("grpc.max_send_message_length", cfg.max_message_bytes),
             ("grpc.max_receive_message_length", cfg.max_message_bytes),
             ("grpc.keepalive_time_ms", 30_000),
-            # Distinct channel args keep the channels on separate connections.
         ]
+        # A distinct channel arg per channel keeps each on its own HTTP/2 connection.
         self._channels = [grpc.aio.insecure_channel(cfg.url, options=[*options,
                                                                       ("mmguard.channel", i)])
                           for i in range(cfg.channels)]
@@ -47,7 +55,6 @@ class TritonGrpcBackend(Backend):
         self._stream = [c.stream_stream(_SERVICE + "ModelStreamInfer") for c in self._channels]
         self._stubs = [pb_grpc.GRPCInferenceServiceStub(c)  # type: ignore[no-untyped-call]
                        for c in self._channels]
-        self._next = itertools.cycle(range(cfg.channels))
 
     async def ready(self) -> bool:
         try:

@@ -32,7 +32,7 @@ class TritonHttpBackend(Backend):
 
     @property
     def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
+        if self._session is None:  # made on first use, inside the running loop
             connector = aiohttp.TCPConnector(limit=self.cfg.pool_size, keepalive_timeout=60)
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         return self._session

@@ -6,8 +6,6 @@ as well as async clients on the test's own loop, all over real sockets.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from collections.abc import Coroutine
 from pathlib import Path
@@ -16,6 +14,7 @@ from typing import Any, TypeVar
 from proxy.config import Config, parse_config
 from proxy.server import Ports, Server
 from proxy.telemetry import Telemetry
+from tests.support.loop import BackgroundLoop
 
 T = TypeVar("T")
 
@@ -24,15 +23,16 @@ class RunningMmguard:
     def __init__(self, config: Config | dict[str, Any], config_path: Path | None = None) -> None:
         self.config = config if isinstance(config, Config) else parse_config(config)
         self.config_path = config_path
-        self.loop = asyncio.new_event_loop()
         self.telemetry = Telemetry()
         self.server: Server | None = None
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._loop: BackgroundLoop | None = None
 
     def __enter__(self) -> RunningMmguard:
-        self._thread.start()
-        self.server = Server(self.config, self.config_path, Ports(0, 0, 0),
-                             telemetry=self.telemetry)
+        self._loop = BackgroundLoop()
+        async def make() -> Server:  # inside the loop: clients bind to the running loop
+            return Server(self.config, self.config_path, Ports(0, 0, 0), telemetry=self.telemetry)
+
+        self.server = self.run(make())
         self.run(self.server.start())
         return self
 
@@ -40,14 +40,16 @@ class RunningMmguard:
         self.stop()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        assert self._loop is not None
+        return self._loop.run(coro, timeout)
 
     def stop(self) -> None:
         if self.server is not None:
             self.run(self.server.stop())
             self.server = None
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
 
     def wait_ready(self, timeout: float = 60) -> None:
         assert self.server is not None

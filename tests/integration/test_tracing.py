@@ -1,0 +1,81 @@
+"""W3C trace context crosses mmguard to the backend (gRPC metadata and HTTP headers); mmguard
+makes one span per request and one per filter, and a filter's decision is a span event."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from tests.support.fake_v2 import FakeV2
+from tests.support.mmguard import RunningMmguard
+from tests.support.wire import grpc_infer_raw, grpc_request, http_binary_body, http_post
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
+X = ("INPUT0", "FP32", [2], np.array([1.5, -2], "<f4").tobytes())
+
+
+@pytest.fixture(scope="module")
+def exporter() -> InMemorySpanExporter:
+    exp = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exp))
+    trace.set_tracer_provider(provider)
+    return exp
+
+
+@pytest.fixture(scope="module")
+def setup(exporter: InMemorySpanExporter) -> Iterator[tuple[RunningMmguard, FakeV2]]:
+    with FakeV2() as fake:
+        cfg = {
+            "backends": [{"kind": "triton_grpc", "name": "g", "url": f"127.0.0.1:{fake.grpc_port}"},
+                         {"kind": "triton_http", "name": "h",
+                          "url": f"127.0.0.1:{fake.http_port}"}],
+            "models": [{"name": "via_grpc", "backend": "g", "backend_model": "echo",
+                        "filters": [{"limits": {"max_batch": 1}}]},
+                       {"name": "via_http", "backend": "h", "backend_model": "echo"}],
+        }
+        with RunningMmguard(cfg) as m:
+            m.wait_ready()
+            yield m, fake
+
+
+@pytest.mark.parametrize("route", ["via_grpc", "via_http"])
+def test_trace_context_reaches_backend_on_both_protocols(
+        setup: tuple[RunningMmguard, FakeV2], exporter: InMemorySpanExporter,
+        route: str) -> None:
+    proxy, fake = setup
+    fake.headers.clear()
+    exporter.clear()
+    grpc_infer_raw(proxy.grpc_url, grpc_request(route, [("INPUT0", "FP32", [1], X[3][:4])]),
+                   metadata=(("traceparent", PARENT), ("x-tenant", "blue")))
+    seen = fake.headers[-1]
+    assert seen["traceparent"].startswith(f"00-{TRACE_ID}-")  # same trace, continued
+    assert seen["traceparent"] != PARENT  # with mmguard's span as the parent
+    assert seen["x-tenant"] == "blue"  # client metadata propagated
+    spans = exporter.get_finished_spans()
+    root = next(s for s in spans if s.name == "mmguard grpc infer")
+    assert format(root.context.trace_id, "032x") == TRACE_ID
+    step = next(s for s in spans if s.name == "filter limits")  # every route has limits
+    assert step.parent is not None and step.parent.span_id == root.context.span_id
+
+
+def test_decision_is_a_span_event(setup: tuple[RunningMmguard, FakeV2],
+                                  exporter: InMemorySpanExporter) -> None:
+    proxy, _ = setup
+    exporter.clear()
+    body, hlen = http_binary_body([X])  # batch 2 > max_batch 1
+    status, headers, _ = http_post(proxy.http_url, "/v2/models/via_grpc/infer", body,
+                                   {"Inference-Header-Content-Length": str(hlen),
+                                    "traceparent": PARENT})
+    assert status == 413 and headers["mmguard-limits"].startswith("reject-batch")
+    span = next(s for s in exporter.get_finished_spans() if s.name == "filter limits")
+    event = span.events[0]
+    assert event.name == "limits.reject-batch"
+    assert event.attributes is not None and event.attributes["mmguard.model"] == "via_grpc"

@@ -1,0 +1,129 @@
+"""A hand-written KServe v2 server (HTTP and gRPC) for what no real server can be made to show:
+it records the headers it receives (trace propagation) and can stall on cue. It speaks the real
+wire protocol and serves one identity model, ``echo`` (INPUT0 FP32 [-1] → OUTPUT0)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+from aiohttp import web
+
+from proxy.pb import grpc_service_pb2 as pb
+from proxy.pb import model_config_pb2 as mc
+from tests.support.loop import BackgroundLoop
+
+SERVICE = "inference.GRPCInferenceService"
+META = {"name": "echo", "versions": ["1"], "platform": "fake",
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}],
+        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}]}
+
+
+class FakeV2:
+    """Run it with ``with FakeV2() as fake:`` (its own loop thread) or ``await fake.start()``."""
+
+    def __init__(self) -> None:
+        self._loop: BackgroundLoop | None = None
+        self.headers: list[dict[str, str]] = []
+        self.delay_s = 0.0
+        self.http_port = self.grpc_port = 0
+        self._runner: web.AppRunner | None = None
+        self._grpc: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        async def ok(request: web.Request) -> web.Response:
+            return web.Response()
+
+        async def meta(request: web.Request) -> web.Response:
+            return web.json_response(META)
+
+        async def config(request: web.Request) -> web.Response:
+            return web.json_response({"name": "echo", "max_batch_size": 0})
+
+        app = web.Application()
+        app.router.add_get("/v2/health/ready", ok)
+        app.router.add_get("/v2/models/echo", meta)
+        app.router.add_get("/v2/models/echo/ready", ok)
+        app.router.add_get("/v2/models/echo/config", config)
+        app.router.add_post("/v2/models/echo/infer", self._http_infer)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._grpc = grpc.aio.server()
+        self._grpc.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+            "ServerReady": _unary(lambda req, ctx: pb.ServerReadyResponse(ready=True),
+                                  pb.ServerReadyRequest),
+            "ModelReady": _unary(lambda req, ctx: pb.ModelReadyResponse(ready=True),
+                                 pb.ModelReadyRequest),
+            "ModelMetadata": _unary(self._grpc_meta, pb.ModelMetadataRequest),
+            "ModelConfig": _unary(lambda req, ctx: pb.ModelConfigResponse(
+                config=mc.ModelConfig(name="echo")), pb.ModelConfigRequest),
+            "ModelInfer": grpc.unary_unary_rpc_method_handler(
+                self._grpc_infer, request_deserializer=pb.ModelInferRequest.FromString,
+                response_serializer=lambda m: m.SerializeToString()),
+        }),))
+        self.grpc_port = self._grpc.add_insecure_port("127.0.0.1:0")
+        await self._grpc.start()
+
+    def __enter__(self) -> FakeV2:
+        self._loop = BackgroundLoop()
+        self._loop.run(self.start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._loop is not None
+        self._loop.run(self.stop())
+        self._loop.close()
+
+    async def stop(self) -> None:
+        if self._grpc:
+            await self._grpc.stop(0)
+        if self._runner:
+            await self._runner.cleanup()
+
+    async def _http_infer(self, request: web.Request) -> web.Response:
+        self.headers.append({k.lower(): v for k, v in request.headers.items()})
+        await asyncio.sleep(self.delay_s)
+        body = await request.read()
+        hlen = request.headers.get("Inference-Header-Content-Length")
+        import json
+        head = json.loads(body[: int(hlen)] if hlen else body)
+        inp = head["inputs"][0]
+        out: dict[str, Any] = {"model_name": "echo", "outputs": [
+            {"name": "OUTPUT0", "datatype": "FP32", "shape": inp["shape"]}]}
+        if hlen:
+            raw = body[int(hlen):]
+            out["outputs"][0]["parameters"] = {"binary_data_size": len(raw)}
+            text = json.dumps(out).encode()
+            return web.Response(body=text + raw, headers={
+                "Inference-Header-Content-Length": str(len(text))})
+        out["outputs"][0]["data"] = inp["data"]
+        return web.json_response(out)
+
+    def _grpc_meta(self, req: Any, ctx: Any) -> pb.ModelMetadataResponse:
+        r = pb.ModelMetadataResponse(name="echo", versions=["1"], platform="fake")
+        r.inputs.add(name="INPUT0", datatype="FP32", shape=[-1])
+        r.outputs.add(name="OUTPUT0", datatype="FP32", shape=[-1])
+        return r
+
+    async def _grpc_infer(self, req: pb.ModelInferRequest,
+                          ctx: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
+        self.headers.append({k: v for k, v in ctx.invocation_metadata() or ()
+                             if isinstance(v, str)})
+        await asyncio.sleep(self.delay_s)
+        resp = pb.ModelInferResponse(model_name="echo")
+        resp.outputs.add(name="OUTPUT0", datatype="FP32", shape=req.inputs[0].shape)
+        resp.raw_output_contents.append(req.raw_input_contents[0])
+        return resp
+
+
+def _unary(fn: Any, req_type: Any) -> grpc.RpcMethodHandler:
+    async def handler(req: Any, ctx: Any) -> Any:
+        return fn(req, ctx)
+
+    return grpc.unary_unary_rpc_method_handler(
+        handler, request_deserializer=req_type.FromString,
+        response_serializer=lambda m: m.SerializeToString())
