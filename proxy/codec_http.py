@@ -13,7 +13,7 @@ from typing import Any
 
 from proxy.call import Call, RequestedOutput, Result, Wire
 from proxy.errors import ErrorKind, ProxyError
-from proxy.tensor import DATATYPES, Tensor
+from proxy.tensor import DATATYPES, Payload, Tensor
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_TYPE = "application/json"
@@ -24,7 +24,8 @@ def bad(message: str) -> ProxyError:
     return ProxyError(ErrorKind.INVALID_ARGUMENT, message)
 
 
-def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], int | None]:
+def split_body(body: bytes, header_length: str | None,
+               what: str = "request") -> tuple[dict[str, Any], int | None]:
     """Parse the JSON part of a v2 body; returns it and the binary offset (None: JSON only)."""
     hlen: int | None = None
     if header_length is not None:
@@ -38,9 +39,9 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
     try:
         doc = json.loads(head)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise bad(f"malformed JSON in the request body: {exc}") from None
+        raise bad(f"malformed JSON in the {what} body: {exc}") from None
     if not isinstance(doc, dict):
-        raise bad(f"the request body must be a JSON object, got {type(doc).__name__}")
+        raise bad(f"the {what} body must be a JSON object, got {type(doc).__name__}")
     return doc, hlen
 
 
@@ -119,11 +120,12 @@ def _check_json_data(t: Tensor) -> None:
     t.raw, t.data = raw, None  # check_payload then reports any count mismatch exactly
 
 
-def encode_request(call: Call) -> tuple[bytes, int | None, bool]:
-    """Body and header length for an HTTP backend; the flag says whether the client's own body
-    was forwarded (then the backend's answer is already in the form the client asked for)."""
+def encode_request(call: Call) -> tuple[list[Payload], int | None, bool]:
+    """Body parts and header length for an HTTP backend; the flag says whether the client's own
+    body was forwarded (then the backend's answer is already in the form the client asked for).
+    Parts are not joined here: tensors go to the socket from the buffers they arrived in."""
     if call.wire is not None and call.wire.protocol == "http":
-        return call.wire.body, call.wire.header_length, True
+        return [call.wire.body], call.wire.header_length, True
     head: dict[str, Any] = {"inputs": []}
     if call.id:
         head["id"] = call.id
@@ -142,12 +144,12 @@ def encode_request(call: Call) -> tuple[bytes, int | None, bool]:
     else:
         head.setdefault("parameters", {})["binary_data_output"] = True
     header = json.dumps(head, separators=(",", ":")).encode()
-    return b"".join([header, *chunks]), len(header), False
+    return [header, *chunks], len(header), False
 
 
 def decode_response(body: bytes, header_length: str | None, wire_valid: bool) -> Result:
     try:
-        doc, hlen = split_body(body, header_length)
+        doc, hlen = split_body(body, header_length, "response")
     except ProxyError as err:
         raise ProxyError(ErrorKind.INTERNAL, f"backend sent a malformed v2 response: {err}",
                          origin="backend") from None

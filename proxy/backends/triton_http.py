@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -17,6 +18,14 @@ from proxy.call import Call, Result, Target
 from proxy.config import TritonHttpBackend as HttpConfig
 from proxy.contract import ModelContract
 from proxy.errors import ErrorKind, ProxyError, kind_from_http
+
+
+_STREAM_ABOVE = 512 * 1024
+
+
+async def _parts(parts: list[Any]) -> AsyncIterator[bytes]:
+    for p in parts:
+        yield p
 
 
 class TritonHttpBackend(Backend):
@@ -76,8 +85,15 @@ class TritonHttpBackend(Backend):
             raise self._transport_error(exc, model) from None
 
     async def infer(self, call: Call, target: Target) -> Result:
-        body, hlen, forwarded = codec_http.encode_request(call)
+        parts, hlen, forwarded = codec_http.encode_request(call)
         headers = forward_headers(call.headers)
+        size = sum(len(p) for p in parts)
+        body: Any = parts[0] if len(parts) == 1 else b"".join(parts)
+        if size > _STREAM_ABOVE:
+            # aiohttp warns (and copies) for large bytes bodies; stream the parts as they are.
+            headers["Content-Length"] = str(size)
+            body = _parts(parts)
+        headers["Accept-Encoding"] = "identity"  # loopback: compression only costs CPU
         headers["Content-Type"] = (codec_http.BINARY_TYPE if hlen is not None
                                    else codec_http.JSON_TYPE)
         if hlen is not None:

@@ -3,20 +3,25 @@ applied), SIGTERM exits 0."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ort_config
+from proxy.pb import grpc_service_pb2 as pb
+from tests.conftest import ort_config, triton_routes
 from tests.support.process import MmguardProcess
+from tests.support.triton import TritonServer
+from tests.support.wire import grpc_infer_raw, grpc_request
 
 
 def _identity(url: str, model: str = "identity_fp32") -> np.ndarray:
@@ -106,4 +111,30 @@ def test_signals_stop_cleanly(tmp_path: Path, ort_models: Path, sig: int) -> Non
     p.signal(sig)
     assert p.proc.wait(30) == 0
     p.wait_log("stopped")
+    p.stop()
+
+
+@pytest.mark.triton
+def test_sigterm_drains_in_flight_requests(tmp_path: Path, triton: TritonServer) -> None:
+    """A request in flight when SIGTERM arrives still gets its answer; then the process exits 0
+    and the port is closed."""
+    path = tmp_path / "mmguard.yaml"
+    path.write_text(yaml.safe_dump({**triton_routes(triton, ["slow_fp32"]),
+                                    "shutdown_grace_s": 10}))
+    p = MmguardProcess(["--config", str(path)], tmp_path / "serve.log")
+    url = f"127.0.0.1:{p.ports['grpc']}"
+    _wait_ready(url, "g_slow_fp32")
+    body = grpc_request("g_slow_fp32", [
+        ("x", "FP32", [1, 2], np.ones(2, "<f4").tobytes()),
+        ("delay_ms", "INT32", [1, 1], np.array([1500], "<i4").tobytes())])
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(grpc_infer_raw, url, body, 20)
+        time.sleep(0.5)  # the request is now inside Triton
+        p.signal(signal.SIGTERM)
+        resp, _ = pending.result(20)
+    assert pb.ModelInferResponse.FromString(resp).outputs[0].name == "y"
+    assert p.proc.wait(30) == 0
+    with pytest.raises(grpc.RpcError) as exc:
+        grpc_infer_raw(url, body, 2)
+    assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
     p.stop()
