@@ -19,7 +19,6 @@ from proxy.config import TritonHttpBackend as HttpConfig
 from proxy.contract import ModelContract
 from proxy.errors import ErrorKind, ProxyError, kind_from_http
 
-
 _STREAM_ABOVE = 512 * 1024
 
 
