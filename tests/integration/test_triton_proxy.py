@@ -235,3 +235,31 @@ def test_metadata_and_config_come_from_triton(proxy: RunningMmguard) -> None:
     decoupled = grpcclient.InferenceServerClient(proxy.grpc_url).get_model_config(
         "h_decoupled_counter").config
     assert decoupled.model_transaction_policy.decoupled
+
+
+def test_max_in_flight_gives_429_with_retry_after(triton: TritonServer) -> None:
+    cfg = triton_routes(triton, ["slow_fp32"])
+    cfg["models"] = [{"name": "one_at_a_time", "backend": "triton-grpc",
+                      "backend_model": "slow_fp32",
+                      "filters": [{"limits": {"max_in_flight": 1, "retry_after_s": 2}}]}]
+    import concurrent.futures
+    import time
+    with RunningMmguard(cfg) as m:
+        _wait_contract(m, "one_at_a_time")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(grpc_infer_raw, m.grpc_url,
+                                grpc_request("one_at_a_time", _slow(1000)), 10)
+            time.sleep(0.3)
+            with pytest.raises(grpc.RpcError) as exc:
+                grpc_infer_raw(m.grpc_url, grpc_request("one_at_a_time", _slow(0)))
+            assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "has 1 requests in flight; the limit is 1" in exc.value.details()
+            assert dict(exc.value.trailing_metadata())["retry-after"] == "2"
+            body, hlen = http_binary_body(_slow(0))
+            status, headers, _ = http_post(m.http_url, "/v2/models/one_at_a_time/infer", body,
+                                           {"Inference-Header-Content-Length": str(hlen)})
+            assert status == 429 and headers["Retry-After"] == "2"
+            assert headers["mmguard-limits"].startswith("reject-overload")
+            first.result(10)
+        out, _ = grpc_infer_raw(m.grpc_url, grpc_request("one_at_a_time", _slow(0)))
+        assert pb.ModelInferResponse.FromString(out).outputs[0].name == "y"
