@@ -14,6 +14,7 @@ to a backend. Rules that MUST hold:
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -93,6 +94,8 @@ class Call:
     streaming: bool = False
     deadline: float | None = None  # time.monotonic() by which the answer is due
     wire: Wire | None = None
+    document: dict[str, Any] | None = None  # OpenAI requests: the parsed JSON body
+    endpoint: str = ""  # OpenAI requests: /v1/chat/completions, /v1/completions
     target: Target | None = None
     state: CallState = field(default_factory=CallState)
     decisions: dict[str, str] = field(default_factory=dict)
@@ -135,7 +138,7 @@ class Result:
                  outputs: list[Tensor] | None = None, *, parameters: dict[str, Any] | None = None,
                  wire: Wire | None = None,
                  decode: Callable[[], list[Tensor]] | None = None,
-                 stream: AsyncIterator[Result | LocalReply] | None = None) -> None:
+                 stream: AsyncIterator[StreamItem] | None = None) -> None:
         self.model = model
         self.version = version
         self.id = id
@@ -170,10 +173,39 @@ class LocalReply:
     message: str
     origin: str = "mmguard"
     retry_after_s: float | None = None
+    status: int | None = None  # a backend's own HTTP status, kept when passing its error on
+    body: bytes | None = None  # a backend's own error body (same protocol only)
+    param: str | None = None  # the request field at fault, for OpenAI-shaped errors
 
     @classmethod
     def from_error(cls, err: ProxyError) -> LocalReply:
-        return cls(err.kind, err.message, origin=err.origin, retry_after_s=err.retry_after_s)
+        return cls(err.kind, err.message, origin=err.origin, retry_after_s=err.retry_after_s,
+                   status=err.status, body=err.body, param=err.param)
+
+
+@dataclass(slots=True)
+class SseEvent:
+    """One server-sent event exactly as the backend sent it (``data: ...`` plus the blank line);
+    parsed only when someone asks."""
+
+    raw: bytes
+
+    @property
+    def data(self) -> bytes:
+        lines = [ln[5:].lstrip(b" ") for ln in self.raw.splitlines() if ln.startswith(b"data:")]
+        return b"\n".join(lines)
+
+    @property
+    def done(self) -> bool:
+        return self.data.strip() == b"[DONE]"
+
+    def json(self) -> dict[str, Any] | None:
+        try:
+            doc = json.loads(self.data)
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) else None
 
 
 Reply = Result | LocalReply
+StreamItem = Result | LocalReply | SseEvent

@@ -90,8 +90,25 @@ class OnnxRuntimeBackend(Strict):
     timeout_s: float = Field(30.0, gt=0)
 
 
-BackendConfig = Annotated[TritonGrpcBackend | TritonHttpBackend | OnnxRuntimeBackend,
+class VllmBackend(Strict):
+    kind: Literal["vllm"]
+    name: str
+    url: str
+    """http://host:port of vLLM's OpenAI-compatible server."""
+    timeout_s: float = Field(60.0, gt=0)
+    """Until the answer starts (for streams) or ends (otherwise)."""
+    pool_size: int = Field(100, ge=1)
+    image_input: Literal["auto", "yes", "no"] = "auto"
+    """Whether the model takes images; auto probes once with a one-token request."""
+
+
+BackendConfig = Annotated[TritonGrpcBackend | TritonHttpBackend | OnnxRuntimeBackend | VllmBackend,
                           Field(discriminator="kind")]
+
+
+class OpenAIConfig(Strict):
+    image_url_allow_hosts: tuple[str, ...] = ()
+    """Hosts whose http(s) image URLs may reach the backend; everything else must be data: URLs."""
 
 
 class FilterSpec(Strict):
@@ -130,6 +147,7 @@ class Config(Strict):
     models: tuple[ModelRoute, ...]
     defaults: Defaults = Defaults()
     telemetry: TelemetryConfig = TelemetryConfig()
+    openai: OpenAIConfig = OpenAIConfig()
     contract_refresh_s: float = Field(30.0, gt=0)
     """How often each backend's contract is re-read (a model reload is noticed within this)."""
     shutdown_grace_s: float = Field(10.0, ge=0)
@@ -227,7 +245,7 @@ def _format(exc: ValidationError, prefix: str) -> list[str]:
         for part in err["loc"]:
             if isinstance(part, int):
                 path += f"[{part}]"
-            elif part in ("triton_grpc", "triton_http", "onnxruntime"):
+            elif part in ("triton_grpc", "triton_http", "onnxruntime", "vllm"):
                 continue  # discriminator tag that pydantic adds to the location
             else:
                 path += f".{part}" if path else str(part)

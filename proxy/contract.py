@@ -30,7 +30,8 @@ class ModelContract:
     outputs: tuple[TensorSpec, ...]
     max_batch_size: int = 0  # > 0: the leading -1 of every dim list is the batch dimension
     decoupled: bool = False
-    context_length: int | None = None
+    context_length: int | None = None  # vLLM max_model_len, a text encoder's token limit
+    accepts_images: bool | None = None  # None: not known
     fingerprint: str = ""
     config: dict[str, Any] = field(default_factory=dict, compare=False)  # Triton-style, JSON form
 

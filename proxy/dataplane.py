@@ -4,13 +4,13 @@ runtime, with the request-level span, metrics and statistics done once, here, fo
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from opentelemetry import propagate, trace
 
 from proxy import __version__
-from proxy.call import Call, LocalReply, Reply, Result
+from proxy.call import Call, LocalReply, Reply, Result, StreamItem
 from proxy.contract import ModelContract
 from proxy.errors import ErrorKind, ProxyError
 from proxy.runtime import Runtime
@@ -105,7 +105,7 @@ class DataPlane:
             st.fail_count += 1
             st.fail_ns += elapsed_ns
 
-    async def stream(self, call: Call) -> AsyncIterator[Reply]:
+    async def stream(self, call: Call) -> AsyncGenerator[StreamItem, None]:
         """Each response of a streamed call as it comes; errors become a LocalReply item."""
         call.streaming = True
         reply = await self.infer(call)

@@ -85,9 +85,15 @@ class ProxyError(Exception):
     """An error with a kind; ``origin`` says who found it (``mmguard`` or ``backend``)."""
 
     def __init__(self, kind: ErrorKind, message: str, *, origin: str = "mmguard",
-                 retry_after_s: float | None = None) -> None:
+                 retry_after_s: float | None = None, status: int | None = None,
+                 body: bytes | None = None, param: str | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.origin = origin
         self.retry_after_s = retry_after_s
+        # A backend's own HTTP status and error body, returned intact by a front of the same
+        # protocol (OpenAI clients parse vLLM's error objects; the status must not change).
+        self.status = status
+        self.body = body
+        self.param = param

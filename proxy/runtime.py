@@ -31,6 +31,9 @@ def make_backend(cfg: BackendConfig) -> Backend:
     if cfg.kind == "triton_grpc":
         from proxy.backends.triton_grpc import TritonGrpcBackend
         return TritonGrpcBackend(cfg)
+    if cfg.kind == "vllm":
+        from proxy.backends.vllm import VllmBackend
+        return VllmBackend(cfg)
     from proxy.backends.triton_http import TritonHttpBackend
     return TritonHttpBackend(cfg)
 

@@ -59,7 +59,8 @@ class Server:
         await self.plane.runtime.start()
         lc = self.config.listeners
         self.http_port = await self._serve_http(
-            HttpFront(self.plane, lc.http.max_request_bytes).app(), lc.http.host,
+            HttpFront(self.plane, lc.http.max_request_bytes,
+                      self.config.openai.image_url_allow_hosts).app(), lc.http.host,
             _pick(self._ports.http, lc.http.port))
         self.admin_port = await self._serve_http(admin_app(self.plane), lc.admin.host,
                                                  _pick(self._ports.admin, lc.admin.port))

@@ -49,6 +49,18 @@ class Telemetry:
                                  ["filter", "model", "decision"], registry=r)
         self.backend_ready = Gauge("mmguard_backend_ready", "1 when the backend is ready.",
                                    ["backend"], registry=r)
+        self.ttft = Histogram("mmguard_time_to_first_token_seconds",
+                              "Streams: time from request to the first event.",
+                              ["model", "backend"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.stream_duration = Histogram("mmguard_stream_duration_seconds",
+                                         "Streams: time from request to the last event.",
+                                         ["model", "backend"], buckets=_LATENCY_BUCKETS,
+                                         registry=r)
+        self.tokens = Counter("mmguard_tokens_total", "Tokens from the backend's usage report.",
+                              ["model", "kind"], registry=r)
+        self.finish_reasons = Counter("mmguard_finish_reasons_total",
+                                      "Completions by finish_reason (length = cut off).",
+                                      ["model", "reason"], registry=r)
         self.config_reloads = Counter("mmguard_config_reloads_total", "Config reload attempts.",
                                       ["result"], registry=r)
 

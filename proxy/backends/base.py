@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator
 
-from proxy.call import Call, LocalReply, Result, Target
+from proxy.call import Call, Result, StreamItem, Target
 from proxy.contract import ModelContract
 from proxy.errors import ErrorKind, ProxyError
 
@@ -37,7 +37,7 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def infer(self, call: Call, target: Target) -> Result: ...
 
-    async def stream(self, call: Call, target: Target) -> AsyncIterator[Result | LocalReply]:
+    async def stream(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
         """Responses of a (decoupled) model as they come. Default: one response."""
         yield await self.infer(call, target)
 

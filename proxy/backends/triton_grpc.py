@@ -17,7 +17,7 @@ from google.protobuf import json_format
 from proxy import codec_grpc
 from proxy.backends.base import Backend
 from proxy.backends.propagation import forward_metadata
-from proxy.call import Call, LocalReply, Result, Target, Wire
+from proxy.call import Call, LocalReply, Result, StreamItem, Target, Wire
 from proxy.config import TritonGrpcBackend as GrpcConfig
 from proxy.contract import ModelContract, TensorSpec, fingerprint
 from proxy.errors import ErrorKind, ProxyError, kind_from_grpc
@@ -99,7 +99,7 @@ class TritonGrpcBackend(Backend):
             raise self._error(exc, target.model) from None
         return codec_grpc.decode_response(resp)
 
-    async def stream(self, call: Call, target: Target) -> AsyncIterator[Result | LocalReply]:
+    async def stream(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
         # One backend stream per request: the request is written and the stream half-closed,
         # so Triton ends it once the model has sent its last response.
         body = codec_grpc.encode_request(call, target.model, target.version)

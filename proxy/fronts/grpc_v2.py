@@ -17,7 +17,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from proxy import codec_grpc
-from proxy.call import Call, LocalReply, Reply
+from proxy.call import Call, LocalReply, Result, StreamItem
 from proxy.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
@@ -196,9 +196,12 @@ class GrpcFront:
                 t.cancel()
 
 
-def _stream_item(call: Call, item: Reply) -> bytes:
+def _stream_item(call: Call, item: StreamItem) -> bytes:
     if isinstance(item, LocalReply):
         return codec_grpc.stream_error(item.message)
+    if not isinstance(item, Result):
+        return codec_grpc.stream_error(f"model '{call.model}' streams server-sent events; "
+                                       "call it through the OpenAI front")
     try:
         return codec_grpc.stream_response(codec_grpc.encode_response(call, item))
     except ProxyError as err:

@@ -18,6 +18,7 @@ from proxy import codec_http
 from proxy.call import LocalReply
 from proxy.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError
+from proxy.fronts.openai import OpenAIFront
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TIMEOUT_HEADER = "mmguard-timeout-ms"
@@ -48,12 +49,15 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 class HttpFront:
-    def __init__(self, plane: DataPlane, max_request_bytes: int) -> None:
+    def __init__(self, plane: DataPlane, max_request_bytes: int,
+                 image_url_allow_hosts: tuple[str, ...] = ()) -> None:
         self.plane = plane
         self.max_request_bytes = max_request_bytes
+        self.openai = OpenAIFront(plane, max_request_bytes, image_url_allow_hosts)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_request_bytes, middlewares=[_errors])
+        self.openai.register(app)
         r = app.router
         r.add_get("/v2/health/live", self.live)
         r.add_get("/v2/health/ready", self.ready)

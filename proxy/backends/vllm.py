@@ -1,0 +1,208 @@
+"""vLLM over its OpenAI-compatible HTTP API: one aiohttp session, SSE forwarded event by event.
+
+The contract comes from ``/v1/models`` (``max_model_len``) and ``/version``; whether the model
+takes images is declared in config or probed once with a one-token request. Token counts come
+from ``/tokenize``. Streams are read as events arrive and handed on at once; a backend that dies
+mid-stream ends the stream with an error item instead of leaving the client hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from proxy import openai_api
+from proxy.backends.base import Backend
+from proxy.backends.propagation import forward_headers
+from proxy.call import Call, LocalReply, Result, SseEvent, StreamItem, Target, Wire
+from proxy.config import VllmBackend as VllmConfig
+from proxy.contract import ModelContract, fingerprint
+from proxy.errors import ErrorKind, ProxyError, kind_from_http
+
+# A 28 × 28 grey PNG: the smallest image the tiny test models and real ones all accept.
+_PROBE_PNG = base64.b64encode(bytes.fromhex(
+    "89504e470d0a1a0a0000000d494844520000001c0000001c0800000000576680"
+    "48000000144944415478da6368c00318462547254725610000d78f8810b49db6"
+    "7c0000000049454e44ae426082")).decode()
+
+
+class VllmBackend(Backend):
+    protocol = "openai"
+
+    def __init__(self, cfg: VllmConfig) -> None:
+        self.name = cfg.name
+        self.cfg = cfg
+        self.timeout_s = cfg.timeout_s
+        url = cfg.url if "://" in cfg.url else f"http://{cfg.url}"
+        self.base = url.rstrip("/")
+        self._session: aiohttp.ClientSession | None = None
+        self._accepts_images: dict[str, bool | None] = {}
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:  # made on first use, inside the running loop
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.cfg.pool_size, keepalive_timeout=60))
+        return self._session
+
+    async def start(self) -> None:
+        _ = self.session
+
+    async def ready(self) -> bool:
+        try:
+            async with self.session.get(self.base + "/health",
+                                        timeout=aiohttp.ClientTimeout(total=2.0)) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def model_ready(self, model: str, version: str = "") -> bool:
+        return await self.ready()
+
+    async def metadata(self, model: str, version: str = "") -> ModelContract:
+        models = await self._get_json("/v1/models", model)
+        entry = next((m for m in models.get("data", []) if m.get("id") == model), None)
+        if entry is None:
+            served = [m.get("id") for m in models.get("data", [])]
+            raise ProxyError(ErrorKind.NOT_FOUND,
+                             f"backend '{self.name}' serves {served}, not '{model}'")
+        server_version = (await self._get_json("/version", model)).get("version", "")
+        images = await self._image_input(model)
+        return ModelContract(
+            name=model, versions=("1",), platform=f"vllm {server_version}".strip(), inputs=(),
+            outputs=(), context_length=entry.get("max_model_len"), accepts_images=images,
+            fingerprint=fingerprint(entry.get("root"), entry.get("max_model_len"),
+                                    server_version),
+            config={"name": model, "backend": "vllm", "max_model_len": entry.get("max_model_len"),
+                    "root": entry.get("root"), "vllm_version": server_version},
+        )
+
+    async def _image_input(self, model: str) -> bool | None:
+        if self.cfg.image_input != "auto":
+            return self.cfg.image_input == "yes"
+        if model not in self._accepts_images:
+            probe = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "?"},
+                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{_PROBE_PNG}"}},
+            ]}]}
+            try:
+                async with self.session.post(self.base + openai_api.CHAT, json=probe,
+                                             timeout=aiohttp.ClientTimeout(total=60)) as r:
+                    await r.read()
+                    self._accepts_images[model] = (True if r.status == 200 else
+                                                   False if r.status == 400 else None)
+            except (aiohttp.ClientError, TimeoutError):
+                return None
+        return self._accepts_images[model]
+
+    async def _get_json(self, path: str, model: str) -> dict[str, Any]:
+        try:
+            async with self.session.get(self.base + path,
+                                        timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
+                body = await r.read()
+                if r.status != 200:
+                    raise self._status_error(r.status, body)
+                return json.loads(body)  # type: ignore[no-any-return]
+        except aiohttp.ClientError as exc:
+            raise self._transport_error(exc, model) from None
+
+    async def tokenize(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        """/tokenize and /detokenize, passed through as they are."""
+        try:
+            async with self.session.post(self.base + path, data=body, headers={
+                    **forward_headers(headers), "Content-Type": "application/json"},
+                    timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
+                return r.status, await r.read()
+        except aiohttp.ClientError as exc:
+            raise self._transport_error(exc, path) from None
+
+    async def count_tokens(self, call: Call, model: str) -> int:
+        """Prompt tokens as the backend's own tokenizer counts them (chat template included)."""
+        doc = call.document or {}
+        req: dict[str, Any] = {"model": model}
+        if "messages" in doc:
+            req["messages"] = doc["messages"]
+        else:
+            req["prompt"] = doc.get("prompt", "")
+        status, body = await self.tokenize("/tokenize", json.dumps(req).encode(), {})
+        if status != 200:
+            raise self._status_error(status, body)
+        return int(json.loads(body)["count"])
+
+    def _request(self, call: Call, target: Target) -> tuple[str, bytes, dict[str, str]]:
+        body = openai_api.encode_request(call, target.model)
+        headers = forward_headers(call.headers)
+        headers["Content-Type"] = "application/json"
+        return self.base + call.endpoint, body, headers
+
+    async def infer(self, call: Call, target: Target) -> Result:
+        url, body, headers = self._request(call, target)
+        timeout = self.timeout_for(call)
+        try:
+            async with asyncio.timeout(timeout):
+                async with self.session.post(url, data=body, headers=headers) as r:
+                    data = await r.read()
+                    if r.status != 200:
+                        raise self._status_error(r.status, data)
+        except TimeoutError:
+            raise self.deadline_error(target, timeout) from None
+        except aiohttp.ClientError as exc:
+            raise self._transport_error(exc, target.model) from None
+        return Result(target.model, wire=Wire("openai", data))
+
+    async def stream(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
+        url, body, headers = self._request(call, target)
+        timeout = self.timeout_for(call)
+        try:
+            # The deadline bounds the wait for the answer to start; a long stream may run on.
+            async with asyncio.timeout(timeout):
+                resp = await self.session.post(url, data=body, headers=headers)
+        except TimeoutError:
+            raise self.deadline_error(target, timeout) from None
+        except aiohttp.ClientError as exc:
+            raise self._transport_error(exc, target.model) from None
+        try:
+            if resp.status != 200:
+                raise self._status_error(resp.status, await resp.read())
+            pending = b""
+            async for chunk in resp.content.iter_any():
+                pending += chunk
+                while b"\n\n" in pending:
+                    event, pending = pending.split(b"\n\n", 1)
+                    if event.strip():
+                        yield SseEvent(event + b"\n\n")
+            if pending.strip():
+                raise ProxyError(ErrorKind.UNAVAILABLE,
+                                 f"backend '{self.name}' ended the stream mid-event")
+        except (aiohttp.ClientError, ConnectionError) as exc:
+            yield LocalReply(ErrorKind.UNAVAILABLE,
+                             f"backend '{self.name}' ({self.base}) broke off the stream for model "
+                             f"'{target.model}': {type(exc).__name__}: {exc}")
+        finally:
+            resp.release()
+
+    def _status_error(self, status: int, body: bytes) -> ProxyError:
+        message, param = f"HTTP {status}", None
+        try:
+            err = json.loads(body)["error"]
+            message = str(err.get("message", message)) if isinstance(err, dict) else str(err)
+            param = err.get("param") if isinstance(err, dict) else None
+        except (ValueError, KeyError, TypeError):
+            message = body.decode("utf-8", "replace")[:500] or message
+        return ProxyError(kind_from_http(status), message, origin="backend", status=status,
+                          body=body, param=param)
+
+    def _transport_error(self, exc: Exception, model: str) -> ProxyError:
+        return ProxyError(ErrorKind.UNAVAILABLE,
+                          f"backend '{self.name}' ({self.base}) is unavailable for model "
+                          f"'{model}': {type(exc).__name__}: {exc}")
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
