@@ -27,7 +27,7 @@ from proxy.call import Call, LocalReply, Reply
 from proxy.clock import Clock
 from proxy.contract import ModelContract
 from proxy.errors import ErrorKind, ProxyError
-from proxy.telemetry import Telemetry
+from proxy.telemetry import Telemetry, tracing_on
 
 Next = Callable[[Call], Awaitable[Reply]]
 log = logging.getLogger("mmguard.chain")
@@ -75,15 +75,19 @@ def compose(filters: list[tuple[str, Filter]], terminal: Next) -> Next:
 
 
 def _step(name: str, f: Filter, nxt: Next, tracer: trace.Tracer) -> Next:
+    span_name = f"filter {name}"
+
     async def step(call: Call) -> Reply:
-        with tracer.start_as_current_span(f"filter {name}"):
-            try:
+        try:
+            if not tracing_on():
                 return await f(call, nxt)
-            except ProxyError:
-                raise
-            except Exception as exc:
-                # Say which filter broke; the outer guard turns this into INTERNAL.
-                raise _FilterCrash(name, exc) from exc
+            with tracer.start_as_current_span(span_name):
+                return await f(call, nxt)
+        except ProxyError:
+            raise
+        except Exception as exc:
+            # Say which filter broke; the outer guard turns this into INTERNAL.
+            raise _FilterCrash(name, exc) from exc
 
     return step
 

@@ -14,7 +14,7 @@ from proxy.call import Call, LocalReply, Reply, Result, StreamItem
 from proxy.contract import ModelContract
 from proxy.errors import ErrorKind, ProxyError
 from proxy.runtime import Runtime
-from proxy.telemetry import Telemetry
+from proxy.telemetry import Telemetry, tracing_on
 
 EXTENSIONS = ("classification", "binary_tensor_data", "statistics", "model_configuration")
 _tracer = trace.get_tracer("mmguard")
@@ -66,34 +66,41 @@ class DataPlane:
     # --- inference --------------------------------------------------------------------------
 
     async def infer(self, call: Call) -> Reply:
+        if not tracing_on():
+            return await self._infer(call)
         ctx = propagate.extract(call.headers)
-        labels = (call.model, call.front)
         with _tracer.start_as_current_span(f"mmguard {call.front} infer", context=ctx,
                                            kind=trace.SpanKind.SERVER) as span:
             span.set_attribute("mmguard.model", call.model)
-            self.telemetry.in_flight.labels(*labels).inc()
-            start = time.perf_counter_ns()
-            try:
-                reply = await self.runtime.handle(call)
-            finally:
-                self.telemetry.in_flight.labels(*labels).dec()
-            elapsed = time.perf_counter_ns() - start
-            self._account(call, reply, elapsed)
+            reply = await self._infer(call)
             if isinstance(reply, LocalReply):
                 span.set_status(trace.StatusCode.ERROR, reply.message)
                 span.set_attribute("mmguard.error_kind", reply.kind.value)
         return reply
 
-    def _account(self, call: Call, reply: Reply, elapsed_ns: int) -> None:
-        backend = call.target.backend if call.target else ""
-        code = "ok" if isinstance(reply, Result) else reply.kind.value
+    async def _infer(self, call: Call) -> Reply:
+        route = self.runtime.routes.get(call.model)
         # Unknown names share one label value, so a scan of names cannot blow up cardinality.
-        call_model = call.model if call.model in self.runtime.routes else "(unknown)"
-        self.telemetry.requests.labels(call_model, backend, call.front, code).inc()
-        self.telemetry.latency.labels(call_model, backend, call.front).observe(elapsed_ns / 1e9)
-        self.telemetry.request_bytes.labels(call_model, call.front).inc(call.nbytes)
-        if call_model == "(unknown)":
-            return
+        model = call.model if route is not None else "(unknown)"
+        backend = route.spec.backend if route is not None else ""
+        m = self.telemetry.request_metrics(model, backend, call.front)
+        m.in_flight.inc()
+        start = time.perf_counter_ns()
+        try:
+            reply = await self.runtime.handle(call)
+        finally:
+            m.in_flight.dec()
+        elapsed = time.perf_counter_ns() - start
+        code = "ok" if isinstance(reply, Result) else reply.kind.value
+        self.telemetry.count_request(m, model, backend, call.front, code)
+        m.latency.observe(elapsed / 1e9)
+        m.request_bytes.inc(call.nbytes)
+        if route is not None:
+            self._account(call, reply, elapsed)
+        return reply
+
+    def _account(self, call: Call, reply: Reply, elapsed_ns: int) -> None:
+        """The per-model statistics the v2 statistics endpoints report."""
         st = self.stats.setdefault(call.model, ModelStats())
         if isinstance(reply, Result):
             st.success_count += 1

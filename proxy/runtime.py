@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from dataclasses import dataclass
 
 from proxy.backends.base import Backend
@@ -124,7 +125,7 @@ class Runtime:
             target.version = call.version
         call.target = target
         if route.spec.timeout_s is not None:
-            limit = self.clock.monotonic() + route.spec.timeout_s
+            limit = time.monotonic() + route.spec.timeout_s  # same clock as Call.deadline
             call.deadline = limit if call.deadline is None else min(call.deadline, limit)
         return await route.chain(call)
 

@@ -9,14 +9,15 @@ _HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
     "transfer-encoding", "upgrade", "host", "content-length", "content-type", "user-agent",
     "accept", "accept-encoding", "content-encoding", "expect", "inference-header-content-length",
-    "traceparent", "tracestate",
 })
 
 
 def forward_headers(headers: dict[str, str]) -> dict[str, str]:
     out = {k: v for k, v in headers.items()
            if k not in _HOP and not k.startswith((":", "grpc-", "mmguard-"))}
-    propagate.inject(out)  # the current span's context (or the client's, passed through)
+    # With tracing on, mmguard's current span replaces the client's traceparent as the parent;
+    # with it off, the client's W3C headers were kept above and cross unchanged.
+    propagate.inject(out)
     return out
 
 
