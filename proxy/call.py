@@ -18,7 +18,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from proxy.errors import ErrorKind, ProxyError
 from proxy.tensor import Tensor
@@ -120,42 +120,58 @@ class Call:
         return None if self.deadline is None else self.deadline - time.monotonic()
 
 
+class Decoded(NamedTuple):
+    model: str
+    version: str
+    id: str
+    parameters: dict[str, Any]
+    outputs: list[Tensor]
+
+
 class Result:
-    """A backend's answer. ``outputs`` may be decoded lazily from ``wire`` on first access."""
+    """A backend's answer. Built from its wire form, it is decoded only when someone reads a
+    field: an answer forwarded unchanged to a client of the same protocol is never parsed."""
 
-    __slots__ = (
-        "_decode",
-        "_outputs",
-        "id",
-        "model",
-        "parameters",
-        "stream",
-        "version",
-        "wire",
-    )
+    __slots__ = ("_decode", "_decoded", "stream", "wire")
 
-    def __init__(self, model: str, version: str = "", id: str = "",
+    def __init__(self, model: str = "", version: str = "", id: str = "",
                  outputs: list[Tensor] | None = None, *, parameters: dict[str, Any] | None = None,
-                 wire: Wire | None = None,
-                 decode: Callable[[], list[Tensor]] | None = None,
+                 wire: Wire | None = None, decode: Callable[[], Decoded] | None = None,
                  stream: AsyncIterator[StreamItem] | None = None) -> None:
-        self.model = model
-        self.version = version
-        self.id = id
-        self.parameters = parameters or {}
         self.wire = wire
         self.stream = stream
-        self._outputs = outputs
         self._decode = decode
+        self._decoded: Decoded | None = None if decode is not None else Decoded(
+            model, version, id, parameters or {}, outputs or [])
+
+    def _fields(self) -> Decoded:
+        if self._decoded is None:
+            assert self._decode is not None
+            self._decoded = self._decode()
+        return self._decoded
+
+    @property
+    def model(self) -> str:
+        return self._fields().model
+
+    @property
+    def version(self) -> str:
+        return self._fields().version
+
+    @property
+    def id(self) -> str:
+        return self._fields().id
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        return self._fields().parameters
 
     @property
     def outputs(self) -> list[Tensor]:
-        if self._outputs is None:
-            self._outputs = self._decode() if self._decode else []
-        return self._outputs
+        return self._fields().outputs
 
     def set_outputs(self, outputs: list[Tensor]) -> None:
-        self._outputs = outputs
+        self._decoded = self._fields()._replace(outputs=outputs)
         self.wire = None
 
     def output(self, name: str) -> Tensor | None:

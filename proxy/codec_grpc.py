@@ -13,11 +13,14 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from proxy.call import Call, RequestedOutput, Result, Wire
+from proxy import pbwire
+from proxy.call import Call, Decoded, RequestedOutput, Result, Wire
 from proxy.errors import ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.tensor import Tensor, encode_bytes_elements, numpy_dtype
 
+_RAW_INPUTS = 7  # ModelInferRequest.raw_input_contents
+_RAW_OUTPUTS = 6  # ModelInferResponse.raw_output_contents
 _CONTENTS_FIELD = {
     "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
     "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
@@ -29,11 +32,11 @@ _CONTENTS_FIELD = {
 def decode_request(body: bytes) -> Call:
     req = pb.ModelInferRequest()
     try:
-        req.ParseFromString(body)
-    except DecodeError as exc:
+        head, raws = pbwire.split(body, _RAW_INPUTS)
+        req.ParseFromString(head)
+    except (DecodeError, pbwire.WireError) as exc:
         raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                          f"malformed ModelInferRequest: {exc}") from None
-    raws = req.raw_input_contents
     if raws and len(raws) != len(req.inputs):
         raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                          f"request has {len(req.inputs)} inputs but {len(raws)} "
@@ -83,33 +86,46 @@ def encode_request(call: Call, model: str, version: str) -> bytes:
 
 
 def decode_response(body: bytes) -> Result:
-    resp = pb.ModelInferResponse()
+    """The answer as a lazily decoded ``Result``: its framing is checked now (cheap, no copy),
+    its fields are parsed only if someone reads them."""
     try:
-        resp.ParseFromString(body)
-    except DecodeError as exc:
+        head, raws = pbwire.split(body, _RAW_OUTPUTS)
+    except pbwire.WireError as exc:
         raise ProxyError(ErrorKind.INTERNAL, f"backend sent a malformed ModelInferResponse: {exc}",
                          origin="backend") from None
-    return result_from_pb(resp, Wire("grpc", body))
+
+    def decode() -> Decoded:
+        resp = pb.ModelInferResponse()
+        try:
+            resp.ParseFromString(head)
+        except DecodeError as exc:
+            raise ProxyError(ErrorKind.INTERNAL,
+                             f"backend sent a malformed ModelInferResponse: {exc}",
+                             origin="backend") from None
+        return _decoded(resp, raws)
+
+    return Result(wire=Wire("grpc", body), decode=decode)
 
 
 def result_from_pb(resp: pb.ModelInferResponse, wire: Wire | None) -> Result:
-    def outputs() -> list[Tensor]:
-        raws = resp.raw_output_contents
-        out = []
-        for i, o in enumerate(resp.outputs):
-            raw = raws[i] if i < len(raws) else _contents_to_raw(o)
-            out.append(Tensor(o.name, o.datatype, tuple(o.shape), raw=raw,
-                              parameters=params_from_pb(o.parameters)))
-        return out
+    return Result(wire=wire, decode=lambda: _decoded(resp, list(resp.raw_output_contents)))
 
-    return Result(resp.model_name, resp.model_version, resp.id,
-                  parameters=params_from_pb(resp.parameters), wire=wire, decode=outputs)
+
+def _decoded(resp: pb.ModelInferResponse, raws: list[Any]) -> Decoded:
+    outputs = []
+    for i, o in enumerate(resp.outputs):
+        raw = raws[i] if i < len(raws) else _contents_to_raw(o)
+        outputs.append(Tensor(o.name, o.datatype, tuple(o.shape), raw=raw,
+                              parameters=params_from_pb(o.parameters)))
+    return Decoded(resp.model_name, resp.model_version, resp.id,
+                   params_from_pb(resp.parameters), outputs)
 
 
 def encode_response(call: Call, result: Result) -> bytes:
     if result.wire is not None and result.wire.protocol == "grpc":
         body = result.wire.body
-        return body if result.model == call.model else body + _string_field(1, call.model)
+        renamed = call.target is not None and call.target.model != call.model
+        return body + _string_field(1, call.model) if renamed else body
     return bytes(response_pb(call, result).SerializeToString())
 
 

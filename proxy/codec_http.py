@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from proxy.call import Call, RequestedOutput, Result, Wire
+from proxy.call import Call, Decoded, RequestedOutput, Result, Wire
 from proxy.errors import ErrorKind, ProxyError
 from proxy.tensor import DATATYPES, Payload, Tensor
 
@@ -155,6 +155,10 @@ def decode_response(body: bytes, header_length: str | None, wire_valid: bool) ->
                          origin="backend") from None
     view = memoryview(body)
 
+    def decode() -> Decoded:
+        return Decoded(str(doc.get("model_name", "")), str(doc.get("model_version", "")),
+                       str(doc.get("id", "")), dict(doc.get("parameters") or {}), outputs())
+
     def outputs() -> list[Tensor]:
         offset = hlen or 0
         out = []
@@ -174,14 +178,22 @@ def decode_response(body: bytes, header_length: str | None, wire_valid: bool) ->
         return out
 
     wire = Wire("http", body, hlen) if wire_valid else None
-    return Result(str(doc.get("model_name", "")), str(doc.get("model_version", "")),
-                  str(doc.get("id", "")), parameters=dict(doc.get("parameters") or {}),
-                  wire=wire, decode=outputs)
+    return Result(wire=wire, decode=decode)
 
 
 def encode_response(call: Call, result: Result) -> tuple[bytes, int | None]:
-    if result.wire is not None and result.wire.protocol == "http" and result.model == call.model:
-        return result.wire.body, result.wire.header_length
+    if result.wire is not None and result.wire.protocol == "http":
+        wire = result.wire
+        if call.target is None or call.target.model == call.model:
+            return wire.body, wire.header_length
+        # Renamed route: rewrite the small JSON header only; binary tensors stay as they are.
+        end = wire.header_length if wire.header_length is not None else len(wire.body)
+        renamed = json.loads(wire.body[:end])
+        renamed["model_name"] = call.model
+        header = json.dumps(renamed, separators=(",", ":")).encode()
+        if wire.header_length is None:
+            return header, None
+        return header + memoryview(wire.body)[end:], len(header)
     want_binary_all = bool(call.parameters.get("binary_data_output", False))
     asked = {o.name: o.parameters for o in call.outputs}
     head: dict[str, Any] = {"model_name": call.model, "model_version": result.version,
