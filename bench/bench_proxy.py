@@ -1,0 +1,1214 @@
+#!/usr/bin/env python
+"""mmguard vs nginx vs direct: throughput and latency over KServe v2 gRPC and HTTP, in one run.
+
+    python bench/bench_proxy.py [--duration 5] [--warmup 1] [--out bench/out]
+
+What runs (all on 127.0.0.1, every server its own process):
+
+* a real Triton (``tests/support/triton.py``: the nvidia-pytriton binary, Python-backend models
+  ``pixel_identity`` FP32 [1,3,224,224] identity and ``small_fp32`` FP32 [1,16] y = 2x);
+* mmguard (``python -m proxy.cli serve``) routing ``pixel_identity``/``small_fp32`` to a
+  ``triton_grpc`` backend, ``pixel_identity_h``/``small_fp32_h`` (``backend_model``) to a
+  ``triton_http`` backend and ``identity_pixel``/``identity_small`` (FP32 identity ONNX models,
+  [-1,3,224,224] and [-1,16]) to an in-process ``onnxruntime`` backend;
+* nginx (``grpc_pass`` on an h2c listener, ``proxy_pass`` with a keep-alive upstream) in front of
+  the same Triton, from ``bench/nginx.conf.template``;
+* one load-generator process (spawned, so its event loop shares nothing with the servers):
+  gRPC = ``grpc.aio`` raw unary calls with pre-serialized ``ModelInferRequest`` bytes, HTTP =
+  ``aiohttp`` with a pre-built binary body (``Inference-Header-Content-Length``). It keeps
+  ``concurrency`` requests in flight on one connection/channel (HTTP: a pool of up to
+  ``concurrency`` keep-alive connections). The first answer of every cell is checked byte for
+  byte against the expected output before the cell is measured.
+
+For the ONNX Runtime rows there is no out-of-process equivalent, so "direct" is the same model
+run in the load-generator process: a plain ``session.run`` loop at concurrency 1, and at higher
+concurrency ``concurrency`` callers sharing a pool of ``--ort-threads`` threads (what mmguard's
+backend does), so that queueing is the same on both sides.
+
+Besides req/s and latency, every cell records the CPU time each process spent during the
+measured window (from /proc), as ms of CPU per request: on a small machine the servers and the
+load generator compete for the same cores, and CPU per request says who is paying.
+
+Results: a table on stdout, ``<out>/results.json`` and ``<out>/results.md``. Every process is
+stopped on exit, Ctrl-C and SIGTERM included (children also get SIGTERM if this script is
+SIGKILLed: ``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import json
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+MiB = 1 << 20
+GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
+HEADER_LENGTH = "Inference-Header-Content-Length"
+NGINX_TEMPLATE = Path(__file__).resolve().parent / "nginx.conf.template"
+NOISY_OTHER_PCT = 5.0  # a cell where other processes took more of the machine is flagged
+
+
+# ---------------------------------------------------------------------------------------------
+# What is measured
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorCase:
+    key: str
+    label: str
+    shape: tuple[int, ...]
+    triton_model: str  # Triton's name; also mmguard's route to the triton_grpc backend
+    triton_in: str
+    triton_out: str
+    op: str  # "identity" or "double": what the Triton model computes (checked on the answer)
+    ort_model: str  # mmguard's route (and file) on the onnxruntime backend
+
+    @property
+    def http_route(self) -> str:  # mmguard's route to the triton_http backend
+        return self.triton_model + "_h"
+
+
+CASES = (
+    TensorCase("pixel", "FP32 [1,3,224,224]", (1, 3, 224, 224), "pixel_identity",
+               "pixel_values", "pixel_out", "identity", "identity_pixel"),
+    TensorCase("small", "FP32 [1,16]", (1, 16), "small_fp32", "x", "y", "double",
+               "identity_small"),
+)
+ORT_IN, ORT_OUT = "INPUT0", "OUTPUT0"
+PROTOCOLS = ("grpc", "http")
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _pdeathsig() -> None:
+    """In a child, before exec: get SIGTERM when the parent dies (even by SIGKILL)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def free_ports(count: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return None
+
+
+def http_json(url: str, timeout: float = 2.0) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM,
+                 timeout: float = 15.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        proc.send_signal(sig)
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+    except ProcessLookupError:
+        pass
+
+
+def machine_info() -> dict[str, Any]:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    try:
+        nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        nproc = str(len(os.sched_getaffinity(0)))
+    versions: dict[str, str] = {"python": platform.python_version()}
+    for dist in ("grpcio", "aiohttp", "onnxruntime", "numpy", "tritonclient", "nvidia-pytriton",
+                 "mmguard", "protobuf"):
+        try:
+            from importlib.metadata import version
+            versions[dist] = version(dist)
+        except Exception:
+            pass
+    nginx = shutil.which("nginx")
+    if nginx:
+        out = subprocess.run([nginx, "-v"], capture_output=True, text=True)
+        versions["nginx"] = (out.stderr or out.stdout).strip().split("/")[-1]
+    git: dict[str, Any] = {}
+    try:
+        git["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                       capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "proxy", "filters"],
+                               cwd=ROOT, capture_output=True, text=True).stdout.split("\n")
+        git["uncommitted_in_proxy_or_filters"] = [ln[3:] for ln in dirty if ln.strip()]
+    except OSError:
+        pass
+    return {"nproc": nproc, "cpu_model": model, "mem_gib": mem_gib,
+            "kernel": platform.release(), "versions": versions, "git": git}
+
+
+# --- CPU accounting from /proc ------------------------------------------------------------------
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the comm field may hold spaces: split after its closing parenthesis
+    return raw[raw.rfind(")") + 2:].split()
+
+
+def proc_cpu_s(pid: int) -> float:
+    f = _stat_fields(pid)
+    if f is None:
+        return 0.0
+    return (int(f[11]) + int(f[12])) / _CLK_TCK  # utime, stime (fields 14, 15)
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU of every process in a process group (Triton and its Python-backend stubs)."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        f = _stat_fields(int(entry))
+        if f is not None and int(f[2]) == pgid:  # field 5: pgrp
+            total += (int(f[11]) + int(f[12])) / _CLK_TCK
+    return total
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies from /proc/stat's aggregate line."""
+    parts = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    vals = [int(v) for v in parts[:8]]
+    idle = vals[3] + vals[4]  # idle + iowait
+    return float(sum(vals) - idle), float(sum(vals))
+
+
+# ---------------------------------------------------------------------------------------------
+# Load generator (runs in its own spawned process)
+# ---------------------------------------------------------------------------------------------
+
+
+def _payload(spec: dict[str, Any]) -> tuple[Any, bytes]:
+    import numpy as np
+
+    rng = np.random.default_rng(20260101 + len(spec["shape"]))
+    x = rng.standard_normal(spec["shape"]).astype(np.float32)
+    expected = x if spec["op"] == "identity" else (x * np.float32(2)).astype(np.float32)
+    return x, expected.tobytes()
+
+
+def _grpc_request(spec: dict[str, Any], x: Any) -> bytes:
+    try:
+        from tritonclient.grpc import service_pb2 as pb
+    except ImportError:  # pragma: no cover - tritonclient missing: use mmguard's copy
+        from proxy.pb import grpc_service_pb2 as pb
+    req = pb.ModelInferRequest(model_name=spec["model"])
+    req.inputs.add(name=spec["input"], datatype="FP32", shape=list(spec["shape"]))
+    req.outputs.add(name=spec["output"])
+    req.raw_input_contents.append(x.tobytes())
+    return bytes(req.SerializeToString())
+
+
+def _grpc_check(spec: dict[str, Any], answer: bytes, expected: bytes) -> None:
+    try:
+        from tritonclient.grpc import service_pb2 as pb
+    except ImportError:  # pragma: no cover
+        from proxy.pb import grpc_service_pb2 as pb
+    resp = pb.ModelInferResponse.FromString(answer)
+    names = [o.name for o in resp.outputs]
+    if names != [spec["output"]]:
+        raise AssertionError(f"outputs {names}, expected [{spec['output']!r}]")
+    if list(resp.outputs[0].shape) != list(spec["shape"]):
+        raise AssertionError(f"shape {list(resp.outputs[0].shape)}, expected {spec['shape']}")
+    if resp.raw_output_contents[0] != expected:
+        raise AssertionError("output bytes differ from the expected answer")
+
+
+def _http_request(spec: dict[str, Any], x: Any) -> tuple[bytes, dict[str, str]]:
+    raw = x.tobytes()
+    head = json.dumps({
+        "inputs": [{"name": spec["input"], "shape": list(spec["shape"]), "datatype": "FP32",
+                    "parameters": {"binary_data_size": len(raw)}}],
+        "outputs": [{"name": spec["output"], "parameters": {"binary_data": True}}],
+    }, separators=(",", ":")).encode()
+    # aiohttp asks for gzip by default, and Triton then compresses its answer (600 KB through
+    # zlib per request): the load generator asks for the plain body, as tritonclient does.
+    headers = {HEADER_LENGTH: str(len(head)), "Content-Type": "application/octet-stream",
+               "Accept-Encoding": "identity"}
+    return head + raw, headers
+
+
+def _http_check(spec: dict[str, Any], status: int, headers: Any, data: bytes,
+                expected: bytes) -> None:
+    if status != 200:
+        raise AssertionError(f"HTTP {status}: {data[:300]!r}")
+    hlen = headers.get(HEADER_LENGTH)
+    if hlen is None:
+        raise AssertionError(f"no {HEADER_LENGTH} header: answer is JSON-only: {data[:300]!r}")
+    doc = json.loads(data[:int(hlen)])
+    outs = doc.get("outputs") or []
+    if [o.get("name") for o in outs] != [spec["output"]]:
+        raise AssertionError(f"outputs {[o.get('name') for o in outs]}, expected "
+                             f"[{spec['output']!r}]")
+    if outs[0].get("shape") != list(spec["shape"]):
+        raise AssertionError(f"shape {outs[0].get('shape')}, expected {spec['shape']}")
+    if data[int(hlen):] != expected:
+        raise AssertionError("output bytes differ from the expected answer")
+
+
+class _Recorder:
+    """Shared by the workers of one cell: latencies of requests started inside the window."""
+
+    def __init__(self, warmup: float, duration: float, notify: Callable[[str], None]) -> None:
+        now = time.perf_counter()
+        self.t_start = now + warmup
+        self.t_end = self.t_start + duration
+        self.notify = notify
+        self.started_sent = False
+        self.lat: list[float] = []
+        self.last_done = self.t_start
+        self.errors = 0
+        self.error_samples: dict[str, int] = {}
+
+    def tick(self, t0: float) -> bool:
+        """Called before each request; False once the window is over."""
+        if not self.started_sent and t0 >= self.t_start:
+            self.started_sent = True
+            self.notify("start")
+        return t0 < self.t_end
+
+    def ok(self, t0: float, t1: float) -> None:
+        if t0 >= self.t_start:
+            self.lat.append(t1 - t0)
+            self.last_done = max(self.last_done, t1)
+
+    def error(self, t0: float, exc: BaseException) -> None:
+        text = f"{type(exc).__name__}: {exc}"[:300]
+        if t0 >= self.t_start:
+            self.errors += 1
+        if len(self.error_samples) < 5 or text in self.error_samples:
+            self.error_samples[text] = self.error_samples.get(text, 0) + 1
+
+    def result(self) -> dict[str, Any]:
+        import numpy as np
+
+        n = len(self.lat)
+        window = max(self.last_done - self.t_start, 1e-9)
+        out: dict[str, Any] = {"requests": n, "errors": self.errors, "window_s": round(window, 3),
+                               "rps": n / window if n else 0.0,
+                               "error_samples": self.error_samples}
+        if n:
+            arr = np.asarray(self.lat) * 1000.0
+            out.update(p50_ms=float(np.percentile(arr, 50)), p90_ms=float(np.percentile(arr, 90)),
+                       p99_ms=float(np.percentile(arr, 99)), mean_ms=float(arr.mean()),
+                       max_ms=float(arr.max()))
+        return out
+
+
+async def _drive(one: Callable[[], Any], rec: _Recorder, concurrency: int) -> None:
+    async def worker() -> None:
+        while True:
+            t0 = time.perf_counter()
+            if not rec.tick(t0):
+                return
+            try:
+                await one()
+            except Exception as exc:  # counted, and a short pause so a dead target can't spin
+                rec.error(t0, exc)
+                await asyncio.sleep(0.005)
+                continue
+            rec.ok(t0, time.perf_counter())
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    rec.notify("end")
+
+
+async def _cell_grpc(spec: dict[str, Any], rec_factory: Callable[[], _Recorder]) -> dict[str, Any]:
+    import grpc
+
+    x, expected = _payload(spec)
+    body = _grpc_request(spec, x)
+    opts = [("grpc.max_send_message_length", 64 * MiB),
+            ("grpc.max_receive_message_length", 64 * MiB)]
+    async with grpc.aio.insecure_channel(spec["addr"], options=opts) as channel:
+        await asyncio.wait_for(channel.channel_ready(), 15)
+        call = channel.unary_unary(GRPC_INFER)  # no (de)serializers: bytes in, bytes out
+        _grpc_check(spec, await call(body, timeout=30), expected)
+
+        async def one() -> None:
+            await call(body, timeout=30)
+
+        rec = rec_factory()
+        await _drive(one, rec, spec["concurrency"])
+    return rec.result()
+
+
+async def _cell_http(spec: dict[str, Any], rec_factory: Callable[[], _Recorder]) -> dict[str, Any]:
+    import aiohttp
+
+    x, expected = _payload(spec)
+    body, headers = _http_request(spec, x)
+    url = f"http://{spec['addr']}/v2/models/{spec['model']}/infer"
+    connector = aiohttp.TCPConnector(limit=spec["concurrency"], keepalive_timeout=300)
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+        async with session.post(url, data=body, headers=headers) as r:
+            _http_check(spec, r.status, r.headers, await r.read(), expected)
+
+        async def one() -> None:
+            async with session.post(url, data=body, headers=headers) as r:
+                data = await r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"HTTP {r.status}: {data[:200]!r}")
+
+        rec = rec_factory()
+        await _drive(one, rec, spec["concurrency"])
+    return rec.result()
+
+
+async def _cell_ort(spec: dict[str, Any], rec_factory: Callable[[], _Recorder]) -> dict[str, Any]:
+    """The in-process "direct" for ONNX Runtime rows."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import onnxruntime as ort
+
+    x, expected = _payload(spec)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = spec["ort_intra_op_threads"]
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(spec["onnx_path"], sess_options=opts,
+                                providers=["CPUExecutionProvider"])
+    names, feeds = [spec["output"]], {spec["input"]: x}
+    got = sess.run(names, feeds)[0]
+    if got.tobytes() != expected or list(got.shape) != list(spec["shape"]):
+        raise AssertionError("onnxruntime answer differs from the expected output")
+    c = spec["concurrency"]
+    if c == 1:  # a plain session.run loop: no executor, no event loop in the way
+        rec = rec_factory()
+        while True:
+            t0 = time.perf_counter()
+            if not rec.tick(t0):
+                break
+            sess.run(names, feeds)
+            rec.ok(t0, time.perf_counter())
+        rec.notify("end")
+        return rec.result()
+    loop = asyncio.get_running_loop()
+    with ThreadPoolExecutor(max_workers=spec["ort_threads"]) as pool:
+        async def one() -> None:
+            await loop.run_in_executor(pool, sess.run, names, feeds)
+
+        rec = rec_factory()
+        await _drive(one, rec, c)
+    return rec.result()
+
+
+def _loadgen_main(conn: Any) -> None:
+    """Entry point of the load-generator process: one cell per message, until None."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    _pdeathsig()
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            spec = await loop.run_in_executor(None, conn.recv)
+            if spec is None:
+                return
+
+            def factory(spec: dict[str, Any] = spec) -> _Recorder:
+                return _Recorder(spec["warmup"], spec["duration"],
+                                 lambda what: conn.send((what, time.time())))
+
+            run = {"grpc": _cell_grpc, "http": _cell_http, "ort": _cell_ort}[spec["kind"]]
+            try:
+                result = await run(spec, factory)
+            except Exception as exc:
+                result = {"failed": f"{type(exc).__name__}: {exc}"[:1000]}
+            conn.send(("result", result))
+
+    try:
+        asyncio.run(serve())
+    except (EOFError, BrokenPipeError):
+        pass
+
+
+class LoadGen:
+    def __init__(self) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_loadgen_main, args=(child,), name="bench-loadgen",
+                                daemon=True)
+        self.proc.start()
+        child.close()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc.pid is not None
+        return self.proc.pid
+
+    def run(self, spec: dict[str, Any], on_start: Callable[[], None],
+            on_end: Callable[[], None]) -> dict[str, Any]:
+        self.conn.send(spec)
+        deadline = time.monotonic() + spec["warmup"] + spec["duration"] + 120
+        while True:
+            if not self.conn.poll(1.0):
+                if not self.proc.is_alive():
+                    raise RuntimeError(f"load generator died (exit code {self.proc.exitcode})")
+                if time.monotonic() > deadline:
+                    raise RuntimeError("load generator did not answer in time")
+                continue
+            what, payload = self.conn.recv()
+            if what == "start":
+                on_start()
+            elif what == "end":
+                on_end()
+            elif what == "result":
+                return payload  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        try:
+            if self.proc.is_alive():
+                self.conn.send(None)
+                self.proc.join(5)
+        except (OSError, BrokenPipeError):
+            pass
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+
+
+# ---------------------------------------------------------------------------------------------
+# The servers
+# ---------------------------------------------------------------------------------------------
+
+
+def write_ort_models(model_dir: Path) -> dict[str, Path]:
+    """FP32 identity ONNX models with fixed inner dims: [batch,3,224,224] and [batch,16]."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    paths = {}
+    for case in CASES:
+        dims: list[str | int | None] = ["batch", *case.shape[1:]]
+        graph = helper.make_graph(
+            [helper.make_node("Identity", [ORT_IN], [ORT_OUT])], case.ort_model,
+            [helper.make_tensor_value_info(ORT_IN, TensorProto.FLOAT, dims)],
+            [helper.make_tensor_value_info(ORT_OUT, TensorProto.FLOAT, dims)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        path = model_dir / case.ort_model / "1" / "model.onnx"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        onnx.save(model, path)
+        paths[case.ort_model] = path
+    return paths
+
+
+def start_triton(root: Path) -> Any:
+    from proxy.demo_model import ensure_clip_demo
+    from tests.support.triton import TritonServer, triton_available, write_model_repository
+
+    ok, why = triton_available()
+    if not ok:
+        raise SystemExit(f"cannot start Triton: {why}")
+    onnx_path = ensure_clip_demo(root / "clip")
+    repo = write_model_repository(root / "models", onnx_path)
+    keep = {c.triton_model for c in CASES}
+    for entry in repo.iterdir():  # only the two benchmarked models: fewer stubs, faster start
+        if entry.is_dir() and entry.name not in keep:
+            shutil.rmtree(entry)
+    server = TritonServer(repo, root / "work")
+    server.start()
+    return server
+
+
+class Mmguard:
+    def __init__(self, root: Path, triton: Any, ort_dir: Path, ort_threads: int,
+                 log_level: str) -> None:
+        self.root = root
+        self.config_path = root / "mmguard.yaml"
+        self.log_path = root / "mmguard.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ports: dict[str, int] = {}
+        routes = []
+        for c in CASES:
+            routes.append({"name": c.triton_model, "backend": "triton_grpc"})
+            routes.append({"name": c.http_route, "backend": "triton_http",
+                           "backend_model": c.triton_model})
+            routes.append({"name": c.ort_model, "backend": "ort"})
+        self.config = {
+            "listeners": {"http": {"host": "127.0.0.1"}, "grpc": {"host": "127.0.0.1"},
+                          "admin": {"host": "127.0.0.1"}},
+            "backends": [
+                {"kind": "triton_grpc", "name": "triton_grpc", "url": triton.grpc_url},
+                {"kind": "triton_http", "name": "triton_http", "url": f"http://{triton.http_url}"},
+                {"kind": "onnxruntime", "name": "ort", "model_dir": str(ort_dir),
+                 "models": [c.ort_model for c in CASES], "threads": ort_threads,
+                 "intra_op_threads": 1, "device": "cpu"},
+            ],
+            "models": routes,
+            "telemetry": {"log_level": log_level},
+            "shutdown_grace_s": 1.0,
+        }
+        # JSON is YAML: no yaml dependency needed here.
+        self.config_path.write_text(json.dumps(self.config, indent=2) + "\n")
+
+    def start(self, attempts: int = 3) -> None:
+        # At log level "warning" mmguard does not log the ports it bound (that line is info), so
+        # free ports are picked here and passed on the command line (retried on a clash).
+        for attempt in range(1, attempts + 1):
+            http, grpc_, admin = free_ports(3)
+            self.ports = {"http": http, "grpc": grpc_, "admin": admin}
+            log = open(self.log_path, "ab")  # noqa: SIM115 - closed below, the child keeps it
+            try:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "proxy.cli", "serve", "--config", str(self.config_path),
+                     "--http-port", str(http), "--grpc-port", str(grpc_),
+                     "--admin-port", str(admin)],
+                    cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+                    preexec_fn=_pdeathsig)
+            finally:
+                log.close()
+            deadline = time.monotonic() + 90
+            url = f"http://127.0.0.1:{http}/v2/health/ready"
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    break
+                if http_status(url) == 200:
+                    return
+                time.sleep(0.1)
+            tail = self.log_path.read_text(errors="replace")[-3000:]
+            self.stop()
+            if "address already in use" in tail.lower() and attempt < attempts:
+                continue
+            raise RuntimeError(f"mmguard did not become ready; log tail:\n{tail}")
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def stop(self) -> None:
+        stop_process(self.proc, signal.SIGTERM, timeout=15)
+        self.proc = None
+
+
+class Nginx:
+    def __init__(self, root: Path, triton: Any) -> None:
+        self.prefix = root / "nginx"
+        self.prefix.mkdir(parents=True, exist_ok=True)
+        self.conf = self.prefix / "nginx.conf"
+        self.triton = triton
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ports: dict[str, int] = {}
+        self.binary = shutil.which("nginx")
+
+    def start(self, attempts: int = 3) -> None:
+        assert self.binary is not None
+        for attempt in range(1, attempts + 1):
+            http, grpc_ = free_ports(2)
+            self.ports = {"http": http, "grpc": grpc_}
+            user = "user root root;" if os.geteuid() == 0 else ""
+            text = string.Template(NGINX_TEMPLATE.read_text()).substitute(
+                user_line=user, prefix=str(self.prefix), http_port=http, grpc_port=grpc_,
+                triton_http_port=self.triton.http_port, triton_grpc_port=self.triton.grpc_port)
+            self.conf.write_text(text)
+            log = open(self.prefix / "stdout.log", "ab")  # noqa: SIM115 - closed below
+            try:
+                self.proc = subprocess.Popen(
+                    [self.binary, "-c", str(self.conf), "-p", str(self.prefix)],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True, preexec_fn=_pdeathsig)
+            finally:
+                log.close()
+            deadline = time.monotonic() + 20
+            url = f"http://127.0.0.1:{http}/v2/health/ready"
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    break
+                if http_status(url) == 200:
+                    return
+                time.sleep(0.1)
+            err = (self.prefix / "error.log")
+            tail = err.read_text(errors="replace")[-3000:] if err.exists() else ""
+            self.stop()
+            if "address already in use" in tail.lower() and attempt < attempts:
+                continue
+            raise RuntimeError(f"nginx did not start; error.log tail:\n{tail}")
+
+    def pids(self) -> list[int]:
+        if self.proc is None:
+            return []
+        out = [self.proc.pid]
+        try:
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+            out += [int(p) for p in children.split()]
+        except OSError:
+            pass
+        return out
+
+    def stop(self) -> None:
+        stop_process(self.proc, signal.SIGTERM, timeout=10)  # SIGTERM: nginx's fast shutdown
+        self.proc = None
+
+
+class Floor:
+    """``bench/passthrough_proxy.py``: a bare grpc.aio/aiohttp pass-through (``--floor``)."""
+
+    def __init__(self, root: Path, triton: Any) -> None:
+        self.log_path = root / "passthrough.log"
+        self.triton = triton
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ports: dict[str, int] = {}
+
+    def start(self, attempts: int = 3) -> None:
+        script = Path(__file__).resolve().parent / "passthrough_proxy.py"
+        for attempt in range(1, attempts + 1):
+            grpc_, http = free_ports(2)
+            self.ports = {"grpc": grpc_, "http": http}
+            log = open(self.log_path, "ab")  # noqa: SIM115 - closed below
+            try:
+                self.proc = subprocess.Popen(
+                    [sys.executable, str(script), str(grpc_), str(http), self.triton.grpc_url,
+                     self.triton.http_url], stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                    start_new_session=True, preexec_fn=_pdeathsig)
+            finally:
+                log.close()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                if "ready" in self.log_path.read_text(errors="replace"):
+                    return
+                time.sleep(0.1)
+            tail = self.log_path.read_text(errors="replace")[-3000:]
+            self.stop()
+            if "address already in use" in tail.lower() and attempt < attempts:
+                continue
+            raise RuntimeError(f"pass-through proxy did not start; log tail:\n{tail}")
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def stop(self) -> None:
+        stop_process(self.proc, signal.SIGTERM, timeout=10)
+        self.proc = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Orchestration
+# ---------------------------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.triton: Any = None
+        self.mmguard: Mmguard | None = None
+        self.nginx: Nginx | None = None
+        self.floor: Floor | None = None
+        self.loadgen: LoadGen | None = None
+        self.ort_paths: dict[str, Path] = {}
+        self.cells: list[dict[str, Any]] = []
+        self._ort_direct: dict[tuple[str, int], dict[str, Any]] = {}
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self, root: Path) -> None:
+        t0 = time.monotonic()
+        self.ort_paths = write_ort_models(root / "ort_models")
+        print("starting Triton ...", flush=True)
+        self.triton = start_triton(root / "triton")
+        print(f"  Triton ready in {time.monotonic() - t0:.1f}s: grpc {self.triton.grpc_url}, "
+              f"http {self.triton.http_url}", flush=True)
+        (root / "mmguard").mkdir(parents=True, exist_ok=True)
+        self.mmguard = Mmguard(root / "mmguard", self.triton, root / "ort_models",
+                               self.args.ort_threads, self.args.mmguard_log_level)
+        print("starting mmguard ...", flush=True)
+        self.mmguard.start()
+        print(f"  mmguard ready: grpc {self.mmguard.ports['grpc']}, http "
+              f"{self.mmguard.ports['http']} (pid {self.mmguard.pid})", flush=True)
+        if not self.args.no_nginx:
+            self.nginx = Nginx(root, self.triton)
+            self.nginx.start()
+            print(f"  nginx ready: grpc {self.nginx.ports['grpc']}, http "
+                  f"{self.nginx.ports['http']}", flush=True)
+        if self.args.floor:
+            self.floor = Floor(root, self.triton)
+            self.floor.start()
+            print(f"  pass-through floor ready: grpc {self.floor.ports['grpc']}, http "
+                  f"{self.floor.ports['http']}", flush=True)
+        self.loadgen = LoadGen()
+
+    def stop(self) -> None:
+        for what, fn in (("load generator", self.loadgen and self.loadgen.close),
+                         ("nginx", self.nginx and self.nginx.stop),
+                         ("pass-through", self.floor and self.floor.stop),
+                         ("mmguard", self.mmguard and self.mmguard.stop),
+                         ("Triton", self.triton and self.triton.stop)):
+            if not fn:
+                continue
+            try:
+                fn()
+            except BaseException as exc:  # keep stopping the others
+                print(f"warning: stopping {what} failed: {exc!r}", file=sys.stderr)
+
+    # -- one cell --------------------------------------------------------------------------
+
+    def _pids(self) -> dict[str, Callable[[], float]]:
+        out: dict[str, Callable[[], float]] = {}
+        if self.mmguard and self.mmguard.pid:
+            pid = self.mmguard.pid
+            out["mmguard"] = lambda: proc_cpu_s(pid)
+        if self.nginx and self.nginx.proc:
+            pids = self.nginx.pids()
+            out["nginx"] = lambda: sum(proc_cpu_s(p) for p in pids)
+        if self.floor and self.floor.pid:
+            fpid = self.floor.pid
+            out["passthrough"] = lambda: proc_cpu_s(fpid)
+        if self.triton and self.triton.pid:
+            pgid = self.triton.pid
+            out["triton"] = lambda: group_cpu_s(pgid)
+        if self.loadgen:
+            lg = self.loadgen.pid
+            out["loadgen"] = lambda: proc_cpu_s(lg)
+        return out
+
+    def measure(self, spec: dict[str, Any], label: str) -> dict[str, Any]:
+        assert self.loadgen is not None
+        spec = {**spec, "duration": self.args.duration, "warmup": self.args.warmup,
+                "ort_threads": self.args.ort_threads, "ort_intra_op_threads": 1}
+        probes = self._pids()
+        marks: dict[str, Any] = {}
+
+        def sample() -> dict[str, Any]:
+            return {"t": time.monotonic(), "machine": machine_busy(),
+                    **{k: f() for k, f in probes.items()}}
+
+        result = self.loadgen.run(spec, lambda: marks.__setitem__("start", sample()),
+                                  lambda: marks.__setitem__("end", sample()))
+        if "start" in marks and "end" in marks and result.get("requests"):
+            a, b = marks["start"], marks["end"]
+            n = result["requests"]
+            result["cpu_ms_per_req"] = {k: round((b[k] - a[k]) * 1000 / n, 4) for k in probes}
+            busy = b["machine"][0] - a["machine"][0]
+            total = b["machine"][1] - a["machine"][1]
+            result["machine_busy_pct"] = round(100 * busy / total, 1) if total else None
+            # CPU that none of the benchmark's processes used: other work on the machine (it
+            # makes a cell noisy; see "other CPU %" in results.md).
+            ours = sum(b[k] - a[k] for k in probes)
+            other = busy / _CLK_TCK - ours
+            result["other_cpu_pct"] = round(100 * max(other, 0.0) / (total / _CLK_TCK), 1) \
+                if total else None
+        cell = {"label": label, **{k: spec[k] for k in ("kind", "target", "addr", "model",
+                                                        "concurrency", "case", "protocol")},
+                **result}
+        self.cells.append(cell)
+        print("  " + _cell_line(cell), flush=True)
+        return cell
+
+    # -- the matrix ------------------------------------------------------------------------
+
+    def run(self) -> list[dict[str, Any]]:
+        assert self.triton and self.mmguard
+        rows: list[dict[str, Any]] = []
+        concs = self.args.concurrency
+        for case in CASES:
+            for proto in PROTOCOLS:
+                for c in concs:
+                    base = {"kind": proto, "case": case.key, "protocol": proto, "concurrency": c,
+                            "shape": list(case.shape), "input": case.triton_in,
+                            "output": case.triton_out, "op": case.op}
+                    row = {"case": case.label, "case_key": case.key, "protocol": proto,
+                           "concurrency": c, "backend": "triton"}
+                    print(f"{case.label} {proto} c={c} -> Triton", flush=True)
+                    triton_addr = self.triton.grpc_url if proto == "grpc" else self.triton.http_url
+                    row["direct"] = self.measure(
+                        {**base, "target": "direct", "addr": triton_addr,
+                         "model": case.triton_model}, "direct Triton")
+                    if self.nginx:
+                        row["nginx"] = self.measure(
+                            {**base, "target": "nginx",
+                             "addr": f"127.0.0.1:{self.nginx.ports[proto]}",
+                             "model": case.triton_model}, "nginx -> Triton")
+                    route = case.triton_model if proto == "grpc" else case.http_route
+                    row["mmguard"] = self.measure(
+                        {**base, "target": "mmguard",
+                         "addr": f"127.0.0.1:{self.mmguard.ports[proto]}", "model": route},
+                        f"mmguard -> triton_{proto}")
+                    if self.floor:
+                        row["floor"] = self.measure(
+                            {**base, "target": "floor",
+                             "addr": f"127.0.0.1:{self.floor.ports[proto]}", "model": route},
+                            "bare Python pass-through -> Triton")
+                    rows.append(row)
+        if not self.args.no_ort:
+            for case in CASES:
+                for proto in PROTOCOLS:
+                    for c in concs:
+                        print(f"{case.label} {proto} c={c} -> ONNX Runtime", flush=True)
+                        base = {"case": case.key, "concurrency": c, "shape": list(case.shape),
+                                "input": ORT_IN, "output": ORT_OUT, "op": "identity",
+                                "model": case.ort_model}
+                        row = {"case": case.label, "case_key": case.key, "protocol": proto,
+                               "concurrency": c, "backend": "onnxruntime"}
+                        key = (case.key, c)
+                        if key not in self._ort_direct:
+                            self._ort_direct[key] = self.measure(
+                                {**base, "kind": "ort", "protocol": "inprocess",
+                                 "target": "direct", "addr": "",
+                                 "onnx_path": str(self.ort_paths[case.ort_model])},
+                                "in-process session.run" if c == 1 else
+                                f"in-process session.run, {self.args.ort_threads}-thread pool")
+                        else:
+                            print(f"  (direct: same as measured above, "
+                                  f"{self._ort_direct[key]['rps']:.0f} req/s)", flush=True)
+                        row["direct"] = self._ort_direct[key]
+                        row["mmguard"] = self.measure(
+                            {**base, "kind": proto, "protocol": proto, "target": "mmguard",
+                             "addr": f"127.0.0.1:{self.mmguard.ports[proto]}"},
+                            f"mmguard {proto} -> onnxruntime")
+                        rows.append(row)
+        return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Reporting
+# ---------------------------------------------------------------------------------------------
+
+
+def _cell_line(cell: dict[str, Any]) -> str:
+    if "failed" in cell:
+        return f"{cell['label']:<40} FAILED: {cell['failed']}"
+    cpu = cell.get("cpu_ms_per_req") or {}
+    cpu_s = " ".join(f"{k}={v:.3f}" for k, v in cpu.items() if v)
+    err = f" errors={cell['errors']}" if cell.get("errors") else ""
+    return (f"{cell['label']:<40} {cell.get('rps', 0):9.1f} req/s  p50 {cell.get('p50_ms', 0):7.2f}"
+            f"  p99 {cell.get('p99_ms', 0):7.2f} ms{err}  cpu ms/req: {cpu_s}"
+            f"  busy {cell.get('machine_busy_pct')}% (other {cell.get('other_cpu_pct')}%)")
+
+
+def _num(cell: dict[str, Any] | None, key: str) -> float | None:
+    if not cell or "failed" in cell or key not in cell:
+        return None
+    return float(cell[key])
+
+
+def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for r in rows:
+        d, n, m, f = r.get("direct"), r.get("nginx"), r.get("mmguard"), r.get("floor")
+        drps, nrps, mrps = _num(d, "rps"), _num(n, "rps"), _num(m, "rps")
+
+        def ratio(a: float | None, b: float | None) -> float | None:
+            return a / b if a is not None and b else None
+
+        def added(cell: dict[str, Any] | None, key: str,
+                  d: dict[str, Any] | None = d) -> float | None:
+            a, b = _num(cell, key), _num(d, key)
+            return a - b if a is not None and b is not None else None
+
+        backend = "Triton" if r["backend"] == "triton" else "ORT (in-process)"
+        out.append({
+            "case": f"{r['case']} {r['protocol']} c={r['concurrency']} -> {backend}",
+            "tensor": r["case"], "protocol": r["protocol"], "concurrency": r["concurrency"],
+            "backend": r["backend"],
+            "direct_rps": drps, "nginx_rps": nrps, "mmguard_rps": mrps,
+            "mmguard_over_direct": ratio(mrps, drps), "nginx_over_direct": ratio(nrps, drps),
+            "mmguard_added_p50_ms": added(m, "p50_ms"), "mmguard_added_p99_ms": added(m, "p99_ms"),
+            "nginx_added_p50_ms": added(n, "p50_ms"), "nginx_added_p99_ms": added(n, "p99_ms"),
+            "direct_p50_ms": _num(d, "p50_ms"), "direct_p99_ms": _num(d, "p99_ms"),
+            "mmguard_p50_ms": _num(m, "p50_ms"), "mmguard_p99_ms": _num(m, "p99_ms"),
+            "errors": "/".join(str(int(c.get("errors", 0))) if c and "failed" not in c
+                               else ("FAIL" if c else "-") for c in (d, n, m)),
+            "mmguard_cpu_ms_per_req": ((m or {}).get("cpu_ms_per_req") or {}).get("mmguard"),
+            "nginx_cpu_ms_per_req": ((n or {}).get("cpu_ms_per_req") or {}).get("nginx"),
+            "floor_rps": _num(f, "rps"),
+            "floor_cpu_ms_per_req": ((f or {}).get("cpu_ms_per_req") or {}).get("passthrough"),
+        })
+    return out
+
+
+def _f(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+SUMMARY_COLUMNS = [
+    ("case", "case", None), ("direct req/s", "direct_rps", ".0f"),
+    ("nginx req/s", "nginx_rps", ".0f"), ("mmguard req/s", "mmguard_rps", ".0f"),
+    ("mmguard/direct", "mmguard_over_direct", ".2f"), ("nginx/direct", "nginx_over_direct", ".2f"),
+    ("+p50 ms", "mmguard_added_p50_ms", "+.2f"), ("+p99 ms", "mmguard_added_p99_ms", "+.2f"),
+    ("nginx +p50 ms", "nginx_added_p50_ms", "+.2f"),
+    ("mmguard CPU ms/req", "mmguard_cpu_ms_per_req", ".3f"),
+    ("errors d/n/m", "errors", None),
+]
+FLOOR_COLUMNS = [("floor req/s", "floor_rps", ".0f"),
+                 ("floor CPU ms/req", "floor_cpu_ms_per_req", ".3f")]
+
+
+def _table(summary: list[dict[str, Any]], md: bool) -> str:
+    columns = SUMMARY_COLUMNS[:-1]
+    if any(s.get("floor_rps") is not None for s in summary):
+        columns += FLOOR_COLUMNS
+    columns.append(SUMMARY_COLUMNS[-1])
+    head = [c[0] for c in columns]
+    body = [[str(s[k]) if fmt is None else _f(s[k], fmt) for _, k, fmt in columns]
+            for s in summary]
+    if md:
+        lines = ["| " + " | ".join(head) + " |",
+                 "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in body]
+        return "\n".join(lines)
+    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(head)]
+
+    def fmt_row(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+
+    return "\n".join([fmt_row(head), "  ".join("-" * w for w in widths),
+                      *(fmt_row(r) for r in body)])
+
+
+def _detail_md(cells: list[dict[str, Any]]) -> str:
+    lines = ["| case | target | req/s | p50 ms | p90 ms | p99 ms | max ms | errors | "
+             "CPU ms/req (per process) | machine busy % | other CPU % |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    for c in cells:
+        case = next(x for x in CASES if x.key == c["case"]).label
+        what = f"{case} {c['protocol']} c={c['concurrency']}"
+        if "failed" in c:
+            lines.append(f"| {what} | {c['label']} | FAILED: {c['failed']} | | | | | | | | |")
+            continue
+        cpu = ", ".join(f"{k} {v:.3f}" for k, v in (c.get("cpu_ms_per_req") or {}).items()
+                        if v >= 0.0005)
+        lines.append(f"| {what} | {c['label']} | {c.get('rps', 0):.0f} | "
+                     f"{_f(c.get('p50_ms'), '.2f')} | {_f(c.get('p90_ms'), '.2f')} | "
+                     f"{_f(c.get('p99_ms'), '.2f')} | {_f(c.get('max_ms'), '.2f')} | "
+                     f"{c.get('errors', 0)} | {cpu} | {c.get('machine_busy_pct')} | "
+                     f"{c.get('other_cpu_pct')} |")
+    return "\n".join(lines)
+
+
+def _machine_line(m: dict[str, Any]) -> str:
+    v = m["versions"]
+    return (f"machine: {m['nproc']} CPUs (nproc), {m['cpu_model']}, {m['mem_gib']} GiB, "
+            f"Linux {m['kernel']}; Python {v.get('python')}, grpcio {v.get('grpcio')}, "
+            f"aiohttp {v.get('aiohttp')}, onnxruntime {v.get('onnxruntime')}, "
+            f"nginx {v.get('nginx', '-')}, Triton {v.get('triton', '?')} "
+            f"(nvidia-pytriton {v.get('nvidia-pytriton')})")
+
+
+def _git_line(info: dict[str, Any]) -> str:
+    git = info.get("git") or {}
+    dirty = git.get("uncommitted_in_proxy_or_filters") or []
+    return f"commit {git.get('commit', '?')}" + (
+        f" + uncommitted changes in {', '.join(dirty)}" if dirty else "")
+
+
+def write_reports(out: Path, info: dict[str, Any], args: argparse.Namespace,
+                  rows: list[dict[str, Any]], cells: list[dict[str, Any]],
+                  mmguard_config: dict[str, Any], elapsed: float) -> str:
+    summary = summary_rows(rows)
+    table = _table(summary, md=False)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"machine": info, "args": {k: v for k, v in vars(args).items() if k != "out"},
+           "elapsed_s": round(elapsed, 1), "mmguard_config": mmguard_config,
+           "summary": summary, "cells": cells}
+    (out / "results.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    notes = [
+        "- Cells: `--duration` s measured after `--warmup` s of the same load, one load-generator "
+        "process (asyncio), `concurrency` requests in flight on one gRPC channel / up to "
+        "`concurrency` HTTP keep-alive connections.",
+        "- *+p50/+p99*: mmguard's latency minus direct's, ms. *CPU ms/req*: CPU time the mmguard "
+        "process spent per request during the window.",
+        "- ORT rows: *direct* is an in-process `session.run` in the load-generator process "
+        "(c=1: a plain loop; c>1: a pool of `--ort-threads` threads, as mmguard's backend); no "
+        "nginx equivalent.",
+        *(["- *floor*: `bench/passthrough_proxy.py`, a bare grpc.aio/aiohttp pass-through "
+           "(no parsing, filters, metrics or tracing), same routes as mmguard."]
+          if args.floor else []),
+        "- HTTP rows through mmguard use routes `*_h` with `backend_model` (a route name differs "
+        "from Triton's model name).",
+        f"- All processes share the machine's {info['nproc']} CPUs; the load generator is one "
+        "of them. *other CPU %*: share of the machine's CPU used during the cell by processes "
+        f"outside the benchmark (machine {info.get('busy_before_pct')}% busy before the start); "
+        f"cells above {NOISY_OTHER_PCT:g}% are noisy.",
+    ]
+    md = "\n".join([
+        "# mmguard benchmark", "",
+        _machine_line(info), "",
+        f"`{' '.join(['python', 'bench/bench_proxy.py', *sys.argv[1:]])}` — {elapsed:.0f} s, "
+        f"mmguard at {_git_line(info)}", "",
+        "## Summary", "", _table(summary, md=True), "", *notes, "",
+        "## Every cell", "", _detail_md(cells), "",
+    ])
+    (out / "results.md").write_text(md)
+    return table
+
+
+# ---------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--duration", type=float, default=5.0, help="measured seconds per cell (5)")
+    p.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per cell (1)")
+    p.add_argument("--concurrency", default="1,16",
+                   help="comma-separated in-flight request counts (1,16)")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "out", help="results folder")
+    p.add_argument("--ort-threads", type=int, default=2,
+                   help="mmguard's onnxruntime backend threads (and the direct pool's) (2)")
+    p.add_argument("--mmguard-log-level", default="warning",
+                   choices=("debug", "info", "warning", "error"))
+    p.add_argument("--no-nginx", action="store_true", help="skip the nginx baseline")
+    p.add_argument("--no-ort", action="store_true", help="skip the ONNX Runtime rows")
+    p.add_argument("--floor", action="store_true",
+                   help="also measure bench/passthrough_proxy.py (bare grpc.aio/aiohttp "
+                        "pass-through: the floor for a Python proxy) on the Triton rows")
+    p.add_argument("--keep-tmp", action="store_true",
+                   help="keep the temp dir (configs, server logs) and print its path")
+    args = p.parse_args(argv)
+    try:
+        args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
+    except ValueError:
+        p.error("--concurrency takes integers, e.g. 1,16")
+    if not args.concurrency or min(args.concurrency) < 1:
+        p.error("--concurrency takes positive integers")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not args.no_nginx and shutil.which("nginx") is None:
+        print("nginx is not installed (it is the baseline proxy). Install it with\n"
+              "    apt-get update && apt-get install -y nginx\n"
+              "or run with --no-nginx.", file=sys.stderr)
+        return 2
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
+    info = machine_info()
+    print(_machine_line(info), flush=True)
+    b0 = machine_busy()
+    time.sleep(1.0)
+    b1 = machine_busy()
+    info["busy_before_pct"] = round(100 * (b1[0] - b0[0]) / max(b1[1] - b0[1], 1), 1)
+    if info["busy_before_pct"] > 10:
+        print(f"warning: the machine is already {info['busy_before_pct']}% busy before the "
+              "benchmark starts; results will be noisy (see 'other CPU %' per cell)", flush=True)
+    began = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix="mmguard-bench-"))
+    bench = Bench(args)
+    try:
+        bench.start(tmp)
+        meta = http_json(f"http://{bench.triton.http_url}/v2")
+        if meta:
+            info["versions"]["triton"] = meta.get("version", "?")
+        rows = bench.run()
+        assert bench.mmguard is not None
+        elapsed = time.monotonic() - began
+        table = write_reports(args.out, info, args, rows, bench.cells, bench.mmguard.config,
+                              elapsed)
+        print()
+        print(_machine_line(info))
+        print(f"duration {args.duration:g}s + warm-up {args.warmup:g}s per cell, "
+              f"{len(bench.cells)} cells, {elapsed:.0f}s in all")
+        print()
+        print(table)
+        print()
+        print(f"written: {args.out / 'results.json'}, {args.out / 'results.md'}")
+        noisy = [c for c in bench.cells if (c.get("other_cpu_pct") or 0) > NOISY_OTHER_PCT]
+        if noisy:
+            print(f"warning: in {len(noisy)} of {len(bench.cells)} cells more than "
+                  f"{NOISY_OTHER_PCT}% of the machine's CPU went to processes outside the "
+                  "benchmark (other CPU %, results.md): those numbers are noisy")
+        failed = [c for c in bench.cells if "failed" in c or c.get("errors")]
+        if failed:
+            print(f"\n{len(failed)} cell(s) with errors or failures:", file=sys.stderr)
+            for c in failed:
+                print("  " + _cell_line(c) + f"  {c.get('error_samples', '')}", file=sys.stderr)
+            return 1
+        return 0
+    except KeyboardInterrupt:
+        print("\ninterrupted; stopping every process ...", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleanup
+        bench.stop()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if args.keep_tmp:
+            print(f"kept {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
