@@ -9,6 +9,7 @@ from proxy.demo_model import ensure_clip_demo
 from tests.support.mmguard import RunningMmguard
 from tests.support.models import IDENTITY_TYPES, ort_repository
 from tests.support.triton import TritonServer, triton_available, write_model_repository
+from tests.support.vllm import VllmServer, make_tiny_models, vllm_available
 
 
 @pytest.fixture(scope="session")
@@ -59,3 +60,34 @@ def triton_routes(triton: TritonServer, models: list[str]) -> dict[str, object]:
                    *({"name": f"h_{m}", "backend": "triton-http", "backend_model": m}
                      for m in models)],
     }
+
+
+@pytest.fixture(scope="session")
+def vllm_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    ok, why = vllm_available()
+    if not ok:
+        pytest.fail(f"real vLLM is required for this test and cannot run here: {why}")
+    return make_tiny_models(tmp_path_factory.mktemp("vllm_models"))
+
+
+def start_vllm(models: dict[str, Path], name: str, tmp: Path) -> Iterator[VllmServer]:
+    server = VllmServer(models[name], name, log_path=tmp / f"{name}.log")
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_llama(vllm_models: dict[str, Path],
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """tiny-llama (text only, max_model_len 128), started once per session."""
+    yield from start_vllm(vllm_models, "tiny-llama", tmp_path_factory.mktemp("vllm_llama"))
+
+
+@pytest.fixture(scope="session")
+def vllm_llava(vllm_models: dict[str, Path],
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """tiny-llava (text + up to 2 images, 4 tokens each), started once per session."""
+    yield from start_vllm(vllm_models, "tiny-llava", tmp_path_factory.mktemp("vllm_llava"))

@@ -7,7 +7,9 @@ own refusals use OpenAI's error shape with the status from ``proxy.errors.STATUS
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import time
 from typing import Any
 
@@ -18,6 +20,7 @@ from proxy.call import Call, LocalReply, Result, SseEvent
 from proxy.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError
 
+log = logging.getLogger("mmguard.openai")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
@@ -106,6 +109,8 @@ class OpenAIFront:
         item: Any = first
         try:
             while item is not None:
+                if request.transport is None or request.transport.is_closing():
+                    break  # the client went away: stop reading (and so stop the backend)
                 if isinstance(item, LocalReply):
                     await resp.write(_error_event(item))
                     break
@@ -119,11 +124,14 @@ class OpenAIFront:
                     else:
                         await resp.write(item.raw)
                 item = await anext(items, None)
+        except ConnectionResetError:
+            log.info("client of model %r closed the stream early", call.model)
         finally:
             await items.aclose()
             self.plane.telemetry.stream_duration.labels(call.model, backend).observe(
                 time.monotonic() - call.started)
-        await resp.write_eof()
+        with contextlib.suppress(ConnectionResetError):
+            await resp.write_eof()
         return resp
 
     def _account_usage(self, call: Call, doc: dict[str, Any] | None) -> None:

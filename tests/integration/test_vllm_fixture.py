@@ -1,19 +1,17 @@
 """The real vLLM fixture (tests/support/vllm.py), checked directly over HTTP, no proxy.
 
 Needs ``bash scripts/setup_vllm.sh`` once; without it every test fails (never skips) and says so.
-Two servers (tiny-llama, tiny-llava; ~3 GB RSS each) are started once for the module.
-The last test kills tiny-llama's server, so it must stay last in this file.
+Two servers (tiny-llama, tiny-llava; ~3 GB RSS each) are started once per session (conftest).
+Killing a server mid-stream is tested through mmguard, on a server of its own
+(tests/integration/test_openai_vllm.py).
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,11 +22,7 @@ from tests.support.vllm import (
     MAX_IMAGES,
     MAX_MODEL_LEN,
     VllmServer,
-    _group_pids,
-    _shm_files,
-    make_tiny_models,
     png_data_url,
-    vllm_available,
 )
 
 pytestmark = pytest.mark.vllm
@@ -39,35 +33,14 @@ pytestmark = pytest.mark.vllm
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    ok, why = vllm_available()
-    if not ok:
-        pytest.fail(f"real vLLM is required for this test and cannot run here: {why}")
-    return make_tiny_models(tmp_path_factory.mktemp("vllm_models"))
+@pytest.fixture
+def llama(vllm_llama: VllmServer) -> VllmServer:
+    return vllm_llama
 
 
-def _server(models: dict[str, Path], name: str, tmp: Path) -> Iterator[VllmServer]:
-    server = VllmServer(models[name], name, log_path=tmp / f"{name}.log")
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def llama(
-    tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[VllmServer]:
-    yield from _server(tiny_models, "tiny-llama", tmp_path_factory.mktemp("vllm_llama"))
-
-
-@pytest.fixture(scope="module")
-def llava(
-    tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[VllmServer]:
-    yield from _server(tiny_models, "tiny-llava", tmp_path_factory.mktemp("vllm_llava"))
+@pytest.fixture
+def llava(vllm_llava: VllmServer) -> VllmServer:
+    return vllm_llava
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,48 +259,3 @@ def test_delay_plugin_slows_stream_not_text(llama: VllmServer) -> None:
     status, body = _chat(llama, "hi", vllm_xargs={DELAY_ARG: "soon"})
     assert status == 400, body
     assert DELAY_ARG in body["error"]["message"]
-
-
-# Must stay last: it kills the module's tiny-llama server.
-def test_kill_mid_stream_leaves_nothing(llama: VllmServer) -> None:
-    body = {
-        "model": llama.model,
-        "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": 100,
-        "temperature": 0,
-        "stream": True,
-        "ignore_eos": True,
-        "vllm_xargs": {DELAY_ARG: 50},  # ~5 s of stream
-    }
-    req = urllib.request.Request(
-        llama.url + "/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    pgid = llama.pid  # own session: the server leads its process group
-    assert pgid is not None
-    shm = _shm_files(_group_pids(pgid))
-    assert shm, "expected the engine to hold /dev/shm segments"
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        events = 0
-        for line in resp:
-            events += line.startswith(b"data: {")
-            if events == 3:
-                break
-        t0 = time.monotonic()
-        llama.kill()
-        killed_in = time.monotonic() - t0
-        try:
-            rest: bytes | None = resp.read()
-        except (OSError, http.client.HTTPException):
-            rest = None  # typically IncompleteRead: the chunked body ends early
-    assert rest is None or b"data: [DONE]" not in rest
-    assert killed_in < 5
-    assert not llama.is_running()
-    assert llama.pid == pgid
-    assert _group_pids(pgid) == []
-    assert [p for p in shm if p.exists()] == []
-    # the resource tracker, spared by kill(), unlinked the segments only it knew about
-    assert "leaked shared_memory objects to clean up" in llama.log_text()
-    with pytest.raises(OSError):
-        urllib.request.urlopen(llama.url + "/health", timeout=2).close()

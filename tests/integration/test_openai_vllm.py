@@ -1,0 +1,242 @@
+"""The openai SDK → mmguard → a real vLLM: chat, completions, images, streaming, errors."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from tests.support.mmguard import RunningMmguard
+from tests.support.vllm import DELAY_ARG, VllmServer, _group_pids, png_bytes, png_data_url
+
+pytestmark = pytest.mark.vllm
+
+
+def vllm_config(**backends: VllmServer) -> dict[str, Any]:
+    return {
+        "backends": [{"kind": "vllm", "name": n, "url": s.url} for n, s in backends.items()],
+        "models": [{"name": s.model, "backend": n} for n, s in backends.items()],
+    }
+
+
+@pytest.fixture(scope="module")
+def proxy(vllm_llama: VllmServer, vllm_llava: VllmServer) -> Iterator[RunningMmguard]:
+    cfg = vllm_config(llama=vllm_llama, llava=vllm_llava)
+    cfg["models"].append({"name": "chat", "backend": "llama", "backend_model": vllm_llama.model})
+    with RunningMmguard(cfg) as m:
+        m.wait_ready(timeout=120)
+        yield m
+
+
+def sdk(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://{url}/v1", api_key="unused", max_retries=0)
+
+
+def direct(server: VllmServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_chat_through_mmguard_equals_direct(proxy: RunningMmguard,
+                                            vllm_llama: VllmServer) -> None:
+    kw: dict[str, Any] = {"messages": [{"role": "user", "content": "tell me a story"}],
+                          "max_tokens": 12, "temperature": 0}
+    via = sdk(proxy.http_url).chat.completions.create(model="tiny-llama", **kw)
+    ref = direct(vllm_llama).chat.completions.create(model="tiny-llama", **kw)
+    assert via.choices[0].message.content == ref.choices[0].message.content
+    assert via.usage is not None and via.usage == ref.usage
+    renamed = sdk(proxy.http_url).chat.completions.create(model="chat", **kw)
+    assert renamed.model == "chat"  # the name the client used, not the backend's
+    assert renamed.choices[0].message.content == ref.choices[0].message.content
+
+
+def test_completions(proxy: RunningMmguard, vllm_llama: VllmServer) -> None:
+    kw: dict[str, Any] = {"prompt": "once upon a time", "max_tokens": 8, "temperature": 0}
+    via = sdk(proxy.http_url).completions.create(model="tiny-llama", **kw)
+    ref = direct(vllm_llama).completions.create(model="tiny-llama", **kw)
+    assert via.choices[0].text == ref.choices[0].text and via.choices[0].text
+
+
+def test_multimodal_chat_with_png_data_urls(proxy: RunningMmguard,
+                                            vllm_llava: VllmServer) -> None:
+    content = [{"type": "text", "text": "compare these"},
+               {"type": "image_url", "image_url": {"url": png_data_url(rgb=(200, 30, 30))}},
+               {"type": "image_url", "image_url": {"url": png_data_url(rgb=(30, 30, 200))}}]
+    kw: dict[str, Any] = {"messages": [{"role": "user", "content": content}], "max_tokens": 6,
+                          "temperature": 0}
+    via = sdk(proxy.http_url).chat.completions.create(model="tiny-llava", **kw)
+    ref = direct(vllm_llava).chat.completions.create(model="tiny-llava", **kw)
+    assert via.choices[0].message.content == ref.choices[0].message.content
+    assert via.usage is not None and ref.usage is not None
+    assert via.usage.prompt_tokens == ref.usage.prompt_tokens
+
+
+def test_streaming_arrives_incrementally(proxy: RunningMmguard) -> None:
+    """With the backend pacing tokens ~40 ms apart, the first chunk must reach the client long
+    before the last one is produced: a proxy that buffered the stream would deliver all
+    chunks at once at the end."""
+    stream = sdk(proxy.http_url).chat.completions.create(
+        model="tiny-llama", messages=[{"role": "user", "content": "count"}], max_tokens=20,
+        temperature=0, stream=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True, "vllm_xargs": {DELAY_ARG: 40}})
+    arrivals, text, usage = [], "", None
+    for chunk in stream:
+        arrivals.append(time.monotonic())
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+        usage = chunk.usage or usage
+    assert usage is not None and usage.completion_tokens == 20
+    assert len(arrivals) >= 20 and text
+    spread = arrivals[-1] - arrivals[0]
+    assert spread > 0.5 * 19 * 0.040, f"chunks arrived together ({spread:.3f}s apart)"
+
+
+def test_models_and_tokenize(proxy: RunningMmguard, vllm_llama: VllmServer) -> None:
+    models = {m.id: m for m in sdk(proxy.http_url).models.list().data}
+    assert set(models) == {"tiny-llama", "tiny-llava", "chat"}
+    assert models["tiny-llama"].model_extra["max_model_len"] == 128  # type: ignore[index]
+    body = json.dumps({"model": "chat", "prompt": "hello world"}).encode()
+    via = json.loads(urllib.request.urlopen(urllib.request.Request(
+        f"http://{proxy.http_url}/tokenize", data=body,
+        headers={"Content-Type": "application/json"}), timeout=30).read())
+    ref = json.loads(urllib.request.urlopen(urllib.request.Request(
+        f"{vllm_llama.url}/tokenize", data=json.dumps(
+            {"model": "tiny-llama", "prompt": "hello world"}).encode(),
+        headers={"Content-Type": "application/json"}), timeout=30).read())
+    assert via == ref and via["count"] > 0
+    detok = json.loads(urllib.request.urlopen(urllib.request.Request(
+        f"http://{proxy.http_url}/detokenize", data=json.dumps(
+            {"model": "tiny-llama", "tokens": via["tokens"]}).encode(),
+        headers={"Content-Type": "application/json"}), timeout=30).read())
+    assert "hello" in detok["prompt"]
+
+
+def _raw_post(url: str, doc: dict[str, Any]) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=json.dumps(doc).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_backend_errors_keep_status_and_body(proxy: RunningMmguard, vllm_llama: VllmServer,
+                                             vllm_llava: VllmServer) -> None:
+    too_long = {"model": "tiny-llama", "max_tokens": 1,
+                "messages": [{"role": "user", "content": "word " * 200}]}
+    image_to_text = {"model": "tiny-llama", "max_tokens": 1, "messages": [{
+        "role": "user", "content": [{"type": "image_url", "image_url": {"url": png_data_url()}}]}]}
+    for doc, server in ((too_long, vllm_llama), (image_to_text, vllm_llama)):
+        via = _raw_post(f"http://{proxy.http_url}/v1/chat/completions", doc)
+        ref = _raw_post(f"{server.url}/v1/chat/completions", doc)
+        assert via[0] == ref[0] == 400
+        assert json.loads(via[1]) == json.loads(ref[1])  # vLLM's own error object, intact
+    with pytest.raises(openai.BadRequestError) as exc:
+        sdk(proxy.http_url).chat.completions.create(**too_long)
+    assert exc.value.body["param"] == "input_tokens"  # type: ignore[index]
+    with pytest.raises(openai.NotFoundError) as nf:
+        sdk(proxy.http_url).chat.completions.create(
+            model="gpt-9", messages=[{"role": "user", "content": "x"}])
+    assert "model 'gpt-9' is not served by mmguard" in nf.value.message
+
+
+def test_remote_image_urls_are_refused_by_default(proxy: RunningMmguard) -> None:
+    content = [{"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest.png"}}]
+    with pytest.raises(openai.BadRequestError) as exc:
+        sdk(proxy.http_url).chat.completions.create(
+            model="tiny-llava", messages=[{"role": "user", "content": content}], max_tokens=1)
+    message = exc.value.message
+    assert "remote image URLs are refused by mmguard" in message and "169.254.169.254" in message
+    assert exc.value.body["param"] == "messages[0].content[0].image_url"  # type: ignore[index]
+
+
+@pytest.fixture
+def image_host(tmp_path: Path) -> Iterator[str]:
+    (tmp_path / "cat.png").write_bytes(png_bytes())
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, directory=str(tmp_path), **kw)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/cat.png"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_allow_listed_image_host_reaches_the_backend(vllm_llava: VllmServer,
+                                                     image_host: str) -> None:
+    cfg = {**vllm_config(llava=vllm_llava), "openai": {"image_url_allow_hosts": ["127.0.0.1"]}}
+    with RunningMmguard(cfg) as m:
+        m.wait_ready(timeout=120)
+        content = [{"type": "text", "text": "what?"},
+                   {"type": "image_url", "image_url": {"url": image_host}}]
+        out = sdk(m.http_url).chat.completions.create(
+            model="tiny-llava", messages=[{"role": "user", "content": content}], max_tokens=2)
+        assert out.usage is not None and out.choices[0].message.content is not None
+
+
+def test_metrics_count_tokens_finish_reasons_and_ttft(proxy: RunningMmguard) -> None:
+    sdk(proxy.http_url).completions.create(model="tiny-llama", prompt="a", max_tokens=3,
+                                           extra_body={"ignore_eos": True})
+    for _ in sdk(proxy.http_url).completions.create(model="tiny-llama", prompt="b", max_tokens=2,
+                                                    stream=True):
+        pass
+    text = urllib.request.urlopen(proxy.admin_url + "/metrics", timeout=10).read().decode()
+
+    def value(prefix: str) -> float:
+        line = next(ln for ln in text.splitlines() if ln.startswith(prefix))
+        return float(line.rsplit(" ", 1)[1])
+
+    assert value('mmguard_tokens_total{kind="completion",model="tiny-llama"}') >= 3
+    assert value('mmguard_finish_reasons_total{model="tiny-llama",reason="length"}') >= 2
+    assert value('mmguard_time_to_first_token_seconds_count{backend="llama",'
+                 'model="tiny-llama"}') >= 1
+    assert value('mmguard_requests_total{backend="llama",code="ok",front="openai",'
+                 'model="tiny-llama"}') >= 2
+
+
+def test_backend_killed_mid_stream(vllm_models: dict[str, Path], vllm_llava: VllmServer,
+                                   tmp_path: Path) -> None:
+    """The client gets a well-formed error event and the stream ends; mmguard keeps serving.
+    Also checks the fixture's kill(): no process of the group and no /dev/shm segment left."""
+    doomed = VllmServer(vllm_models["tiny-llama"], "tiny-llama", log_path=tmp_path / "doomed.log")
+    doomed.start()
+    try:
+        cfg = vllm_config(doomed=doomed, llava=vllm_llava)
+        with RunningMmguard(cfg) as m:
+            m.wait_ready(timeout=120)
+            stream = sdk(m.http_url).chat.completions.create(
+                model="tiny-llama", messages=[{"role": "user", "content": "go"}],
+                max_tokens=100, stream=True,
+                extra_body={"ignore_eos": True, "vllm_xargs": {DELAY_ARG: 50}})
+            got = 0
+            pgid = doomed.pid
+            with pytest.raises(openai.APIError) as exc:
+                for _ in stream:
+                    got += 1
+                    if got == 3:
+                        doomed.kill()
+            assert "broke off the stream" in str(exc.value)
+            assert 3 <= got < 100
+            ok = sdk(m.http_url).chat.completions.create(
+                model="tiny-llava", messages=[{"role": "user", "content": "still there?"}],
+                max_tokens=2)
+            assert ok.choices[0].message.content is not None
+            assert pgid is not None and _group_pids(pgid) == []
+    finally:
+        doomed.stop()
