@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from opentelemetry import trace
 from pydantic import BaseModel
 
-from proxy.call import Call, LocalReply, Reply
+from proxy.call import Call, LocalReply, Reply, Target
 from proxy.clock import Clock
 from proxy.contract import ModelContract
 from proxy.errors import ErrorKind, ProxyError
@@ -39,14 +39,19 @@ class Filter(Protocol):
 
 @dataclass(frozen=True)
 class FilterContext:
-    """What a filter may use besides the call: its route, telemetry, time, randomness and the
-    backend's contract (a callable, because the contract is refreshed while the filter lives)."""
+    """What a filter may use besides the call: its route, telemetry, time, randomness, the
+    backend's contract (a callable: contracts are refreshed while the filter lives), other
+    routes (for reroutes: their target and contract) and the backend's own token count."""
 
     route: str
     telemetry: Telemetry
     clock: Clock
     rng: random.Random
     contract: Callable[[], ModelContract | None]
+    lookup: Callable[[str], tuple[Target, ModelContract | None] | None] = lambda name: None
+    count_tokens: Callable[[Call], Awaitable[int | None]] | None = None
+    reroute: Callable[[str, Call], Awaitable[Reply]] | None = None
+    """Hand the call to another route's chain (its own filters run); loops are cut."""
 
 
 class FilterFactory(Protocol):

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from proxy.backends.base import Backend
-from proxy.call import Call, LocalReply, Reply, Result, Target
+from proxy.call import Call, CallKey, LocalReply, Reply, Result, Target
 from proxy.chain import FilterContext, Next, compose, filter_factories
 from proxy.clock import Clock
 from proxy.config import BackendConfig, Config, ModelRoute, resolve_filters
@@ -23,6 +23,8 @@ from proxy.errors import ErrorKind, ProxyError
 from proxy.telemetry import Telemetry
 
 log = logging.getLogger("mmguard.runtime")
+_REROUTES: CallKey[int] = CallKey("reroutes")
+_MAX_REROUTES = 3
 
 
 def make_backend(cfg: BackendConfig) -> Backend:
@@ -91,9 +93,37 @@ class Runtime:
 
         for fs in resolve_filters(self.config.route_filters(spec), f"models[{spec.name}].filters"):
             ctx = FilterContext(route=spec.name, telemetry=self.telemetry, clock=self.clock,
-                                rng=random.Random(), contract=contract)
+                                rng=random.Random(), contract=contract, lookup=self.lookup,
+                                count_tokens=self.count_tokens, reroute=self.reroute)
             filters.append((fs.name, factories[fs.name].build(fs.config, ctx)))
         return compose(filters, self._terminal)
+
+    def lookup(self, name: str) -> tuple[Target, ModelContract | None] | None:
+        """Another route's target and contract (for filters that reroute)."""
+        route = self.routes.get(name)
+        return None if route is None else (route.target, self.contracts.get(name))
+
+    async def reroute(self, name: str, call: Call) -> Reply:
+        """Run ``call`` through route ``name``'s chain, as if the client had asked for it; the
+        answer still carries the client's model name."""
+        route = self.routes.get(name)
+        if route is None:
+            return LocalReply(ErrorKind.NOT_FOUND, f"reroute target '{name}' is not a route "
+                              f"(routes: {sorted(self.routes)})")
+        hops = call.state.get(_REROUTES, 0) or 0
+        if hops >= _MAX_REROUTES:
+            return LocalReply(ErrorKind.INTERNAL, f"reroute loop: {hops} reroutes, the last to "
+                              f"'{name}'; check the routes' reroute_to settings")
+        call.state[_REROUTES] = hops + 1
+        call.target = route.target
+        return await route.chain(call)
+
+    async def count_tokens(self, call: Call) -> int | None:
+        """Prompt tokens as the target backend counts them, where it can (vLLM /tokenize)."""
+        assert call.target is not None
+        backend = self.backends[call.target.backend]
+        count = getattr(backend, "count_tokens", None)
+        return None if count is None else int(await count(call, call.target.model))
 
     async def _terminal(self, call: Call) -> Reply:
         target = call.target

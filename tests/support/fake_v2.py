@@ -27,6 +27,7 @@ class FakeV2:
         self._loop: BackgroundLoop | None = None
         self.headers: list[dict[str, str]] = []
         self.delay_s = 0.0
+        self.garble = False  # answer with one element's bytes missing (a broken backend)
         self.http_port = self.grpc_port = 0
         self._runner: web.AppRunner | None = None
         self._grpc: grpc.aio.Server | None = None
@@ -116,7 +117,8 @@ class FakeV2:
         await asyncio.sleep(self.delay_s)
         resp = pb.ModelInferResponse(model_name="echo")
         resp.outputs.add(name="OUTPUT0", datatype="FP32", shape=req.inputs[0].shape)
-        resp.raw_output_contents.append(req.raw_input_contents[0])
+        raw = req.raw_input_contents[0]
+        resp.raw_output_contents.append(raw[:-4] if self.garble else raw)
         return resp
 
 

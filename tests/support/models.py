@@ -36,4 +36,27 @@ def ort_repository(model_dir: Path) -> Path:
     ensure_clip_demo(model_dir)
     for dt in IDENTITY_TYPES:
         write_identity(model_dir, dt)
+    write_text_encoder(model_dir)
     return model_dir
+
+
+def write_text_encoder(model_dir: Path) -> str:
+    """``text_encoder``: input_ids INT64 [batch, seq] (seq symbolic, so ONNX Runtime accepts
+    any length) → text_embeds FP32 [batch, 8], the mean of a fixed embedding table's rows."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    table = np.random.default_rng(7).standard_normal((1000, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "input_ids"], ["tok"], axis=0),
+         helper.make_node("ReduceMean", ["tok"], ["text_embeds"], axes=[1], keepdims=0)],
+        "text_encoder",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("text_embeds", TensorProto.FLOAT, ["batch", 8])],
+        initializer=[numpy_helper.from_array(table, "table")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = model_dir / "text_encoder" / "1" / "model.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, path)
+    return "text_encoder"

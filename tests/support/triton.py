@@ -220,6 +220,20 @@ _MODELS: tuple[_Model, ...] = (
         (_Tensor("x", "TYPE_FP32", (-1,)),),
         (_Tensor("y", "TYPE_FP32", (-1,)),),
     ),
+    _Model(  # shape guard: a fixed dim and a small max_batch_size
+        "batch4_fp32",
+        "double.py",
+        (_Tensor("x", "TYPE_FP32", (16,)),),
+        (_Tensor("y", "TYPE_FP32", (16,)),),
+        max_batch_size=4,
+    ),
+    _Model(  # shape guard: cuts text at 77 tokens silently, as CLIP's tokenizer does
+        "clip_text_trunc",
+        "clip_text_trunc.py",
+        (_Tensor("text", "TYPE_STRING", (1,)),),
+        (_Tensor("tokens_read", "TYPE_INT32", (1,)), _Tensor("embedding", "TYPE_FP32", (8,))),
+        max_batch_size=4,
+    ),
     _Model(
         "decoupled_counter",
         "counter.py",
