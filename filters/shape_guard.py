@@ -91,7 +91,8 @@ class ShapeGuard:
             name: load_tokenizer(d.tokenizer) for name, d in cfg.inputs.items() if d.tokenizer}
 
     def _decide(self, call: Call, check: str, policy: str, detail: str) -> None:
-        self.ctx.telemetry.decide(call, "shape", f"{check}:{policy}", detail, check=check,
+        # Header mmguard-shape-<check>: <policy>; <detail>. Metric decision label check:policy.
+        self.ctx.telemetry.decide(call, "shape", policy, detail, header=check, check=check,
                                   policy=policy)
 
     def _reject(self, call: Call, found: list[Violation]) -> LocalReply:

@@ -99,11 +99,16 @@ class Telemetry:
         child.inc()
 
     def decide(self, call: Call, filter_name: str, decision: str, detail: str = "",
-               **attributes: Any) -> None:
+               header: str | None = None, **attributes: Any) -> None:
         """Record one filter decision everywhere at once: the ``mmguard-<filter>`` header /
-        trailer, a counter, a span event and a log line."""
+        trailer (``mmguard-<filter>-<header>`` when a filter makes several kinds of decision;
+        the counter's label is then ``<header>:<decision>``), a counter, a span event and a log
+        line."""
         value = f"{decision}; {detail}" if detail else decision
-        call.decisions[f"mmguard-{filter_name}"] = value
+        name = f"mmguard-{filter_name}" + (f"-{header}" if header else "")
+        call.decisions[name] = value
+        if header:
+            decision = f"{header}:{decision}"
         self.decisions.labels(filter_name, call.model, decision).inc()
         attrs = {"mmguard.filter": filter_name, "mmguard.decision": decision,
                  "mmguard.model": call.model, **{f"mmguard.{k}": v for k, v in attributes.items()}}

@@ -91,3 +91,16 @@ def vllm_llava(vllm_models: dict[str, Path],
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     """tiny-llava (text + up to 2 images, 4 tokens each), started once per session."""
     yield from start_vllm(vllm_models, "tiny-llava", tmp_path_factory.mktemp("vllm_llava"))
+
+
+@pytest.fixture(scope="session")
+def vllm_llama_long(vllm_models: dict[str, Path],
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """The same tiny-llama with a longer context (256), served as tiny-llama-long."""
+    server = VllmServer(vllm_models["tiny-llama"], "tiny-llama-long", max_model_len=256,
+                        log_path=tmp_path_factory.mktemp("vllm_long") / "long.log")
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
