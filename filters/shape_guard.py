@@ -205,7 +205,7 @@ class ShapeGuard:
             if tok is None:
                 raise ProxyError(ErrorKind.INTERNAL, f"shape_guard: input '{t.name}' is text; "
                                  "declare a tokenizer to count its tokens")
-            return [tok.count(b.decode("utf-8", "replace")) for b in t.numpy().reshape(-1)]
+            return tok.counts([b.decode("utf-8", "replace") for b in t.numpy().reshape(-1)])
         ids = t.numpy()
         rows = ids.reshape(-1, ids.shape[-1]) if ids.ndim else ids.reshape(1, 1)
         if decl.pad_token_id is None:

@@ -14,12 +14,17 @@ from proxy.errors import ErrorKind, ProxyError
 class TextTokenizer(Protocol):
     def count(self, text: str) -> int: ...
 
+    def counts(self, texts: list[str]) -> list[int]: ...
+
     def truncate(self, text: str, limit: int) -> str: ...
 
 
 class WhitespaceTokenizer:
     def count(self, text: str) -> int:
         return len(text.split())
+
+    def counts(self, texts: list[str]) -> list[int]:
+        return [len(t.split()) for t in texts]
 
     def truncate(self, text: str, limit: int) -> str:
         return " ".join(text.split()[:limit])
@@ -38,6 +43,9 @@ class HfTokenizer:
 
     def count(self, text: str) -> int:
         return len(self._tok.encode(text).ids)
+
+    def counts(self, texts: list[str]) -> list[int]:
+        return [len(e.ids) for e in self._tok.encode_batch(texts)]  # batched in Rust
 
     def truncate(self, text: str, limit: int) -> str:
         enc = self._tok.encode(text)
