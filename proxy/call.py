@@ -38,6 +38,11 @@ class CallKey(Generic[T]):
         return f"CallKey({self.name!r})"
 
 
+# Standard keys that several filters share (a producer and a consumer in different modules).
+UNUSABLE_MODALITIES: CallKey[dict[str, str]] = CallKey("unusable_modalities")
+"""modality ("image", "text") → why it must not be used (set by quality, read by the router)."""
+
+
 class CallState:
     def __init__(self) -> None:
         self._items: dict[CallKey[Any], Any] = {}
