@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import entry_points
 from typing import Any, Protocol
@@ -52,6 +52,8 @@ class FilterContext:
     count_tokens: Callable[[Call], Awaitable[int | None]] | None = None
     reroute: Callable[[str, Call], Awaitable[Reply]] | None = None
     """Hand the call to another route's chain (its own filters run); loops are cut."""
+    admin: dict[str, Any] = field(default_factory=dict)
+    """Objects an operator may act on through the admin API (e.g. breakers), by kind."""
 
 
 class FilterFactory(Protocol):

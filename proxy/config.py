@@ -43,6 +43,8 @@ class AdminListener(Strict):
     host: str = "127.0.0.1"
     """Localhost by default: the admin port is not for the world."""
     port: int = Field(9002, ge=0, le=65535)
+    token: str | None = None
+    """When set, requests that change state need ``Authorization: Bearer <token>``."""
 
 
 class Listeners(Strict):

@@ -12,6 +12,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from proxy.backends.base import Backend
 from proxy.call import Call, CallKey, LocalReply, Reply, Result, Target
@@ -66,6 +67,7 @@ class Runtime:
         self.contracts: dict[str, ModelContract] = {}
         self.routes: dict[str, Route] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self.admin: dict[str, Any] = {}  # filters register what an operator may act on
         self._started = {name: asyncio.Event() for name in backends}
         for spec in config.models:
             self.routes[spec.name] = Route(spec, self._build_chain(spec))
@@ -94,7 +96,8 @@ class Runtime:
         for fs in resolve_filters(self.config.route_filters(spec), f"models[{spec.name}].filters"):
             ctx = FilterContext(route=spec.name, telemetry=self.telemetry, clock=self.clock,
                                 rng=random.Random(), contract=contract, lookup=self.lookup,
-                                count_tokens=self.count_tokens, reroute=self.reroute)
+                                count_tokens=self.count_tokens, reroute=self.reroute,
+                                admin=self.admin)
             filters.append((fs.name, factories[fs.name].build(fs.config, ctx)))
         return compose(filters, self._terminal)
 

@@ -62,7 +62,8 @@ class Server:
             HttpFront(self.plane, lc.http.max_request_bytes,
                       self.config.openai.image_url_allow_hosts).app(), lc.http.host,
             _pick(self._ports.http, lc.http.port))
-        self.admin_port = await self._serve_http(admin_app(self.plane), lc.admin.host,
+        self.admin_port = await self._serve_http(admin_app(self.plane, lc.admin.token),
+                                                 lc.admin.host,
                                                  _pick(self._ports.admin, lc.admin.port))
         self._grpc = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", lc.grpc.max_request_bytes),

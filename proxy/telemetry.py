@@ -45,6 +45,7 @@ class RequestMetrics(NamedTuple):
 class Telemetry:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self._request_metrics: dict[tuple[str, str, str], RequestMetrics] = {}
+        self._extra: dict[str, Any] = {}
         r = self.registry = registry or CollectorRegistry()
         self.requests = Counter("mmguard_requests_total", "Requests answered, by outcome code.",
                                 ["model", "backend", "front", "code"], registry=r)
@@ -81,6 +82,13 @@ class Telemetry:
                                       ["model", "reason"], registry=r)
         self.config_reloads = Counter("mmguard_config_reloads_total", "Config reload attempts.",
                                       ["result"], registry=r)
+
+    def metric(self, kind: type[Any], name: str, doc: str, labels: list[str]) -> Any:
+        """A filter's own metric, made once per registry however many routes use the filter."""
+        found = self._extra.get(name)
+        if found is None:
+            found = self._extra[name] = kind(name, doc, labels, registry=self.registry)
+        return found
 
     def request_metrics(self, model: str, backend: str, front: str) -> RequestMetrics:
         key = (model, backend, front)

@@ -46,6 +46,11 @@ class TritonGrpcBackend(Backend):
             ("grpc.max_send_message_length", cfg.max_message_bytes),
             ("grpc.max_receive_message_length", cfg.max_message_bytes),
             ("grpc.keepalive_time_ms", 30_000),
+            # A sidecar's model server restarts next door: reconnect within a second, not after
+            # gRPC's default backoff (which grows to two minutes).
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
         ]
         # A distinct channel arg per channel keeps each on its own HTTP/2 connection.
         self._channels = [grpc.aio.insecure_channel(cfg.url, options=[*options,

@@ -425,19 +425,22 @@ class TritonServer:
     def is_running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def start(self) -> Self:
-        """Start; wait for ``/v2/health/ready`` == 200, else RuntimeError with the log tail."""
+    def start(self, keep_ports: bool = False) -> Self:
+        """Start; wait for ``/v2/health/ready`` == 200, else RuntimeError with the log tail.
+        ``keep_ports``: restart on the ports of the previous start (a server that comes back)."""
         if self.is_running():
             return self
         paths = triton_paths()
         self.work_dir.mkdir(parents=True, exist_ok=True)
         backends = self._prepare_backends(paths)
         began = time.monotonic()
-        attempts = 3
+        reuse = keep_ports and self.grpc_port is not None and self.http_port is not None
+        attempts = 1 if reuse else 3
         for attempt in range(1, attempts + 1):
-            ports = _free_ports(3 if self.metrics else 2)
-            self.grpc_port, self.http_port = ports[0], ports[1]
-            self.metrics_port = ports[2] if self.metrics else None
+            if not reuse:
+                ports = _free_ports(3 if self.metrics else 2)
+                self.grpc_port, self.http_port = ports[0], ports[1]
+                self.metrics_port = ports[2] if self.metrics else None
             self._spawn(paths, backends)
             try:
                 self._wait_ready()
