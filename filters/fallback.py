@@ -145,6 +145,7 @@ class Fallback:
         self.cache = AnswerCache(cfg.cache, ctx.clock.monotonic) if cfg.cache else None
         self.in_flight = 0
         self.retrying = 0
+        self._level_children: dict[tuple[str, str], Any] = {}
 
     def _breaker(self, level: str) -> Breaker:
         b = self.cfg.breaker
@@ -193,8 +194,7 @@ class Fallback:
                     continue
             send = next if i == 0 else self._rerouted(level)
             start = self.ctx.clock.monotonic()
-            reply = await self._tries(attempt, send)
-            failed = self._failed(reply)
+            reply, failed = await self._tries(attempt, send)
             breaker.record(failed, self.ctx.clock.monotonic() - start)
             if not failed:
                 call.target = attempt.target
@@ -220,24 +220,27 @@ class Fallback:
 
         return send
 
-    async def _tries(self, call: Call, send: Callable[[Call], Awaitable[Reply]]) -> Reply:
+    async def _tries(self, call: Call,
+                     send: Callable[[Call], Awaitable[Reply]]) -> tuple[Reply, bool]:
         retries = self.cfg.retries
         tries = 0
         while True:
-            attempt = self._clone(call)
+            # The level's own copy serves the first try; a retry needs a fresh one.
+            attempt = self._clone(call) if tries else call
             if self.cfg.level_timeout_s is not None:
                 limit = time.monotonic() + self.cfg.level_timeout_s
                 attempt.deadline = limit if call.deadline is None else min(call.deadline, limit)
             reply = await self._hedged(attempt, send)
             tries += 1
-            if not self._failed(reply) or tries >= retries.attempts or not self._may_retry(call):
+            failed = self._failed(reply)
+            if not failed or tries >= retries.attempts or not self._may_retry(call):
                 call.target = attempt.target
-                return reply
+                return reply, failed
             delay = min(retries.backoff_max_s, retries.backoff_base_s * 2 ** (tries - 1))
             delay *= self.ctx.rng.uniform(0.5, 1.5)  # jitter: retries of many calls spread out
             remaining = call.remaining()
             if remaining is not None and remaining <= delay:
-                return reply
+                return reply, failed
             self.ctx.telemetry.decide(call, "fallback", "retry", f"try {tries + 1} after "
                                       f"{delay * 1000:.0f} ms: {_describe(reply)}", header="retry")
             self.retrying += 1
@@ -323,10 +326,16 @@ class Fallback:
 
     # --- answers ------------------------------------------------------------------------------
 
+    def _count(self, model: str, level: str) -> None:
+        child = self._level_children.get((model, level))
+        if child is None:
+            child = self._level_children[(model, level)] = self.m_level.labels(model, level)
+        child.inc()
+
     def _answered(self, call: Call, result: Result, index: int, level: str, key: str,
                   reasons: list[str]) -> Result:
         n = min(index + 1, 2)
-        self.m_level.labels(call.model, str(n)).inc()
+        self._count(call.model, str(n))
         if n == 1:
             if self.cache is not None:
                 self.cache.put(key, result)
@@ -339,13 +348,13 @@ class Fallback:
         cached = self.cache.get(key) if self.cache is not None else None
         if cached is not None:
             age = self.ctx.clock.monotonic() - cached[0]
-            self.m_level.labels(call.model, "3").inc()
+            self._count(call.model, "3")
             self.ctx.telemetry.decide(call, "fallback", "3", f"cached answer, {age:.1f}s old: "
                                       + "; ".join(reasons), header="level")
             call.decisions["mmguard-stale"] = "true"
             return cached[1]
         if self.cfg.static_answer is not None and call.document is None:
-            self.m_level.labels(call.model, "3").inc()
+            self._count(call.model, "3")
             self.ctx.telemetry.decide(call, "fallback", "3", "static answer: "
                                       + "; ".join(reasons), header="level")
             call.decisions["mmguard-stale"] = "true"
