@@ -1,0 +1,498 @@
+"""``quality``: score every image and text input, live and cheaply, and act on the score.
+
+Guards against a model answering confidently on garbage. Seed scenarios: low-light frames
+(Gaussian σ = 0.08, PSNR 22 dB), blurred or resolution-collapsed images, OCR residue, garbled or
+mixed-script text, FP16 NaN/Inf, an image that has nothing to do with its caption. The signals
+are in ``quality_signals`` (image and text, each a score in [0, 1]), the optional image–text
+alignment in ``quality_align``, drift in ``quality_drift``; this module reads the inputs, builds
+the scores and applies the route's rules.
+
+Scores: each signal in [0, 1]; a modality's score is its weakest signal over all its items (one
+broken property or one broken image makes the modality unusable); the trust score is the
+weighted mean of visual, text and alignment (default 0.4 / 0.3 / 0.3, the seeds' IQE), with the
+weights renormalised over the parts a request has.
+
+Actions, per rule ``{signal, below, action}`` (fires when the score is below the threshold):
+
+- ``annotate``: the ``mmguard-quality-<signal>`` header says which signal, its value and where;
+- ``reject``: 422 / INVALID_ARGUMENT naming the signal, its value and the threshold;
+- ``drop-modality``: the modality is marked unusable on the call (``UNUSABLE_MODALITIES``) for a
+  router to serve without it; the request goes on.
+
+With ``annotate: true`` every scored request also carries ``mmguard-quality-scores`` (trust,
+modalities, each signal). ``sample`` scores only a share of requests (drawn from ``ctx.rng``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from filters.quality_align import AlignmentConfig, AlignmentUnavailable, EncoderPair
+from filters.quality_drift import DriftConfig, DriftMonitor, drift_gauges
+from filters.quality_signals import (
+    IMAGE_SIGNALS,
+    TEXT_SIGNALS,
+    ImageSpec,
+    Signal,
+    char_tables,
+    fmt_value,
+    image_signals,
+    modality_score,
+    text_signals,
+    trust_score,
+)
+from proxy.call import UNUSABLE_MODALITIES, Call, LocalReply, Reply
+from proxy.chain import FilterContext, Next
+from proxy.errors import ErrorKind
+from proxy.openai_api import ChatView
+from proxy.tensor import Tensor, decode_bytes_elements
+
+log = logging.getLogger("mmguard.quality")
+NAME = "quality"
+_SCORES = ("image", "text", "alignment", "trust")
+_INLINE_BYTES = 1 << 20  # above this, v2 images are measured in a worker thread
+_HWC_RGB = ImageSpec("HWC", (0.0,), (255.0,))  # decoded OpenAI images
+_IMAGE_TYPES = ("FP32", "FP16", "FP64", "BF16", "UINT8")
+_UNPRINTABLE = {c: "?" for c in (*range(0x20), 0x7F)}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ImageInput(Strict):
+    layout: Literal["auto", "NCHW", "NHWC", "CHW", "HWC", "HW"] = "auto"
+    """Where the channels are; 'auto' reads it from the shape (a dim of 1, 3 or 4)."""
+    range: tuple[float, float] | None = None
+    """The values the model expects; default [0, 255] for UINT8, [0, 1] for floats."""
+    mean: tuple[float, ...] | None = None
+    """Mean/std-normalised input: per-channel mean and std (the expected range follows)."""
+    std: tuple[float, ...] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ImageInput:
+        if (self.mean is None) != (self.std is None):
+            raise ValueError("mean and std go together")
+        if self.mean is not None and self.std is not None:
+            if self.range is not None:
+                raise ValueError("give either range or mean/std, not both")
+            if len(self.mean) != len(self.std) or any(s <= 0 for s in self.std):
+                raise ValueError("mean and std need the same length and std > 0")
+        if self.range is not None and self.range[0] >= self.range[1]:
+            raise ValueError("range must be [low, high] with low < high")
+        return self
+
+    def spec(self, layout: str, datatype: str) -> ImageSpec:
+        if self.mean is not None and self.std is not None:
+            return ImageSpec(layout, tuple(-m / s for m, s in zip(self.mean, self.std,
+                                                                   strict=True)),
+                             tuple((1 - m) / s for m, s in zip(self.mean, self.std, strict=True)))
+        lo, hi = self.range or ((0.0, 255.0) if datatype == "UINT8" else (0.0, 1.0))
+        return ImageSpec(layout, (lo,), (hi,))
+
+
+class TextInput(Strict):
+    min_chars: int = Field(1, ge=0)
+    max_chars: int = Field(20000, gt=0)
+
+
+class Weights(Strict):
+    visual: float = Field(0.4, ge=0)
+    text: float = Field(0.3, ge=0)
+    alignment: float = Field(0.3, ge=0)
+
+
+class Rule(Strict):
+    signal: str
+    """An image or text signal, a modality score ('image', 'text'), 'alignment' or 'trust'."""
+    below: float = Field(ge=0.0, le=1.0)
+    """The rule fires when the score is below this."""
+    action: Literal["annotate", "reject", "drop-modality"]
+
+    @model_validator(mode="after")
+    def _check(self) -> Rule:
+        known = (*IMAGE_SIGNALS, *TEXT_SIGNALS, *_SCORES)
+        if self.signal not in known:
+            raise ValueError(f"unknown signal '{self.signal}' (known: {', '.join(known)})")
+        if self.action == "drop-modality" and self.signal in ("alignment", "trust"):
+            raise ValueError(f"drop-modality needs an image or text signal, not '{self.signal}'")
+        return self
+
+
+class QualityConfig(Strict):
+    images: dict[str, ImageInput] = {}
+    """v2: the inputs that are images, and how to read them."""
+    texts: dict[str, TextInput] = {}
+    """v2: the BYTES inputs that are text."""
+    chat: TextInput = TextInput()
+    """OpenAI requests: limits for their texts (images are decoded and always scored)."""
+    rules: tuple[Rule, ...] = (Rule(signal="finite", below=1.0, action="reject"),)
+    annotate: bool = True
+    """Send mmguard-quality-scores (trust, modalities, signals) on every scored request."""
+    sample: float = Field(1.0, ge=0.0, le=1.0)
+    """Share of requests scored at all."""
+    weights: Weights = Weights()
+    alignment: AlignmentConfig | None = None
+    drift: DriftConfig | None = DriftConfig()
+    """Drift of every signal against a baseline; null turns it off."""
+
+    @model_validator(mode="after")
+    def _check(self) -> QualityConfig:
+        both = set(self.images) & set(self.texts)
+        if both:
+            raise ValueError(f"inputs cannot be both image and text: {sorted(both)}")
+        a = self.alignment
+        if a is not None and a.image_input is not None and a.image_input not in self.images:
+            raise ValueError(f"alignment.image_input '{a.image_input}' is not in images")
+        if a is None and any(r.signal == "alignment" for r in self.rules):
+            raise ValueError("a rule on 'alignment' needs the alignment section")
+        return self
+
+
+def resolve_layout(shape: tuple[int, ...], layout: str) -> tuple[str, bool] | None:
+    """(per-image layout CHW/HWC/HW, batched) for a tensor shape, or None if it fits no image."""
+    if layout != "auto":
+        inner = layout.removeprefix("N")
+        rank = len(inner) + (layout.startswith("N"))
+        return (inner, layout.startswith("N")) if len(shape) == rank else None
+    if len(shape) == 2:
+        return "HW", False
+    if len(shape) not in (3, 4):
+        return None
+    batched = len(shape) == 4
+    dims = shape[1:] if batched else shape
+    if dims[0] in (1, 3, 4):
+        return "CHW", batched
+    if dims[-1] in (1, 3, 4):
+        return "HWC", batched
+    return None
+
+
+def _pixels(t: Tensor) -> NDArray[Any]:
+    arr = t.numpy()
+    if t.datatype == "BF16":  # bfloat16 travels as uint16 bits: widen to float32
+        return (arr.astype(np.uint32) << 16).view(np.float32)
+    return arr
+
+
+@dataclass(slots=True)
+class Item:
+    """One scored input: an image or a text, with where it was in the request."""
+
+    modality: str  # image | text
+    where: str
+    signals: dict[str, Signal]
+    param: str | None = None  # OpenAI: the request field, for the error's 'param'
+    score: float = field(init=False)
+    weakest: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.score, self.weakest = modality_score(self.signals)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A score a rule looks at, with a sentence that says where it came from."""
+
+    score: float
+    modality: str  # image | text | "" (alignment, trust)
+    detail: str
+    param: str | None = None
+
+
+@dataclass
+class Report:
+    """Every score of one request: items, alignment per image–text pair, and what was not
+    scored (and why)."""
+
+    items: list[Item] = field(default_factory=list)
+    unscored: list[str] = field(default_factory=list)
+    alignment: NDArray[np.float32] | None = None
+    alignment_where: str = ""
+    alignment_error: str = ""
+
+    def add(self, item: Item) -> None:
+        self.items.append(item)
+
+    def set_alignment(self, scores: NDArray[np.float32], where: str) -> None:
+        self.alignment, self.alignment_where = scores, where
+
+    def worst(self, modality: str, signal: str | None = None) -> Item | None:
+        found = [i for i in self.items if i.modality == modality
+                 and (signal is None or signal in i.signals)]
+        if not found:
+            return None
+        if signal is None:
+            return min(found, key=lambda i: i.score)
+        return min(found, key=lambda i: i.signals[signal].score)
+
+    def parts(self) -> dict[str, float | None]:
+        image, text = self.worst("image"), self.worst("text")
+        return {"visual": None if image is None else image.score,
+                "text": None if text is None else text.score,
+                "alignment": None if self.alignment is None else float(self.alignment.min())}
+
+    def find(self, signal: str, weights: Mapping[str, float]) -> Finding | None:
+        """The score a rule on ``signal`` reads (the worst item's), or None when absent."""
+        if signal in IMAGE_SIGNALS or signal in TEXT_SIGNALS:
+            modality = "image" if signal in IMAGE_SIGNALS else "text"
+            item = self.worst(modality, signal)
+            if item is None:
+                return None
+            s = item.signals[signal]
+            return Finding(s.score, modality, f"{item.where}: signal '{signal}' is "
+                           f"{s.score:.3f} ({fmt_value(s.value)} {s.what})", item.param)
+        if signal in ("image", "text"):
+            item = self.worst(signal)
+            if item is None:
+                return None
+            s = item.signals[item.weakest]
+            return Finding(item.score, signal, f"{item.where}: {signal} score is "
+                           f"{item.score:.3f} (weakest signal '{item.weakest}': "
+                           f"{fmt_value(s.value)} {s.what})", item.param)
+        if signal == "alignment":
+            if self.alignment is None:
+                return None
+            low = float(self.alignment.min())
+            return Finding(low, "", f"{self.alignment_where}: alignment is {low:.3f}")
+        trust = trust_score(self.parts(), weights)
+        if trust is None:
+            return None
+        parts = " ".join(f"{k}={v:.3f}" for k, v in self.parts().items() if v is not None)
+        return Finding(trust, "", f"trust score is {trust:.3f} ({parts})")
+
+    def summary(self, weights: Mapping[str, float]) -> str:
+        """trust, modality scores, then each signal's worst score: one header's worth."""
+        parts = self.parts()
+        head = [("trust", trust_score(parts, weights)), ("image", parts["visual"]),
+                ("text", parts["text"]), ("alignment", parts["alignment"])]
+        out = [f"{k}={v:.3f}" for k, v in head if v is not None]
+        for modality, names in (("image", IMAGE_SIGNALS), ("text", TEXT_SIGNALS)):
+            for name in names:
+                item = self.worst(modality, name)
+                if item is not None:
+                    out.append(f"{name}={item.signals[name].score:.3f}")
+        return " ".join(out)
+
+    def series(self, weights: Mapping[str, float]) -> Iterator[tuple[str, str, float]]:
+        """(modality, signal, score) for drift: every item's signals and score, every aligned
+        pair, and the trust score."""
+        for item in self.items:
+            for name, s in item.signals.items():
+                yield item.modality, name, s.score
+            yield item.modality, "score", item.score
+        if self.alignment is not None:
+            for value in self.alignment.tolist():
+                yield "image-text", "alignment", float(value)
+        trust = trust_score(self.parts(), weights)
+        if trust is not None:
+            yield "all", "trust", trust
+
+
+
+class Quality:
+    def __init__(self, cfg: QualityConfig, ctx: FilterContext) -> None:
+        self.cfg = cfg
+        self.ctx = ctx
+        self.pair = EncoderPair(cfg.alignment) if cfg.alignment is not None else None
+        self.drift = (DriftMonitor(ctx.route, cfg.drift, drift_gauges(ctx.telemetry.registry))
+                      if cfg.drift is not None else None)
+        char_tables()  # build the text tables now, not on the first request
+
+    def _decide(self, call: Call, header: str, decision: str, detail: str) -> None:
+        # Details name client-chosen inputs; header and trailer values must be printable ASCII.
+        safe = detail.encode("ascii", "backslashreplace").decode().translate(_UNPRINTABLE)
+        self.ctx.telemetry.decide(call, NAME, decision, safe, header=header)
+
+    async def __call__(self, call: Call, next: Next) -> Reply:
+        rng = self.ctx.rng
+        if self.cfg.sample < 1.0 and rng.random() >= self.cfg.sample:
+            self._decide(call, "scores", "unsampled", f"scored share {self.cfg.sample:g}")
+            return await next(call)
+        align = self.pair is not None and (self.pair.cfg.sample >= 1.0
+                                           or rng.random() < self.pair.cfg.sample)
+        if self._heavy(call, align):
+            report = await asyncio.to_thread(self.measure, call, align)
+        else:
+            report = self.measure(call, align)
+        self._announce(call, report)
+        await self._observe(report)
+        refusal = self._apply_rules(call, report)
+        return refusal if refusal is not None else await next(call)
+
+    def _heavy(self, call: Call, align: bool) -> bool:
+        """Measure in a worker thread when it could hold the event loop for long: encoders,
+        image decoding (OpenAI), or large tensors."""
+        if align:
+            return True
+        if call.document is not None:
+            return bool(ChatView(call).images())
+        return sum(t.nbytes for t in call.inputs if t.name in self.cfg.images) > _INLINE_BYTES
+
+    # --- measuring (pure: may run in a worker thread) ---------------------------------------
+
+    def measure(self, call: Call, align: bool) -> Report:
+        report = Report()
+        if call.document is not None:
+            rgbs = self._measure_chat(call, report)
+            if align and rgbs:
+                self._align_chat(report, rgbs, ChatView(call).texts())
+            return report
+        for t in call.inputs:
+            if t.name in self.cfg.images:
+                self._measure_images(t, self.cfg.images[t.name], report)
+            elif t.name in self.cfg.texts:
+                self._measure_texts(t, self.cfg.texts[t.name], report)
+        if align:
+            self._align_v2(call, report)
+        return report
+
+    def _measure_images(self, t: Tensor, cfg: ImageInput, report: Report) -> None:
+        if t.datatype not in _IMAGE_TYPES:
+            report.unscored.append(f"input '{t.name}' is {t.datatype}, not an image datatype")
+            return
+        found = resolve_layout(t.shape, cfg.layout)
+        if found is None:
+            report.unscored.append(f"input '{t.name}' has shape {list(t.shape)}, which is not "
+                                   f"a {cfg.layout} image")
+            return
+        layout, batched = found
+        spec = cfg.spec(layout, t.datatype)
+        pixels = _pixels(t)
+        images = list(pixels) if batched else [pixels]
+        for i, image in enumerate(images):
+            where = f"input '{t.name}' image {i}" if batched else f"input '{t.name}'"
+            report.add(Item("image", where, image_signals(image, spec)))
+
+    def _measure_texts(self, t: Tensor, cfg: TextInput, report: Report) -> None:
+        if t.datatype != "BYTES":
+            report.unscored.append(f"input '{t.name}' is {t.datatype}, not BYTES text")
+            return
+        items = decode_bytes_elements(t.raw_bytes(), t.elements, t.name)
+        for i, raw in enumerate(items):
+            text = raw.decode("utf-8", "surrogateescape")  # bad bytes count as invalid chars
+            where = f"input '{t.name}' text {i}" if len(items) > 1 else f"input '{t.name}'"
+            report.add(Item("text", where, text_signals(text, cfg.min_chars, cfg.max_chars)))
+
+    def _measure_chat(self, call: Call, report: Report) -> list[NDArray[np.uint8]]:
+        view = ChatView(call)
+        for i, text in enumerate(view.texts()):
+            report.add(Item("text", f"text {i}", text_signals(
+                text, self.cfg.chat.min_chars, self.cfg.chat.max_chars)))
+        rgbs = []
+        for image in view.images():
+            if not image.url.startswith("data:"):
+                report.unscored.append(f"{image.param} is a remote URL")
+                continue
+            rgb = image.array()
+            report.add(Item("image", image.param, image_signals(rgb, _HWC_RGB), image.param))
+            rgbs.append(rgb)
+        return rgbs
+
+    def _align_v2(self, call: Call, report: Report) -> None:
+        assert self.pair is not None
+        a = self.pair.cfg
+        image_name = a.image_input or (next(iter(self.cfg.images))
+                                       if len(self.cfg.images) == 1 else None)
+        text_name = a.text_input or (next(iter(self.cfg.texts))
+                                     if len(self.cfg.texts) == 1 else None)
+        image = call.input(image_name) if image_name else None
+        text = call.input(text_name) if text_name else None
+        if image is None or text is None:
+            return  # a request without both has nothing to align
+        try:
+            img = self.pair.embed_images(_pixels(image))
+            if text.datatype == "BYTES":
+                items = decode_bytes_elements(text.raw_bytes(), text.elements, text.name)
+                txt = self.pair.embed_texts([b.decode("utf-8", "replace") for b in items])
+            else:
+                txt = self.pair.embed_ids(text.numpy())
+            report.set_alignment(self.pair.scores(self.pair.cosines(img, txt)),
+                                 f"inputs '{image.name}' and '{text.name}'")
+        except AlignmentUnavailable as exc:
+            report.alignment_error = str(exc)
+
+    def _align_chat(self, report: Report, rgbs: list[NDArray[np.uint8]],
+                    texts: list[str]) -> None:
+        assert self.pair is not None
+        if not texts:
+            return
+        try:
+            img = self.pair.embed_images(np.concatenate([self.pair.prepare_rgb(r)
+                                                         for r in rgbs]))
+            txt = self.pair.embed_texts(["\n".join(texts)])
+            report.set_alignment(self.pair.scores(self.pair.cosines(img, txt)),
+                                 "the images and the texts")
+        except AlignmentUnavailable as exc:
+            report.alignment_error = str(exc)
+
+    # --- acting (on the event loop) ---------------------------------------------------------
+
+    def _announce(self, call: Call, report: Report) -> None:
+        if report.unscored:
+            self._decide(call, "unscored", "unscored", "; ".join(report.unscored))
+        if report.alignment_error:
+            self._decide(call, "alignment", "unscored", report.alignment_error)
+        if self.cfg.annotate and (report.items or report.alignment is not None):
+            self._decide(call, "scores", "scored", report.summary(self.weights))
+
+    @property
+    def weights(self) -> dict[str, float]:
+        w = self.cfg.weights
+        return {"visual": w.visual, "text": w.text, "alignment": w.alignment}
+
+    async def _observe(self, report: Report) -> None:
+        monitor = self.drift
+        if monitor is None:
+            return
+        for modality, signal, value in report.series(self.weights):
+            monitor.observe(modality, signal, value)
+        monitor.update()
+        if monitor.dirty and monitor.cfg.baseline_file is not None:
+            monitor.dirty = False
+            try:
+                await asyncio.to_thread(monitor.save, monitor.snapshot())
+            except OSError as exc:
+                log.warning("quality: cannot save the drift baseline to %s: %s",
+                            monitor.cfg.baseline_file, exc)
+
+    def _apply_rules(self, call: Call, report: Report) -> LocalReply | None:
+        rejects: list[tuple[Rule, Finding]] = []
+        for rule in self.cfg.rules:
+            found = report.find(rule.signal, self.weights)
+            if found is None or found.score >= rule.below:
+                continue
+            detail = f"{found.detail}; threshold {rule.below:g}"
+            if rule.action == "reject":
+                rejects.append((rule, found))
+            elif rule.action == "drop-modality":
+                unusable = call.state.get(UNUSABLE_MODALITIES)
+                if unusable is None:
+                    unusable = call.state[UNUSABLE_MODALITIES] = {}
+                unusable[found.modality] = detail
+                self._decide(call, rule.signal, "drop-modality", detail)
+            else:
+                self._decide(call, rule.signal, "annotate", detail)
+        for rule, found in rejects:
+            self._decide(call, rule.signal, "reject", f"{found.detail}; threshold {rule.below:g}")
+        if not rejects:
+            return None
+        rule, found = rejects[0]
+        return LocalReply(ErrorKind.UNPROCESSABLE, f"quality: {found.detail}, below the "
+                          f"threshold {rule.below:g}", param=found.param)
+
+
+class QualityFactory:
+    name = NAME
+    config_model = QualityConfig
+
+    def build(self, config: QualityConfig, ctx: FilterContext) -> Quality:
+        return Quality(config, ctx)
