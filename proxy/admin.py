@@ -53,7 +53,12 @@ def admin_app(plane: DataPlane, token: str | None = None) -> web.Application:
         breaker.force(action)
         return web.json_response({"route": key[0], "level": key[1], **breaker.snapshot()})
 
+    async def routers(request: web.Request) -> web.Response:
+        found: dict[str, Any] = plane.runtime.admin.get("routers", {})
+        return web.json_response({route: r.snapshot() for route, r in sorted(found.items())})
+
     app = web.Application()
+    app.router.add_get("/admin/routers", routers)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -46,7 +46,7 @@ def write_text_encoder(model_dir: Path) -> str:
     import numpy as np
     from onnx import numpy_helper
 
-    table = np.random.default_rng(7).standard_normal((1000, 8)).astype(np.float32)
+    table = np.random.default_rng(7).standard_normal((49408, 8)).astype(np.float32)  # CLIP vocab
     graph = helper.make_graph(
         [helper.make_node("Gather", ["table", "input_ids"], ["tok"], axis=0),
          helper.make_node("ReduceMean", ["tok"], ["text_embeds"], axes=[1], keepdims=0)],

@@ -1,11 +1,15 @@
 """Python-backend ``clip_demo``: runs the proxy's demo ONNX file with onnxruntime.
 
-The file comes from the config parameter ``onnx_path``. ``similarity`` is [batch] in ONNX; the
+The file comes from the config parameter ``onnx_path``. Slowed on cue: while the file named by
+the parameter ``cue_file`` exists (JSON), each request first sleeps ``delay_ms`` and its
+``similarity`` is multiplied by ``similarity_scale`` (a degraded replica, for routing tests). ``similarity`` is [batch] in ONNX; the
 config declares it ``dims: [1]`` with ``reshape: { shape: [] }`` so Triton exposes [batch, 1]
 — see tests/support/triton.py for why.
 """
 
 import json
+import os
+import time
 
 import triton_python_backend_utils as pb_utils
 
@@ -22,15 +26,28 @@ class TritonPythonModel:
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
         self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        self.cue_file = config["parameters"].get("cue_file", {}).get("string_value", "")
+
+    def _cue(self):
+        if self.cue_file and os.path.exists(self.cue_file):
+            try:
+                with open(self.cue_file) as f:
+                    return json.load(f)
+            except (OSError, ValueError):
+                pass
+        return {}
 
     def execute(self, requests):
         responses = []
         for request in requests:
+            cue = self._cue()
+            time.sleep(float(cue.get("delay_ms", 0)) / 1000)
             feeds = {
                 name: pb_utils.get_input_tensor_by_name(request, name).as_numpy()
                 for name in ("pixel_values", "input_ids")
             }
             results = self.session.run(list(OUTPUTS), feeds)
+            results[2] = results[2] * float(cue.get("similarity_scale", 1.0))
             tensors = [
                 pb_utils.Tensor(name, value) for name, value in zip(OUTPUTS, results, strict=True)
             ]

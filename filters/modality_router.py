@@ -1,0 +1,261 @@
+"""``modality_router``: choose the serving path from live latency and confidence, and serve
+without a modality that is missing or unusable.
+
+Guards against one slow or unreliable path taking all the traffic (GPU memory pressure: +32 %
+latency; CPU throttling: +89 %) and against failing a whole request because one modality is
+broken. Seed scenario (DMWR): weights = softmax(α·latency score + (1−α)·confidence score) with
+α = 0.7; a degraded replica loses traffic and wins it back when it recovers, without flapping.
+
+Each path is a route (its own chain runs). Per path the router keeps an EWMA of latency, a
+sliding window for a latency percentile and the error rate, and the confidence read from its
+answers. Weights are recomputed at most every ``dwell_s`` (hysteresis) and never fall below
+``exploration`` (a recovered path must get traffic to show it has recovered).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from prometheus_client import Gauge
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from proxy.call import UNUSABLE_MODALITIES, Call, LocalReply, Reply, Result
+from proxy.chain import FilterContext, Next
+from proxy.errors import ErrorKind
+from proxy.openai_api import ChatView
+
+Modality = Literal["image", "text"]
+_SERVER_ERRORS = ("unavailable", "deadline_exceeded", "internal", "overloaded", "not_found")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Confidence(Strict):
+    kind: Literal["max_softmax", "entropy", "scalar", "logprob"]
+    """max_softmax / entropy of a named output's last axis; a named scalar output; or vLLM's
+    mean token logprob (exp of it) when the request asked for logprobs."""
+    output: str | None = None
+    range: tuple[float, float] = (0.0, 1.0)
+    """scalar: the output's [worst, best]; mapped onto [0, 1] (a cosine: [-1, 1])."""
+
+
+class PathConfig(Strict):
+    route: str
+    modalities: tuple[Modality, ...] = ("image", "text")
+    """What this path consumes; a path is eligible only if the call has all of them usable."""
+    confidence: Confidence | None = None
+
+
+class RouterConfig(Strict):
+    paths: tuple[PathConfig, ...] = Field(min_length=1)
+    inputs: dict[str, Modality] = {}
+    """v2 input name → the modality it carries (OpenAI calls: image parts and text)."""
+    alpha: float = Field(0.7, ge=0, le=1)
+    temperature: float = Field(0.1, gt=0)
+    latency_tolerance_s: float = Field(0.005, ge=0)
+    """Latencies this close count as equally fast (the latency score is (best+tol)/(own+tol))."""
+    ewma: float = Field(0.2, gt=0, le=1)
+    """Weight of the newest latency in the moving average."""
+    window: int = Field(50, ge=2)
+    dwell_s: float = Field(2.0, ge=0)
+    exploration: float = Field(0.05, ge=0, lt=0.5)
+    choice: Literal["weighted", "best"] = "weighted"
+
+    @model_validator(mode="after")
+    def _confidence_needs_output(self) -> RouterConfig:
+        for p in self.paths:
+            if p.confidence and p.confidence.kind != "logprob" and not p.confidence.output:
+                raise ValueError(f"path '{p.route}': confidence {p.confidence.kind} needs output")
+        return self
+
+
+@dataclass
+class PathStats:
+    latency_ewma: float | None = None
+    samples: deque[tuple[float, bool]] = field(default_factory=deque)  # (seconds, failed)
+    confidence: float | None = None
+
+    def percentile(self, q: float) -> float | None:
+        ok = sorted(s for s, failed in self.samples if not failed)
+        return ok[min(len(ok) - 1, int(q * len(ok)))] if ok else None
+
+    @property
+    def error_rate(self) -> float:
+        return sum(f for _, f in self.samples) / len(self.samples) if self.samples else 0.0
+
+
+class ModalityRouter:
+    def __init__(self, cfg: RouterConfig, ctx: FilterContext) -> None:
+        self.cfg = cfg
+        self.ctx = ctx
+        self.stats = {p.route: PathStats() for p in cfg.paths}
+        self.cfg = cfg
+        self.weights = self.compute()
+        self._updated = -math.inf
+        self.gauge = ctx.telemetry.metric(Gauge, "mmguard_router_weight",
+                                          "Share of traffic each path gets.", ["model", "path"])
+        for p in cfg.paths:
+            self.gauge.labels(ctx.route, p.route).set(self.weights[p.route])
+        ctx.admin.setdefault("routers", {})[ctx.route] = self
+
+    # --- weights ----------------------------------------------------------------------------
+
+    def compute(self) -> dict[str, float]:
+        """softmax((α·latency + (1−α)·confidence)·(1 − error rate) / T), floored, within each
+        group of paths that take the same modalities (those are the alternatives a call
+        chooses between; a text-only path competes with text-only paths)."""
+        weights: dict[str, float] = {}
+        groups: dict[frozenset[str], list[str]] = {}
+        for p in self.cfg.paths:
+            groups.setdefault(frozenset(p.modalities), []).append(p.route)
+        for routes in groups.values():
+            weights.update(self._softmax(routes))
+        return weights
+
+    def _softmax(self, routes: list[str]) -> dict[str, float]:
+        lat = {r: self.stats[r].latency_ewma for r in routes}
+        fastest = min((v for v in lat.values() if v), default=None)
+        scores = []
+        for r in routes:
+            s = self.stats[r]
+            mine = lat[r]
+            tol = self.cfg.latency_tolerance_s  # a few ms apart is "as fast"
+            lat_score = (fastest + tol) / (mine + tol) if fastest and mine else 1.0
+            conf = s.confidence if s.confidence is not None else 1.0
+            score = self.cfg.alpha * lat_score + (1 - self.cfg.alpha) * conf
+            scores.append(score * (1 - s.error_rate))
+        z = np.exp((np.array(scores) - max(scores)) / self.cfg.temperature)
+        w = z / z.sum()
+        eps = self.cfg.exploration if len(routes) > 1 else 0.0
+        w = eps + (1 - eps * len(w)) * w
+        return {r: float(x) for r, x in zip(routes, w, strict=True)}
+
+    def _maybe_update(self) -> None:
+        now = self.ctx.clock.monotonic()
+        if now - self._updated < self.cfg.dwell_s:
+            return  # hysteresis: weights hold for dwell_s, so one slow answer cannot flap them
+        self._updated = now
+        self.weights = self.compute()
+        for route, w in self.weights.items():
+            self.gauge.labels(self.ctx.route, route).set(w)
+
+    def record(self, route: str, seconds: float, failed: bool, confidence: float | None) -> None:
+        s = self.stats[route]
+        if not failed:
+            a = self.cfg.ewma
+            s.latency_ewma = seconds if s.latency_ewma is None else a * seconds + (1 - a) * \
+                s.latency_ewma
+        s.samples.append((seconds, failed))
+        while len(s.samples) > self.cfg.window:
+            s.samples.popleft()
+        if confidence is not None:
+            s.confidence = confidence if s.confidence is None else 0.8 * s.confidence + \
+                0.2 * confidence
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"weights": self.weights, "paths": {
+            r: {"latency_ewma_ms": None if s.latency_ewma is None else s.latency_ewma * 1e3,
+                "latency_p90_ms": (p * 1e3 if (p := s.percentile(0.9)) is not None else None),
+                "error_rate": s.error_rate, "confidence": s.confidence,
+                "samples": len(s.samples)} for r, s in self.stats.items()}}
+
+    # --- one call ---------------------------------------------------------------------------
+
+    async def __call__(self, call: Call, next: Next) -> Reply:
+        assert self.ctx.reroute is not None
+        present = self._modalities(call)
+        unusable = call.state.get(UNUSABLE_MODALITIES) or {}
+        usable = {m for m in present if m not in unusable}
+        eligible = [p for p in self.cfg.paths if set(p.modalities) <= usable]
+        # Paths that use everything the call brings come first; a path that would drop a
+        # usable modality is for when nothing else can serve.
+        complete = [p for p in eligible if set(p.modalities) == usable]
+        eligible = complete or eligible
+        if not eligible:
+            message = (f"model '{call.model}': no path can serve this call (usable modalities: "
+                       f"{sorted(usable) or 'none'}; unusable: {unusable or 'none'})")
+            self.ctx.telemetry.decide(call, "router", "no-path", message)
+            return LocalReply(ErrorKind.UNPROCESSABLE, message)
+        self._maybe_update()
+        path = self._choose(eligible)
+        dropped = sorted(present - set(path.modalities))
+        if dropped:
+            self._drop(call, dropped)
+            reasons = "; ".join(f"{m}: {unusable.get(m, f'{path.route} does not take it')}"
+                                for m in dropped)
+            # mmguard-modality-dropped: image; image: <why>
+            self.ctx.telemetry.decide(call, "modality", ",".join(dropped), reasons,
+                                      header="dropped")
+        self.ctx.telemetry.decide(call, "router", path.route, "weights " + ", ".join(
+            f"{r}={w:.2f}" for r, w in self.weights.items()), header="path")
+        start = time.monotonic()
+        reply = await self.ctx.reroute(path.route, call)
+        failed = isinstance(reply, LocalReply) and reply.kind.value in _SERVER_ERRORS
+        confidence = None
+        if isinstance(reply, Result) and path.confidence is not None:
+            confidence = _confidence(reply, path.confidence)
+        self.record(path.route, time.monotonic() - start, failed, confidence)
+        return reply
+
+    def _choose(self, eligible: list[PathConfig]) -> PathConfig:
+        weights = [self.weights[p.route] for p in eligible]
+        if self.cfg.choice == "best" or len(eligible) == 1:
+            return eligible[int(np.argmax(weights))]
+        return self.ctx.rng.choices(eligible, weights=weights, k=1)[0]
+
+    def _modalities(self, call: Call) -> set[str]:
+        if call.document is not None:
+            view = ChatView(call)
+            return {"text"} | ({"image"} if view.images() else set())
+        return {self.cfg.inputs[t.name] for t in call.inputs if t.name in self.cfg.inputs}
+
+    def _drop(self, call: Call, modalities: list[str]) -> None:
+        if call.document is not None:
+            view = ChatView(call)
+            if "image" in modalities:
+                for image in reversed(view.images()):
+                    view.drop_image(image)
+            return
+        call.set_inputs([t for t in call.inputs if self.cfg.inputs.get(t.name) not in modalities])
+
+
+def _confidence(result: Result, cfg: Confidence) -> float | None:
+    if cfg.kind == "logprob":
+        if result.wire is None or result.wire.protocol != "openai":
+            return None
+        import json
+        doc = json.loads(result.wire.body)
+        lps = [t.get("logprob") for c in doc.get("choices") or []
+               for t in ((c.get("logprobs") or {}).get("content") or [])]
+        lps = [x for x in lps if isinstance(x, (int, float))]
+        return float(math.exp(sum(lps) / len(lps))) if lps else None
+    out = result.output(cfg.output or "")
+    if out is None:
+        return None
+    values = np.asarray(out.numpy(), dtype=np.float64)
+    if not np.isfinite(values).all():
+        return 0.0
+    if cfg.kind == "scalar":
+        lo, hi = cfg.range
+        return float(np.clip((values.mean() - lo) / (hi - lo), 0, 1))
+    p = np.exp(values - values.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    if cfg.kind == "max_softmax":
+        return float(p.max(axis=-1).mean())
+    entropy = -(p * np.log(np.clip(p, 1e-12, 1))).sum(axis=-1)
+    return float((1 - entropy / math.log(p.shape[-1])).mean()) if p.shape[-1] > 1 else 1.0
+
+
+class ModalityRouterFactory:
+    name = "modality_router"
+    config_model = RouterConfig
+
+    def build(self, config: RouterConfig, ctx: FilterContext) -> ModalityRouter:
+        return ModalityRouter(config, ctx)
