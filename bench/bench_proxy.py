@@ -38,35 +38,51 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import json
-import multiprocessing as mp
 import os
-import platform
 import shutil
 import signal
-import socket
 import string
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+if str(Path(__file__).resolve().parent) not in sys.path:  # run as a script it already is
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (
+    NOISY_OTHER_PCT,
+    ROOT,
+    CpuWindow,
+    LoadGen,
+    MmguardProcess,
+    Recorder,
+    busy_before,
+    drive,
+    fmt,
+    free_ports,
+    git_line,
+    group_cpu_s,
+    http_json,
+    http_status,
+    machine_info,
+    pdeathsig,
+    proc_cpu_s,
+    render_table,
+    serve_cells,
+    stop_process,
+)
 
 MiB = 1 << 20
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 NGINX_TEMPLATE = Path(__file__).resolve().parent / "nginx.conf.template"
-NOISY_OTHER_PCT = 5.0  # a cell where other processes took more of the machine is flagged
+DISTS = ("grpcio", "aiohttp", "onnxruntime", "numpy", "tritonclient", "nvidia-pytriton",
+         "mmguard", "protobuf")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,150 +114,6 @@ CASES = (
 )
 ORT_IN, ORT_OUT = "INPUT0", "OUTPUT0"
 PROTOCOLS = ("grpc", "http")
-
-
-# ---------------------------------------------------------------------------------------------
-# Small helpers
-# ---------------------------------------------------------------------------------------------
-
-
-def _pdeathsig() -> None:
-    """In a child, before exec: get SIGTERM when the parent dies (even by SIGKILL)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def free_ports(count: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def http_status(url: str, timeout: float = 2.0) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except OSError:
-        return None
-
-
-def http_json(url: str, timeout: float = 2.0) -> Any:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return json.loads(resp.read())
-    except (OSError, ValueError):
-        return None
-
-
-def stop_process(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM,
-                 timeout: float = 15.0) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    try:
-        proc.send_signal(sig)
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-    except ProcessLookupError:
-        pass
-
-
-def machine_info() -> dict[str, Any]:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_gib = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
-    except OSError:
-        pass
-    try:
-        nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        nproc = str(len(os.sched_getaffinity(0)))
-    versions: dict[str, str] = {"python": platform.python_version()}
-    for dist in ("grpcio", "aiohttp", "onnxruntime", "numpy", "tritonclient", "nvidia-pytriton",
-                 "mmguard", "protobuf"):
-        try:
-            from importlib.metadata import version
-            versions[dist] = version(dist)
-        except Exception:
-            pass
-    nginx = shutil.which("nginx")
-    if nginx:
-        out = subprocess.run([nginx, "-v"], capture_output=True, text=True)
-        versions["nginx"] = (out.stderr or out.stdout).strip().split("/")[-1]
-    git: dict[str, Any] = {}
-    try:
-        git["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                       capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "proxy", "filters"],
-                               cwd=ROOT, capture_output=True, text=True).stdout.split("\n")
-        git["uncommitted_in_proxy_or_filters"] = [ln[3:] for ln in dirty if ln.strip()]
-    except OSError:
-        pass
-    return {"nproc": nproc, "cpu_model": model, "mem_gib": mem_gib,
-            "kernel": platform.release(), "versions": versions, "git": git}
-
-
-# --- CPU accounting from /proc ------------------------------------------------------------------
-
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # the comm field may hold spaces: split after its closing parenthesis
-    return raw[raw.rfind(")") + 2:].split()
-
-
-def proc_cpu_s(pid: int) -> float:
-    f = _stat_fields(pid)
-    if f is None:
-        return 0.0
-    return (int(f[11]) + int(f[12])) / _CLK_TCK  # utime, stime (fields 14, 15)
-
-
-def group_cpu_s(pgid: int) -> float:
-    """CPU of every process in a process group (Triton and its Python-backend stubs)."""
-    total = 0.0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        f = _stat_fields(int(entry))
-        if f is not None and int(f[2]) == pgid:  # field 5: pgrp
-            total += (int(f[11]) + int(f[12])) / _CLK_TCK
-    return total
-
-
-def machine_busy() -> tuple[float, float]:
-    """(busy, total) jiffies from /proc/stat's aggregate line."""
-    parts = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    vals = [int(v) for v in parts[:8]]
-    idle = vals[3] + vals[4]  # idle + iowait
-    return float(sum(vals) - idle), float(sum(vals))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,74 +189,7 @@ def _http_check(spec: dict[str, Any], status: int, headers: Any, data: bytes,
         raise AssertionError("output bytes differ from the expected answer")
 
 
-class _Recorder:
-    """Shared by the workers of one cell: latencies of requests started inside the window."""
-
-    def __init__(self, warmup: float, duration: float, notify: Callable[[str], None]) -> None:
-        now = time.perf_counter()
-        self.t_start = now + warmup
-        self.t_end = self.t_start + duration
-        self.notify = notify
-        self.started_sent = False
-        self.lat: list[float] = []
-        self.last_done = self.t_start
-        self.errors = 0
-        self.error_samples: dict[str, int] = {}
-
-    def tick(self, t0: float) -> bool:
-        """Called before each request; False once the window is over."""
-        if not self.started_sent and t0 >= self.t_start:
-            self.started_sent = True
-            self.notify("start")
-        return t0 < self.t_end
-
-    def ok(self, t0: float, t1: float) -> None:
-        if t0 >= self.t_start:
-            self.lat.append(t1 - t0)
-            self.last_done = max(self.last_done, t1)
-
-    def error(self, t0: float, exc: BaseException) -> None:
-        text = f"{type(exc).__name__}: {exc}"[:300]
-        if t0 >= self.t_start:
-            self.errors += 1
-        if len(self.error_samples) < 5 or text in self.error_samples:
-            self.error_samples[text] = self.error_samples.get(text, 0) + 1
-
-    def result(self) -> dict[str, Any]:
-        import numpy as np
-
-        n = len(self.lat)
-        window = max(self.last_done - self.t_start, 1e-9)
-        out: dict[str, Any] = {"requests": n, "errors": self.errors, "window_s": round(window, 3),
-                               "rps": n / window if n else 0.0,
-                               "error_samples": self.error_samples}
-        if n:
-            arr = np.asarray(self.lat) * 1000.0
-            out.update(p50_ms=float(np.percentile(arr, 50)), p90_ms=float(np.percentile(arr, 90)),
-                       p99_ms=float(np.percentile(arr, 99)), mean_ms=float(arr.mean()),
-                       max_ms=float(arr.max()))
-        return out
-
-
-async def _drive(one: Callable[[], Any], rec: _Recorder, concurrency: int) -> None:
-    async def worker() -> None:
-        while True:
-            t0 = time.perf_counter()
-            if not rec.tick(t0):
-                return
-            try:
-                await one()
-            except Exception as exc:  # counted, and a short pause so a dead target can't spin
-                rec.error(t0, exc)
-                await asyncio.sleep(0.005)
-                continue
-            rec.ok(t0, time.perf_counter())
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    rec.notify("end")
-
-
-async def _cell_grpc(spec: dict[str, Any], rec_factory: Callable[[], _Recorder]) -> dict[str, Any]:
+async def _cell_grpc(spec: dict[str, Any], rec_factory: Callable[[], Recorder]) -> dict[str, Any]:
     import grpc
 
     x, expected = _payload(spec)
@@ -400,11 +205,11 @@ async def _cell_grpc(spec: dict[str, Any], rec_factory: Callable[[], _Recorder])
             await call(body, timeout=30)
 
         rec = rec_factory()
-        await _drive(one, rec, spec["concurrency"])
+        await drive(one, rec, spec["concurrency"])
     return rec.result()
 
 
-async def _cell_http(spec: dict[str, Any], rec_factory: Callable[[], _Recorder]) -> dict[str, Any]:
+async def _cell_http(spec: dict[str, Any], rec_factory: Callable[[], Recorder]) -> dict[str, Any]:
     import aiohttp
 
     x, expected = _payload(spec)
@@ -422,11 +227,11 @@ async def _cell_http(spec: dict[str, Any], rec_factory: Callable[[], _Recorder])
                     raise RuntimeError(f"HTTP {r.status}: {data[:200]!r}")
 
         rec = rec_factory()
-        await _drive(one, rec, spec["concurrency"])
+        await drive(one, rec, spec["concurrency"])
     return rec.result()
 
 
-async def _cell_ort(spec: dict[str, Any], rec_factory: Callable[[], _Recorder]) -> dict[str, Any]:
+async def _cell_ort(spec: dict[str, Any], rec_factory: Callable[[], Recorder]) -> dict[str, Any]:
     """The in-process "direct" for ONNX Runtime rows."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -459,85 +264,18 @@ async def _cell_ort(spec: dict[str, Any], rec_factory: Callable[[], _Recorder]) 
             await loop.run_in_executor(pool, sess.run, names, feeds)
 
         rec = rec_factory()
-        await _drive(one, rec, c)
+        await drive(one, rec, c)
     return rec.result()
+
+
+async def _run_cell(spec: dict[str, Any], factory: Callable[[], Recorder]) -> dict[str, Any]:
+    run = {"grpc": _cell_grpc, "http": _cell_http, "ort": _cell_ort}[spec["kind"]]
+    return await run(spec, factory)
 
 
 def _loadgen_main(conn: Any) -> None:
     """Entry point of the load-generator process: one cell per message, until None."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
-    _pdeathsig()
-
-    async def serve() -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            spec = await loop.run_in_executor(None, conn.recv)
-            if spec is None:
-                return
-
-            def factory(spec: dict[str, Any] = spec) -> _Recorder:
-                return _Recorder(spec["warmup"], spec["duration"],
-                                 lambda what: conn.send((what, time.time())))
-
-            run = {"grpc": _cell_grpc, "http": _cell_http, "ort": _cell_ort}[spec["kind"]]
-            try:
-                result = await run(spec, factory)
-            except Exception as exc:
-                result = {"failed": f"{type(exc).__name__}: {exc}"[:1000]}
-            conn.send(("result", result))
-
-    try:
-        asyncio.run(serve())
-    except (EOFError, BrokenPipeError):
-        pass
-
-
-class LoadGen:
-    def __init__(self) -> None:
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_loadgen_main, args=(child,), name="bench-loadgen",
-                                daemon=True)
-        self.proc.start()
-        child.close()
-
-    @property
-    def pid(self) -> int:
-        assert self.proc.pid is not None
-        return self.proc.pid
-
-    def run(self, spec: dict[str, Any], on_start: Callable[[], None],
-            on_end: Callable[[], None]) -> dict[str, Any]:
-        self.conn.send(spec)
-        deadline = time.monotonic() + spec["warmup"] + spec["duration"] + 120
-        while True:
-            if not self.conn.poll(1.0):
-                if not self.proc.is_alive():
-                    raise RuntimeError(f"load generator died (exit code {self.proc.exitcode})")
-                if time.monotonic() > deadline:
-                    raise RuntimeError("load generator did not answer in time")
-                continue
-            what, payload = self.conn.recv()
-            if what == "start":
-                on_start()
-            elif what == "end":
-                on_end()
-            elif what == "result":
-                return payload  # type: ignore[no-any-return]
-
-    def close(self) -> None:
-        try:
-            if self.proc.is_alive():
-                self.conn.send(None)
-                self.proc.join(5)
-        except (OSError, BrokenPipeError):
-            pass
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(5)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5)
+    serve_cells(conn, _run_cell)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -584,21 +322,16 @@ def start_triton(root: Path) -> Any:
     return server
 
 
-class Mmguard:
+class Mmguard(MmguardProcess):
     def __init__(self, root: Path, triton: Any, ort_dir: Path, ort_threads: int,
                  log_level: str) -> None:
-        self.root = root
-        self.config_path = root / "mmguard.yaml"
-        self.log_path = root / "mmguard.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.ports: dict[str, int] = {}
         routes = []
         for c in CASES:
             routes.append({"name": c.triton_model, "backend": "triton_grpc"})
             routes.append({"name": c.http_route, "backend": "triton_http",
                            "backend_model": c.triton_model})
             routes.append({"name": c.ort_model, "backend": "ort"})
-        self.config = {
+        super().__init__(root, {
             "listeners": {"http": {"host": "127.0.0.1"}, "grpc": {"host": "127.0.0.1"},
                           "admin": {"host": "127.0.0.1"}},
             "backends": [
@@ -611,48 +344,7 @@ class Mmguard:
             "models": routes,
             "telemetry": {"log_level": log_level},
             "shutdown_grace_s": 1.0,
-        }
-        # JSON is YAML: no yaml dependency needed here.
-        self.config_path.write_text(json.dumps(self.config, indent=2) + "\n")
-
-    def start(self, attempts: int = 3) -> None:
-        # At log level "warning" mmguard does not log the ports it bound (that line is info), so
-        # free ports are picked here and passed on the command line (retried on a clash).
-        for attempt in range(1, attempts + 1):
-            http, grpc_, admin = free_ports(3)
-            self.ports = {"http": http, "grpc": grpc_, "admin": admin}
-            log = open(self.log_path, "ab")  # noqa: SIM115 - closed below, the child keeps it
-            try:
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "proxy.cli", "serve", "--config", str(self.config_path),
-                     "--http-port", str(http), "--grpc-port", str(grpc_),
-                     "--admin-port", str(admin)],
-                    cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
-                    preexec_fn=_pdeathsig)
-            finally:
-                log.close()
-            deadline = time.monotonic() + 90
-            url = f"http://127.0.0.1:{http}/v2/health/ready"
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    break
-                if http_status(url) == 200:
-                    return
-                time.sleep(0.1)
-            tail = self.log_path.read_text(errors="replace")[-3000:]
-            self.stop()
-            if "address already in use" in tail.lower() and attempt < attempts:
-                continue
-            raise RuntimeError(f"mmguard did not become ready; log tail:\n{tail}")
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
-
-    def stop(self) -> None:
-        stop_process(self.proc, signal.SIGTERM, timeout=15)
-        self.proc = None
+        })
 
 
 class Nginx:
@@ -680,7 +372,7 @@ class Nginx:
                 self.proc = subprocess.Popen(
                     [self.binary, "-c", str(self.conf), "-p", str(self.prefix)],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True, preexec_fn=_pdeathsig)
+                    start_new_session=True, preexec_fn=pdeathsig)
             finally:
                 log.close()
             deadline = time.monotonic() + 20
@@ -734,7 +426,7 @@ class Floor:
                     [sys.executable, str(script), str(grpc_), str(http), self.triton.grpc_url,
                      self.triton.http_url], stdin=subprocess.DEVNULL, stdout=log,
                     stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                    start_new_session=True, preexec_fn=_pdeathsig)
+                    start_new_session=True, preexec_fn=pdeathsig)
             finally:
                 log.close()
             deadline = time.monotonic() + 30
@@ -800,7 +492,7 @@ class Bench:
             self.floor.start()
             print(f"  pass-through floor ready: grpc {self.floor.ports['grpc']}, http "
                   f"{self.floor.ports['http']}", flush=True)
-        self.loadgen = LoadGen()
+        self.loadgen = LoadGen(_loadgen_main)
 
     def stop(self) -> None:
         for what, fn in (("load generator", self.loadgen and self.loadgen.close),
@@ -840,28 +532,9 @@ class Bench:
         assert self.loadgen is not None
         spec = {**spec, "duration": self.args.duration, "warmup": self.args.warmup,
                 "ort_threads": self.args.ort_threads, "ort_intra_op_threads": 1}
-        probes = self._pids()
-        marks: dict[str, Any] = {}
-
-        def sample() -> dict[str, Any]:
-            return {"t": time.monotonic(), "machine": machine_busy(),
-                    **{k: f() for k, f in probes.items()}}
-
-        result = self.loadgen.run(spec, lambda: marks.__setitem__("start", sample()),
-                                  lambda: marks.__setitem__("end", sample()))
-        if "start" in marks and "end" in marks and result.get("requests"):
-            a, b = marks["start"], marks["end"]
-            n = result["requests"]
-            result["cpu_ms_per_req"] = {k: round((b[k] - a[k]) * 1000 / n, 4) for k in probes}
-            busy = b["machine"][0] - a["machine"][0]
-            total = b["machine"][1] - a["machine"][1]
-            result["machine_busy_pct"] = round(100 * busy / total, 1) if total else None
-            # CPU that none of the benchmark's processes used: other work on the machine (it
-            # makes a cell noisy; see "other CPU %" in results.md).
-            ours = sum(b[k] - a[k] for k in probes)
-            other = busy / _CLK_TCK - ours
-            result["other_cpu_pct"] = round(100 * max(other, 0.0) / (total / _CLK_TCK), 1) \
-                if total else None
+        window = CpuWindow(self._pids())
+        result = self.loadgen.run(spec, lambda: window.mark("start"), lambda: window.mark("end"))
+        result.update(window.result(result.get("requests", 0)))
         cell = {"label": label, **{k: spec[k] for k in ("kind", "target", "addr", "model",
                                                         "concurrency", "case", "protocol")},
                 **result}
@@ -991,10 +664,6 @@ def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _f(v: float | None, fmt: str) -> str:
-    return "-" if v is None else format(v, fmt)
-
-
 SUMMARY_COLUMNS = [
     ("case", "case", None), ("direct req/s", "direct_rps", ".0f"),
     ("nginx req/s", "nginx_rps", ".0f"), ("mmguard req/s", "mmguard_rps", ".0f"),
@@ -1014,21 +683,9 @@ def _table(summary: list[dict[str, Any]], md: bool) -> str:
         columns += FLOOR_COLUMNS
     columns.append(SUMMARY_COLUMNS[-1])
     head = [c[0] for c in columns]
-    body = [[str(s[k]) if fmt is None else _f(s[k], fmt) for _, k, fmt in columns]
+    body = [[str(s[k]) if spec is None else fmt(s[k], spec) for _, k, spec in columns]
             for s in summary]
-    if md:
-        lines = ["| " + " | ".join(head) + " |",
-                 "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"]
-        lines += ["| " + " | ".join(r) + " |" for r in body]
-        return "\n".join(lines)
-    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(head)]
-
-    def fmt_row(r: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                         for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-
-    return "\n".join([fmt_row(head), "  ".join("-" * w for w in widths),
-                      *(fmt_row(r) for r in body)])
+    return render_table(head, body, md)
 
 
 def _detail_md(cells: list[dict[str, Any]]) -> str:
@@ -1044,8 +701,8 @@ def _detail_md(cells: list[dict[str, Any]]) -> str:
         cpu = ", ".join(f"{k} {v:.3f}" for k, v in (c.get("cpu_ms_per_req") or {}).items()
                         if v >= 0.0005)
         lines.append(f"| {what} | {c['label']} | {c.get('rps', 0):.0f} | "
-                     f"{_f(c.get('p50_ms'), '.2f')} | {_f(c.get('p90_ms'), '.2f')} | "
-                     f"{_f(c.get('p99_ms'), '.2f')} | {_f(c.get('max_ms'), '.2f')} | "
+                     f"{fmt(c.get('p50_ms'), '.2f')} | {fmt(c.get('p90_ms'), '.2f')} | "
+                     f"{fmt(c.get('p99_ms'), '.2f')} | {fmt(c.get('max_ms'), '.2f')} | "
                      f"{c.get('errors', 0)} | {cpu} | {c.get('machine_busy_pct')} | "
                      f"{c.get('other_cpu_pct')} |")
     return "\n".join(lines)
@@ -1058,13 +715,6 @@ def _machine_line(m: dict[str, Any]) -> str:
             f"aiohttp {v.get('aiohttp')}, onnxruntime {v.get('onnxruntime')}, "
             f"nginx {v.get('nginx', '-')}, Triton {v.get('triton', '?')} "
             f"(nvidia-pytriton {v.get('nvidia-pytriton')})")
-
-
-def _git_line(info: dict[str, Any]) -> str:
-    git = info.get("git") or {}
-    dirty = git.get("uncommitted_in_proxy_or_filters") or []
-    return f"commit {git.get('commit', '?')}" + (
-        f" + uncommitted changes in {', '.join(dirty)}" if dirty else "")
 
 
 def write_reports(out: Path, info: dict[str, Any], args: argparse.Namespace,
@@ -1100,7 +750,7 @@ def write_reports(out: Path, info: dict[str, Any], args: argparse.Namespace,
         "# mmguard benchmark", "",
         _machine_line(info), "",
         f"`{' '.join(['python', 'bench/bench_proxy.py', *sys.argv[1:]])}` — {elapsed:.0f} s, "
-        f"mmguard at {_git_line(info)}", "",
+        f"mmguard at {git_line(info)}", "",
         "## Summary", "", _table(summary, md=True), "", *notes, "",
         "## Every cell", "", _detail_md(cells), "",
     ])
@@ -1155,15 +805,9 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
-    info = machine_info()
+    info = machine_info(DISTS)
     print(_machine_line(info), flush=True)
-    b0 = machine_busy()
-    time.sleep(1.0)
-    b1 = machine_busy()
-    info["busy_before_pct"] = round(100 * (b1[0] - b0[0]) / max(b1[1] - b0[1], 1), 1)
-    if info["busy_before_pct"] > 10:
-        print(f"warning: the machine is already {info['busy_before_pct']}% busy before the "
-              "benchmark starts; results will be noisy (see 'other CPU %' per cell)", flush=True)
+    busy_before(info)
     began = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="mmguard-bench-"))
     bench = Bench(args)

@@ -1,0 +1,509 @@
+"""What the benchmarks in bench/ share: process handling, the machine's description, CPU
+accounting from /proc, the load-generator process and its recorder, mmguard as a child process,
+and plain-text / Markdown tables.
+
+Used by ``bench_proxy.py`` (Triton, ONNX Runtime) and ``bench_openai.py`` (vLLM). Both are run
+as scripts, so this folder is on ``sys.path`` and ``from _common import ...`` finds this file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+NOISY_OTHER_PCT = 5.0  # a cell where other processes took more of the machine is flagged
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes, ports, HTTP probes
+# ---------------------------------------------------------------------------------------------
+
+
+def pdeathsig() -> None:
+    """In a child, before exec: get SIGTERM when the parent dies (even by SIGKILL)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def free_ports(count: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return None
+
+
+def http_json(url: str, timeout: float = 2.0) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM,
+                 timeout: float = 15.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        proc.send_signal(sig)
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+    except ProcessLookupError:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# The machine
+# ---------------------------------------------------------------------------------------------
+
+
+def machine_info(dists: Sequence[str], nginx: bool = True) -> dict[str, Any]:
+    """CPU, memory, kernel, versions of ``dists`` (and nginx's when installed), git state."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    try:
+        nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        nproc = str(len(os.sched_getaffinity(0)))
+    versions: dict[str, str] = {"python": platform.python_version()}
+    for dist in dists:
+        try:
+            from importlib.metadata import version
+            versions[dist] = version(dist)
+        except Exception:
+            pass
+    binary = shutil.which("nginx") if nginx else None
+    if binary:
+        out = subprocess.run([binary, "-v"], capture_output=True, text=True)
+        versions["nginx"] = (out.stderr or out.stdout).strip().split("/")[-1]
+    git: dict[str, Any] = {}
+    try:
+        git["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                       capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "proxy", "filters"],
+                               cwd=ROOT, capture_output=True, text=True).stdout.split("\n")
+        git["uncommitted_in_proxy_or_filters"] = [ln[3:] for ln in dirty if ln.strip()]
+    except OSError:
+        pass
+    return {"nproc": nproc, "cpu_model": model, "mem_gib": mem_gib,
+            "kernel": platform.release(), "versions": versions, "git": git}
+
+
+def git_line(info: dict[str, Any]) -> str:
+    git = info.get("git") or {}
+    dirty = git.get("uncommitted_in_proxy_or_filters") or []
+    return f"commit {git.get('commit', '?')}" + (
+        f" + uncommitted changes in {', '.join(dirty)}" if dirty else "")
+
+
+# --- CPU accounting from /proc ------------------------------------------------------------------
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the comm field may hold spaces: split after its closing parenthesis
+    return raw[raw.rfind(")") + 2:].split()
+
+
+def proc_cpu_s(pid: int) -> float:
+    f = _stat_fields(pid)
+    if f is None:
+        return 0.0
+    return (int(f[11]) + int(f[12])) / CLK_TCK  # utime, stime (fields 14, 15)
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU of every process in a process group (a server and its children)."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        f = _stat_fields(int(entry))
+        if f is not None and int(f[2]) == pgid:  # field 5: pgrp
+            total += (int(f[11]) + int(f[12])) / CLK_TCK
+    return total
+
+
+def runq_wait_s(pid: int) -> float:
+    """Seconds a thread has spent runnable but waiting for a CPU (``/proc/<pid>/schedstat``,
+    second field; for a process's pid: its main thread, where an asyncio loop runs)."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies from /proc/stat's aggregate line."""
+    parts = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    vals = [int(v) for v in parts[:8]]
+    idle = vals[3] + vals[4]  # idle + iowait
+    return float(sum(vals) - idle), float(sum(vals))
+
+
+def busy_before(info: dict[str, Any], seconds: float = 1.0) -> None:
+    """Record how busy the machine is before the start (``info["busy_before_pct"]``); warn
+    when it is over 10 %."""
+    b0 = machine_busy()
+    time.sleep(seconds)
+    b1 = machine_busy()
+    info["busy_before_pct"] = round(100 * (b1[0] - b0[0]) / max(b1[1] - b0[1], 1), 1)
+    if info["busy_before_pct"] > 10:
+        print(f"warning: the machine is already {info['busy_before_pct']}% busy before the "
+              "benchmark starts; results will be noisy (see 'other CPU %' per cell)", flush=True)
+
+
+class CpuWindow:
+    """CPU each probed process (and the whole machine) used between two samples.
+
+    ``probes``: name -> function giving that process's (or group's) CPU seconds so far.
+    ``waits`` (optional): name -> function giving a thread's run-queue wait seconds so far
+    (:func:`runq_wait_s`); reported as ``runq_wait_ms_per_req``.
+    """
+
+    def __init__(self, probes: dict[str, Callable[[], float]],
+                 waits: dict[str, Callable[[], float]] | None = None) -> None:
+        self.probes = probes
+        self.waits = waits or {}
+        self.marks: dict[str, dict[str, Any]] = {}
+
+    def sample(self) -> dict[str, Any]:
+        return {"t": time.monotonic(), "machine": machine_busy(),
+                **{k: f() for k, f in self.probes.items()},
+                **{"wait:" + k: f() for k, f in self.waits.items()}}
+
+    def mark(self, what: str) -> None:
+        self.marks[what] = self.sample()
+
+    def result(self, requests: int) -> dict[str, Any]:
+        """cpu_ms_per_req (per probe), machine_busy_pct, other_cpu_pct; {} without both marks."""
+        if "start" not in self.marks or "end" not in self.marks or not requests:
+            return {}
+        a, b = self.marks["start"], self.marks["end"]
+        out: dict[str, Any] = {
+            "cpu_ms_per_req": {k: round((b[k] - a[k]) * 1000 / requests, 4)
+                               for k in self.probes}}
+        if self.waits:
+            out["runq_wait_ms_per_req"] = {
+                k: round((b["wait:" + k] - a["wait:" + k]) * 1000 / requests, 4)
+                for k in self.waits}
+        busy = b["machine"][0] - a["machine"][0]
+        total = b["machine"][1] - a["machine"][1]
+        out["machine_busy_pct"] = round(100 * busy / total, 1) if total else None
+        # CPU that none of the benchmark's processes used: other work on the machine (it makes a
+        # cell noisy; see "other CPU %" in the reports).
+        ours = sum(b[k] - a[k] for k in self.probes)
+        other = busy / CLK_TCK - ours
+        out["other_cpu_pct"] = round(100 * max(other, 0.0) / (total / CLK_TCK), 1) \
+            if total else None
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Load generator: a spawned process running one cell per message
+# ---------------------------------------------------------------------------------------------
+
+
+class Recorder:
+    """Shared by the workers of one cell: latencies of requests started inside the window."""
+
+    def __init__(self, warmup: float, duration: float, notify: Callable[[str], None]) -> None:
+        now = time.perf_counter()
+        self.t_start = now + warmup
+        self.t_end = self.t_start + duration
+        self.notify = notify
+        self.started_sent = False
+        self.lat: list[float] = []
+        self.last_done = self.t_start
+        self.errors = 0
+        self.error_samples: dict[str, int] = {}
+
+    def tick(self, t0: float) -> bool:
+        """Called before each request; False once the window is over."""
+        if not self.started_sent and t0 >= self.t_start:
+            self.started_sent = True
+            self.notify("start")
+        return t0 < self.t_end
+
+    def ok(self, t0: float, t1: float, extra: Any = None) -> None:
+        """A request started at ``t0`` ended well at ``t1``; ``extra``: what ``one()`` returned
+        (unused here, see subclasses)."""
+        if t0 >= self.t_start:
+            self.lat.append(t1 - t0)
+            self.last_done = max(self.last_done, t1)
+
+    def error(self, t0: float, exc: BaseException) -> None:
+        text = f"{type(exc).__name__}: {exc}"[:300]
+        if t0 >= self.t_start:
+            self.errors += 1
+        if len(self.error_samples) < 5 or text in self.error_samples:
+            self.error_samples[text] = self.error_samples.get(text, 0) + 1
+
+    def result(self) -> dict[str, Any]:
+        n = len(self.lat)
+        window = max(self.last_done - self.t_start, 1e-9)
+        out: dict[str, Any] = {"requests": n, "errors": self.errors, "window_s": round(window, 3),
+                               "rps": n / window if n else 0.0,
+                               "error_samples": self.error_samples}
+        if n:
+            out.update(percentiles(self.lat))
+        return out
+
+
+def percentiles(values_s: Sequence[float], prefix: str = "") -> dict[str, float]:
+    """p50/p90/p99/mean/max in ms of latencies given in seconds."""
+    import numpy as np
+
+    arr = np.asarray(values_s) * 1000.0
+    return {f"{prefix}p50_ms": float(np.percentile(arr, 50)),
+            f"{prefix}p90_ms": float(np.percentile(arr, 90)),
+            f"{prefix}p99_ms": float(np.percentile(arr, 99)),
+            f"{prefix}mean_ms": float(arr.mean()), f"{prefix}max_ms": float(arr.max())}
+
+
+async def drive(one: Callable[[], Awaitable[Any]], rec: Recorder, concurrency: int) -> None:
+    """``concurrency`` workers calling ``one()`` back to back until the window is over."""
+    async def worker() -> None:
+        while True:
+            t0 = time.perf_counter()
+            if not rec.tick(t0):
+                return
+            try:
+                extra = await one()
+            except Exception as exc:  # counted, and a short pause so a dead target can't spin
+                rec.error(t0, exc)
+                await asyncio.sleep(0.005)
+                continue
+            rec.ok(t0, time.perf_counter(), extra)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    rec.notify("end")
+
+
+RecorderFactory = Callable[[], Recorder]
+CellRunner = Callable[[dict[str, Any], Callable[..., Recorder]], Awaitable[dict[str, Any]]]
+
+
+def serve_cells(conn: Any, run_cell: CellRunner) -> None:
+    """Body of a load-generator process: ``run_cell(spec, recorder_factory)`` per message
+    until None. The factory takes an optional Recorder subclass."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    pdeathsig()
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            spec = await loop.run_in_executor(None, conn.recv)
+            if spec is None:
+                return
+
+            def factory(cls: type[Recorder] = Recorder,
+                        spec: dict[str, Any] = spec) -> Recorder:
+                return cls(spec["warmup"], spec["duration"],
+                           lambda what: conn.send((what, time.time())))
+
+            try:
+                result = await run_cell(spec, factory)
+            except Exception as exc:
+                result = {"failed": f"{type(exc).__name__}: {exc}"[:1000]}
+            conn.send(("result", result))
+
+    try:
+        asyncio.run(serve())
+    except (EOFError, BrokenPipeError):
+        pass
+
+
+class LoadGen:
+    """The load-generator process. ``target(conn)`` runs in it (a module-level function that
+    calls :func:`serve_cells`); ``run(spec, ...)`` sends one cell and waits for its result."""
+
+    def __init__(self, target: Callable[[Any], None]) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=target, args=(child,), name="bench-loadgen",
+                                daemon=True)
+        self.proc.start()
+        child.close()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc.pid is not None
+        return self.proc.pid
+
+    def run(self, spec: dict[str, Any], on_start: Callable[[], None],
+            on_end: Callable[[], None]) -> dict[str, Any]:
+        self.conn.send(spec)
+        deadline = time.monotonic() + spec["warmup"] + spec["duration"] + 120
+        while True:
+            if not self.conn.poll(1.0):
+                if not self.proc.is_alive():
+                    raise RuntimeError(f"load generator died (exit code {self.proc.exitcode})")
+                if time.monotonic() > deadline:
+                    raise RuntimeError("load generator did not answer in time")
+                continue
+            what, payload = self.conn.recv()
+            if what == "start":
+                on_start()
+            elif what == "end":
+                on_end()
+            elif what == "result":
+                return payload  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        try:
+            if self.proc.is_alive():
+                self.conn.send(None)
+                self.proc.join(5)
+        except (OSError, BrokenPipeError):
+            pass
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+
+
+# ---------------------------------------------------------------------------------------------
+# mmguard as a child process
+# ---------------------------------------------------------------------------------------------
+
+
+class MmguardProcess:
+    """``python -m proxy.cli serve --config <root>/mmguard.yaml`` with ports picked here.
+
+    At log level "warning" mmguard does not log the ports it bound (that line is info), so free
+    ports are picked here and passed on the command line (retried on a clash). Ready when
+    ``GET /v2/health/ready`` on the HTTP port is 200 (every route's contract is known).
+    """
+
+    def __init__(self, root: Path, config: dict[str, Any]) -> None:
+        self.root = root
+        self.config = config
+        self.config_path = root / "mmguard.yaml"
+        self.log_path = root / "mmguard.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ports: dict[str, int] = {}
+        # JSON is YAML: no yaml dependency needed here.
+        self.config_path.write_text(json.dumps(self.config, indent=2) + "\n")
+
+    def start(self, attempts: int = 3, timeout: float = 90.0) -> None:
+        for attempt in range(1, attempts + 1):
+            http, grpc_, admin = free_ports(3)
+            self.ports = {"http": http, "grpc": grpc_, "admin": admin}
+            log = open(self.log_path, "ab")  # noqa: SIM115 - closed below, the child keeps it
+            try:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "proxy.cli", "serve", "--config", str(self.config_path),
+                     "--http-port", str(http), "--grpc-port", str(grpc_),
+                     "--admin-port", str(admin)],
+                    cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+                    preexec_fn=pdeathsig)
+            finally:
+                log.close()
+            deadline = time.monotonic() + timeout
+            url = f"http://127.0.0.1:{http}/v2/health/ready"
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    break
+                if http_status(url) == 200:
+                    return
+                time.sleep(0.1)
+            tail = self.log_path.read_text(errors="replace")[-3000:]
+            self.stop()
+            if "address already in use" in tail.lower() and attempt < attempts:
+                continue
+            raise RuntimeError(f"mmguard did not become ready; log tail:\n{tail}")
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def stop(self) -> None:
+        stop_process(self.proc, signal.SIGTERM, timeout=15)
+        self.proc = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+# ---------------------------------------------------------------------------------------------
+
+
+def fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def render_table(head: list[str], body: list[list[str]], md: bool) -> str:
+    """Markdown (first column left, the rest right-aligned) or aligned plain text."""
+    if md:
+        lines = ["| " + " | ".join(head) + " |",
+                 "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in body]
+        return "\n".join(lines)
+    widths = [max([len(h), *(len(r[i]) for r in body)]) for i, h in enumerate(head)]
+
+    def fmt_row(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+
+    return "\n".join([fmt_row(head), "  ".join("-" * w for w in widths),
+                      *(fmt_row(r) for r in body)])
