@@ -17,12 +17,12 @@ from typing import Any
 import aiohttp
 
 from proxy import openai_api
-from proxy.backends.base import Backend
+from proxy.backends.http_base import HttpBackend
 from proxy.backends.propagation import forward_headers
 from proxy.call import Call, LocalReply, Result, SseEvent, StreamItem, Target, Wire
 from proxy.config import VllmBackend as VllmConfig
 from proxy.contract import ModelContract, fingerprint
-from proxy.errors import ErrorKind, ProxyError, kind_from_http
+from proxy.errors import ErrorKind, ProxyError
 
 # A 28 × 28 grey PNG: the smallest image the tiny test models and real ones all accept.
 _PROBE_PNG = base64.b64encode(bytes.fromhex(
@@ -31,35 +31,16 @@ _PROBE_PNG = base64.b64encode(bytes.fromhex(
     "7c0000000049454e44ae426082")).decode()
 
 
-class VllmBackend(Backend):
+class VllmBackend(HttpBackend):
     protocol = "openai"
 
     def __init__(self, cfg: VllmConfig) -> None:
-        self.name = cfg.name
+        super().__init__(cfg.name, cfg.url, cfg.timeout_s, cfg.pool_size)
         self.cfg = cfg
-        self.timeout_s = cfg.timeout_s
-        url = cfg.url if "://" in cfg.url else f"http://{cfg.url}"
-        self.base = url.rstrip("/")
-        self._session: aiohttp.ClientSession | None = None
         self._accepts_images: dict[str, bool | None] = {}
 
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:  # made on first use, inside the running loop
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.cfg.pool_size, keepalive_timeout=60))
-        return self._session
-
-    async def start(self) -> None:
-        _ = self.session
-
     async def ready(self) -> bool:
-        try:
-            async with self.session.get(self.base + "/health",
-                                        timeout=aiohttp.ClientTimeout(total=2.0)) as r:
-                return r.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            return False
+        return await self._ok("/health")
 
     async def model_ready(self, model: str, version: str = "") -> bool:
         return await self.ready()
@@ -99,17 +80,6 @@ class VllmBackend(Backend):
             except (aiohttp.ClientError, TimeoutError):
                 return None
         return self._accepts_images[model]
-
-    async def _get_json(self, path: str, model: str) -> dict[str, Any]:
-        try:
-            async with self.session.get(self.base + path,
-                                        timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
-                body = await r.read()
-                if r.status != 200:
-                    raise self._status_error(r.status, body)
-                return json.loads(body)  # type: ignore[no-any-return]
-        except aiohttp.ClientError as exc:
-            raise self._transport_error(exc, model) from None
 
     async def tokenize(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
         """/tokenize and /detokenize, passed through as they are."""
@@ -185,24 +155,3 @@ class VllmBackend(Backend):
                              f"'{target.model}': {type(exc).__name__}: {exc}")
         finally:
             resp.release()
-
-    def _status_error(self, status: int, body: bytes) -> ProxyError:
-        message, param = f"HTTP {status}", None
-        try:
-            err = json.loads(body)["error"]
-            message = str(err.get("message", message)) if isinstance(err, dict) else str(err)
-            param = err.get("param") if isinstance(err, dict) else None
-        except (ValueError, KeyError, TypeError):
-            message = body.decode("utf-8", "replace")[:500] or message
-        return ProxyError(kind_from_http(status), message, origin="backend", status=status,
-                          body=body, param=param)
-
-    def _transport_error(self, exc: Exception, model: str) -> ProxyError:
-        return ProxyError(ErrorKind.UNAVAILABLE,
-                          f"backend '{self.name}' ({self.base}) is unavailable for model "
-                          f"'{model}': {type(exc).__name__}: {exc}")
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None

@@ -1,0 +1,77 @@
+"""What the HTTP backends share: one keep-alive aiohttp session per backend, made inside the
+running loop, health probes, JSON GETs and the error that names the backend and its address."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+
+from proxy.backends.base import Backend
+from proxy.errors import ErrorKind, ProxyError, kind_from_http
+
+
+class HttpBackend(Backend):
+    def __init__(self, name: str, url: str, timeout_s: float, pool_size: int,
+                 auto_decompress: bool = True) -> None:
+        self.name = name
+        self.timeout_s = timeout_s
+        url = url if "://" in url else f"http://{url}"
+        self.base = url.rstrip("/")
+        self._pool_size = pool_size
+        self._auto_decompress = auto_decompress
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:  # made on first use, inside the running loop
+            connector = aiohttp.TCPConnector(limit=self._pool_size, keepalive_timeout=60)
+            self._session = aiohttp.ClientSession(connector=connector,
+                                                  auto_decompress=self._auto_decompress)
+        return self._session
+
+    async def start(self) -> None:
+        _ = self.session
+
+    async def _ok(self, path: str) -> bool:
+        try:
+            async with self.session.get(self.base + path,
+                                        timeout=aiohttp.ClientTimeout(total=2.0)) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def _get_json(self, path: str, model: str) -> dict[str, Any]:
+        try:
+            async with self.session.get(self.base + path,
+                                        timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
+                body = await r.read()
+                if r.status != 200:
+                    raise self._status_error(r.status, body)
+                return json.loads(body)  # type: ignore[no-any-return]
+        except aiohttp.ClientError as exc:
+            raise self._transport_error(exc, model) from None
+
+    def _status_error(self, status: int, body: bytes) -> ProxyError:
+        """The backend's own error, with its status and text (and body, for fronts of the same
+        protocol that return it intact)."""
+        message, param = f"HTTP {status}", None
+        try:
+            err = json.loads(body)["error"]
+            message = str(err.get("message", message)) if isinstance(err, dict) else str(err)
+            param = err.get("param") if isinstance(err, dict) else None
+        except (ValueError, KeyError, TypeError):
+            message = body.decode("utf-8", "replace")[:500] or message
+        return ProxyError(kind_from_http(status), message, origin="backend", status=status,
+                          body=body, param=param)
+
+    def _transport_error(self, exc: Exception, model: str) -> ProxyError:
+        return ProxyError(ErrorKind.UNAVAILABLE,
+                          f"backend '{self.name}' ({self.base}) is unavailable for model "
+                          f"'{model}': {type(exc).__name__}: {exc}")
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
