@@ -3,8 +3,8 @@
 The file comes from the config parameter ``onnx_path``. Slowed on cue: while the file named by
 the parameter ``cue_file`` exists (JSON), each request first sleeps ``delay_ms`` and its
 ``similarity`` is multiplied by ``similarity_scale`` (a degraded replica, for routing tests).
-``similarity`` is [batch] in ONNX; the config declares it ``dims: [1]`` with ``reshape: { shape: [] }`` so Triton exposes [batch, 1]
-— see tests/support/triton.py for why.
+``similarity`` is [batch] in ONNX; the config declares it ``dims: [1]`` with
+``reshape: { shape: [] }`` so Triton exposes [batch, 1] — see tests/support/triton.py for why.
 """
 
 import json
