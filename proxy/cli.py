@@ -1,4 +1,4 @@
-"""``mmguard``: serve, check-config, demo."""
+"""``mmguard``: serve, check-config, demo, status."""
 
 from __future__ import annotations
 
@@ -23,7 +23,13 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="send one real request to a running mmguard")
     demo.add_argument("--url", default="127.0.0.1:9001", help="gRPC address of mmguard")
     demo.add_argument("--text", default="a photo of a cat")
+    status = sub.add_parser("status", help="live state of a running mmguard from its admin API")
+    status.add_argument("--admin", default="http://127.0.0.1:9002", help="admin API base URL")
+    status.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
     args = parser.parse_args(argv)
+    if args.command == "status":
+        from proxy.status import main as status_main
+        return status_main(args)
     if args.command == "check-config":
         return check_config(args.file)
     if args.command == "demo":
