@@ -169,6 +169,7 @@ def test_operator_can_force_a_breaker_open_and_closed(triton: TritonServer) -> N
         with pytest.raises(urllib.error.HTTPError) as exc:
             urllib.request.urlopen(denied)
         assert exc.value.code == 401 and b"s3cret" not in exc.value.read()
+        exc.value.close()
         ok = urllib.request.Request(url, method="POST",
                                     headers={"Authorization": "Bearer s3cret"})
         assert json.loads(urllib.request.urlopen(ok).read())["state"] == "forced_open"
@@ -177,7 +178,7 @@ def test_operator_can_force_a_breaker_open_and_closed(triton: TritonServer) -> N
         assert "breaker forced_open (forced open by an operator)" in err.value.details()
         reset = urllib.request.Request(m.admin_url + "/admin/breakers/idf/idf/reset",
                                        method="POST", headers={"Authorization": "Bearer s3cret"})
-        urllib.request.urlopen(reset)
+        urllib.request.urlopen(reset).close()
         assert grpc_infer_raw(m.grpc_url, body)[0]
 
 

@@ -125,7 +125,8 @@ def _raw_post(url: str, doc: dict[str, Any]) -> tuple[int, bytes]:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
-        return e.code, e.read()
+        with e:  # an error response holds its socket until closed
+            return e.code, e.read()
 
 
 def test_backend_errors_keep_status_and_body(proxy: RunningMmguard, vllm_llama: VllmServer,

@@ -127,5 +127,5 @@ def test_admin_metrics_count_requests(ort_proxy: RunningMmguard) -> None:
                 and 'front="grpc"' in ln and 'model="clip_demo"' in ln and 'code="ok"' in ln)
     assert float(line.rsplit(" ", 1)[1]) >= 1
     assert "mmguard_request_duration_seconds_bucket" in body
-    health = urllib.request.urlopen(ort_proxy.admin_url + "/healthz", timeout=5)
-    assert health.status == 200
+    with urllib.request.urlopen(ort_proxy.admin_url + "/healthz", timeout=5) as health:
+        assert health.status == 200

@@ -47,7 +47,8 @@ def post(url: str, doc: dict[str, Any]) -> tuple[int, dict[str, str], dict[str, 
         with urllib.request.urlopen(req, timeout=120) as r:
             return r.status, dict(r.headers), json.loads(r.read())
     except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), json.loads(e.read())
+        with e:  # an error response holds its socket until closed
+            return e.code, dict(e.headers), json.loads(e.read())
 
 
 def prompt_tokens(server: VllmServer) -> int:

@@ -55,7 +55,8 @@ def http_post(url: str, path: str, body: bytes, headers: dict[str, str] | None =
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, dict(r.headers), r.read()
     except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
+        with e:  # an error response holds its socket until closed
+            return e.code, dict(e.headers), e.read()
 
 
 def split_binary_response(headers: dict[str, str], body: bytes) -> tuple[dict[str, Any], bytes]:
