@@ -16,7 +16,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from tests.support.triton import free_ports  # noqa: E402  (one port picker for tests and bench)
 
 NOISY_OTHER_PCT = 5.0  # a cell where other processes took more of the machine is flagged
 
@@ -44,19 +45,6 @@ def pdeathsig() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
-
-
-def free_ports(count: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def http_status(url: str, timeout: float = 2.0) -> int | None:
@@ -507,3 +495,20 @@ def render_table(head: list[str], body: list[list[str]], md: bool) -> str:
 
     return "\n".join([fmt_row(head), "  ".join("-" * w for w in widths),
                       *(fmt_row(r) for r in body)])
+
+
+def report_problems(cells: list[dict[str, Any]], results_md: str,
+                    cell_line: Callable[[dict[str, Any]], str]) -> int:
+    """Warn about noisy cells; list failed ones on stderr. Returns the exit code (1: failures)."""
+    noisy = [c for c in cells if (c.get("other_cpu_pct") or 0) > NOISY_OTHER_PCT]
+    if noisy:
+        print(f"warning: in {len(noisy)} of {len(cells)} cells more than "
+              f"{NOISY_OTHER_PCT}% of the machine's CPU went to processes outside the "
+              f"benchmark (other CPU %, {results_md}): those numbers are noisy")
+    failed = [c for c in cells if "failed" in c or c.get("errors")]
+    if failed:
+        print(f"\n{len(failed)} cell(s) with errors or failures:", file=sys.stderr)
+        for c in failed:
+            print("  " + cell_line(c) + f"  {c.get('error_samples', '')}", file=sys.stderr)
+        return 1
+    return 0

@@ -63,6 +63,7 @@ from _common import (
     percentiles,
     proc_cpu_s,
     render_table,
+    report_problems,
     runq_wait_s,
     serve_cells,
 )
@@ -524,18 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         print(text_table)
         print()
         print(f"written: {args.out / 'openai_results.json'}, {args.out / 'openai_results.md'}")
-        noisy = [c for c in bench.cells if (c.get("other_cpu_pct") or 0) > NOISY_OTHER_PCT]
-        if noisy:
-            print(f"warning: in {len(noisy)} of {len(bench.cells)} cells more than "
-                  f"{NOISY_OTHER_PCT}% of the machine's CPU went to processes outside the "
-                  "benchmark (other CPU %, openai_results.md): those numbers are noisy")
-        failed = [c for c in bench.cells if "failed" in c or c.get("errors")]
-        if failed:
-            print(f"\n{len(failed)} cell(s) with errors or failures:", file=sys.stderr)
-            for c in failed:
-                print("  " + cell_line(c) + f"  {c.get('error_samples', '')}", file=sys.stderr)
-            return 1
-        return 0
+        return report_problems(bench.cells, "openai_results.md", cell_line)
     except KeyboardInterrupt:
         print("\ninterrupted; stopping every process ...", file=sys.stderr)
         return 130

@@ -73,6 +73,7 @@ from _common import (
     pdeathsig,
     proc_cpu_s,
     render_table,
+    report_problems,
     serve_cells,
     stop_process,
 )
@@ -829,18 +830,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table)
         print()
         print(f"written: {args.out / 'results.json'}, {args.out / 'results.md'}")
-        noisy = [c for c in bench.cells if (c.get("other_cpu_pct") or 0) > NOISY_OTHER_PCT]
-        if noisy:
-            print(f"warning: in {len(noisy)} of {len(bench.cells)} cells more than "
-                  f"{NOISY_OTHER_PCT}% of the machine's CPU went to processes outside the "
-                  "benchmark (other CPU %, results.md): those numbers are noisy")
-        failed = [c for c in bench.cells if "failed" in c or c.get("errors")]
-        if failed:
-            print(f"\n{len(failed)} cell(s) with errors or failures:", file=sys.stderr)
-            for c in failed:
-                print("  " + _cell_line(c) + f"  {c.get('error_samples', '')}", file=sys.stderr)
-            return 1
-        return 0
+        return report_problems(bench.cells, "results.md", _cell_line)
     except KeyboardInterrupt:
         print("\ninterrupted; stopping every process ...", file=sys.stderr)
         return 130

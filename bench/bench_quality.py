@@ -47,6 +47,7 @@ from proxy.chain import FilterContext  # noqa: E402
 from proxy.clock import SystemClock  # noqa: E402
 from proxy.telemetry import Telemetry  # noqa: E402
 from proxy.tensor import Tensor, encode_bytes_elements  # noqa: E402
+from tests.support.images import scene  # noqa: E402
 from tests.support.mmguard import RunningMmguard  # noqa: E402
 from tests.support.models import ort_repository  # noqa: E402
 from tests.support.wire import grpc_infer_raw, grpc_request  # noqa: E402
@@ -57,16 +58,9 @@ TEXT_1KB = (TEXT_1KB * (1024 // len(TEXT_1KB) + 1))[:1024]
 
 
 def picture(size: int = 224, seed: int = 0) -> NDArray[np.uint8]:
-    """A natural-ish RGB test picture: gradient, rectangles, a checkered patch, mild noise."""
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:size, 0:size]
-    img = 0.25 + 0.35 * (xx / size)[..., None] * np.array([1.0, 0.8, 0.6])
-    for _ in range(12):
-        y0, x0 = rng.integers(0, size - 40, 2)
-        h, w = rng.integers(12, 60, 2)
-        img[y0:y0 + h, x0:x0 + w] = rng.uniform(0.1, 0.9, 3)
-    img[((yy // 8 + xx // 8) % 2 == 1) & (yy < 64) & (xx < 64)] = 0.85
-    img += rng.normal(0, 0.01, img.shape)
+    """The tests' scene with mild noise: a natural-ish RGB picture."""
+    img = scene(size, seed) / 255.0
+    img += np.random.default_rng(seed).normal(0, 0.01, img.shape)
     return np.asarray(np.clip(img, 0, 1) * 255 + 0.5, np.uint8)
 
 

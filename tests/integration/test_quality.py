@@ -30,24 +30,12 @@ from tritonclient.utils import InferenceServerException
 from filters.quality_align import AlignmentConfig, EncoderPair
 from proxy.pb import grpc_service_pb2 as pb
 from tests.conftest import ort_config
+from tests.support.images import scene
 from tests.support.mmguard import RunningMmguard
 from tests.support.vllm import VllmServer
 from tests.support.wire import grpc_infer_raw, grpc_request, http_binary_body, http_post
 
 # --- inputs with known properties ---------------------------------------------------------------
-
-
-def scene(size: int = 224, seed: int = 0) -> NDArray[np.uint8]:
-    """Sharp, well exposed, clean: a gradient, solid rectangles and a checkered patch."""
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:size, 0:size]
-    img = 0.25 + 0.35 * (xx / size)[..., None] * np.array([1.0, 0.8, 0.6])
-    for _ in range(12):
-        y0, x0 = rng.integers(0, size - 40, 2)
-        h, w = rng.integers(12, 60, 2)
-        img[y0:y0 + h, x0:x0 + w] = rng.uniform(0.1, 0.9, 3)
-    img[((yy // 8 + xx // 8) % 2 == 1) & (yy < 64) & (xx < 64)] = 0.85
-    return np.asarray((img * 255).round(), np.uint8)
 
 
 def blurred(img: NDArray[np.uint8], radius: float = 3) -> NDArray[np.uint8]:

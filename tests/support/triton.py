@@ -327,7 +327,7 @@ def triton_available() -> tuple[bool, str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Distinct free TCP ports on 127.0.0.1 (all held open together so they differ)."""
     socks = []
     try:
@@ -440,7 +440,7 @@ class TritonServer:
         attempts = 1 if reuse else 3
         for attempt in range(1, attempts + 1):
             if not reuse:
-                ports = _free_ports(3 if self.metrics else 2)
+                ports = free_ports(3 if self.metrics else 2)
                 self.grpc_port, self.http_port = ports[0], ports[1]
                 self.metrics_port = ports[2] if self.metrics else None
             self._spawn(paths, backends)

@@ -37,23 +37,10 @@ from proxy.config import ConfigError, parse_config
 from proxy.errors import ErrorKind
 from proxy.telemetry import Telemetry
 from proxy.tensor import Tensor
+from tests.support.images import scene
 
 HWC = ImageSpec("HWC", (0.0,), (255.0,))
 CHW01 = ImageSpec("CHW", (0.0,), (1.0,))
-
-
-def scene(size: int = 224, seed: int = 0) -> NDArray[np.uint8]:
-    """A sharp, well-exposed, clean RGB picture: a colour gradient, random solid rectangles and a
-    checkered patch (axis-aligned edges: sharp for the Laplacian, silent for the noise mask)."""
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:size, 0:size]
-    img = 0.25 + 0.35 * (xx / size)[..., None] * np.array([1.0, 0.8, 0.6])
-    for _ in range(12):
-        y0, x0 = rng.integers(0, size - 40, 2)
-        h, w = rng.integers(12, 60, 2)
-        img[y0:y0 + h, x0:x0 + w] = rng.uniform(0.1, 0.9, 3)
-    img[((yy // 8 + xx // 8) % 2 == 1) & (yy < 64) & (xx < 64)] = 0.85
-    return np.asarray((img * 255).round(), np.uint8)
 
 
 def blurred(img: NDArray[np.uint8], radius: float) -> NDArray[np.uint8]:
