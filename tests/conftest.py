@@ -47,7 +47,30 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     onnx_path = ensure_clip_demo(root / "onnx")
     repo = write_model_repository(root / "repo", onnx_path)
     with TritonServer(repo, root / "work") as server:
+        _SESSION_TRITON.append(server)
         yield server
+        _SESSION_TRITON.clear()
+
+
+_SESSION_TRITON: list[TritonServer] = []
+_TRITON_REPORTS: list[str] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """When a test that uses the shared Triton fails, keep what Triton logged at that moment."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed and "triton" in getattr(item, "fixturenames", ()) and _SESSION_TRITON:
+        server = _SESSION_TRITON[0]
+        _TRITON_REPORTS.append(f"{item.nodeid} ({report.when}): triton running="
+                               f"{server.is_running()}\n{server.log_tail(15)}")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for text in _TRITON_REPORTS[:3]:  # the first failures tell the story; the rest repeat it
+        terminalreporter.write_sep("-", "shared Triton at a failure")
+        terminalreporter.write_line(text)
 
 
 def triton_routes(triton: TritonServer, models: list[str]) -> dict[str, object]:

@@ -105,7 +105,7 @@ def test_a_path_whose_confidence_drops_loses_weight(
     with RunningMmguard(cfg) as m:
         m.wait_ready(timeout=60)
         drive(m, lambda w: w["clip_triton"] > 0.3, 200)
-        cue({"similarity_scale": -1000.0})  # a replica whose answers went bad
+        cue({"similarity": -1.0})  # a replica whose answers went bad: no match at all
         try:
             drive(m, lambda w: w["clip_triton"] < 0.07, 300)
         finally:

@@ -15,11 +15,12 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from proxy.demo_model import ensure_clip_demo
 from proxy.pb import grpc_service_pb2 as pb
 from tests.conftest import ort_config, triton_routes
 from tests.support.fake_v2 import FakeV2
 from tests.support.mmguard import RunningMmguard
-from tests.support.triton import TritonServer
+from tests.support.triton import TritonServer, write_model_repository
 from tests.support.wire import grpc_infer_raw, grpc_request, http_binary_body, http_post
 
 
@@ -242,27 +243,32 @@ def test_text_that_the_encoder_would_cut_is_stopped(trit: RunningMmguard, route:
 
 
 @pytest.mark.triton
-def test_a_model_reload_with_new_dims_is_noticed_and_used(trit: RunningMmguard,
-                                                          triton: TritonServer) -> None:
-    assert answer(trit.grpc_url, "strict4", [t("x", f32(1, 16))])[0].outputs
-    cfg = {"name": "batch4_fp32", "backend": "python", "max_batch_size": 4,
-           "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [8]}],
-           "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [8]}]}
-    triton.load_model("batch4_fp32", config=cfg)
-    try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            contract = trit.server.plane.runtime.contracts["strict4"]  # type: ignore[union-attr]
-            if contract.inputs[0].dims == (-1, 8):
-                break
-            time.sleep(0.1)
-        err = refused(trit.grpc_url, "strict4", [t("x", f32(1, 16))])
-        assert "expects [-1, 8] (dim 1 is 16, not 8" in err.details()
-        assert dict(err.trailing_metadata())["mmguard-error-origin"] == "mmguard"
-        assert answer(trit.grpc_url, "strict4", [t("x", f32(1, 8))])[0].outputs
-    finally:
-        triton.unload_model("batch4_fp32")
-        triton.load_model("batch4_fp32")
+def test_a_model_reload_with_new_dims_is_noticed_and_used(tmp_path: Path) -> None:
+    # A Triton of its own: reloading a model with another config must not touch the server
+    # that the rest of the session shares.
+    repo = write_model_repository(tmp_path / "repo", ensure_clip_demo(tmp_path / "onnx"))
+    with TritonServer(repo, tmp_path / "work", load_models=["batch4_fp32"]) as own:
+        cfg = {"backends": [{"kind": "triton_grpc", "name": "own", "url": own.grpc_url}],
+               "contract_refresh_s": 0.2,
+               "models": [{"name": "strict4", "backend": "own", "backend_model": "batch4_fp32",
+                           "filters": [{"shape_guard": {}}]}]}
+        with RunningMmguard(cfg) as m:
+            m.wait_ready(timeout=60)
+            assert answer(m.grpc_url, "strict4", [t("x", f32(1, 16))])[0].outputs
+            config = {"name": "batch4_fp32", "backend": "python", "max_batch_size": 4,
+                      "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [8]}],
+                      "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [8]}]}
+            own.load_model("batch4_fp32", config=config)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                contract = m.server.plane.runtime.contracts["strict4"]  # type: ignore[union-attr]
+                if contract.inputs[0].dims == (-1, 8):
+                    break
+                time.sleep(0.1)
+            err = refused(m.grpc_url, "strict4", [t("x", f32(1, 16))])
+            assert "expects [-1, 8] (dim 1 is 16, not 8" in err.details()
+            assert dict(err.trailing_metadata())["mmguard-error-origin"] == "mmguard"
+            assert answer(m.grpc_url, "strict4", [t("x", f32(1, 8))])[0].outputs
 
 
 # --- answers outside the contract (a hand-written backend that garbles on cue) ---------------

@@ -375,6 +375,7 @@ class TritonServer:
         exit_timeout_secs: int = 5,
         log_verbose: int = 0,
         extra_args: Sequence[str] = (),
+        load_models: Sequence[str] = ("*",),
     ) -> None:
         if model_control not in ("explicit", "poll", "none"):
             raise ValueError(f"model_control must be explicit, poll or none, not {model_control!r}")
@@ -388,6 +389,7 @@ class TritonServer:
         self.exit_timeout_secs = exit_timeout_secs
         self.log_verbose = log_verbose
         self.extra_args = list(extra_args)
+        self.load_models = list(load_models)  # explicit mode: what is loaded at start
         self.log_path = self.work_dir / "tritonserver.log"
         self.grpc_port: int | None = None
         self.http_port: int | None = None
@@ -592,7 +594,7 @@ class TritonServer:
             "--cuda-memory-pool-byte-size=0:0",
         ]
         if self.model_control == "explicit":
-            cmd.append("--load-model=*")
+            cmd += [f"--load-model={name}" for name in self.load_models]
         elif self.model_control == "poll":
             cmd.append(f"--repository-poll-secs={self.poll_secs}")
         if self.metrics:
@@ -703,6 +705,8 @@ class TritonServer:
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")
             raise RuntimeError(f"POST {path} -> HTTP {exc.code}: {detail}") from exc
+        except OSError as exc:  # a timeout included: say what Triton was doing
+            raise RuntimeError(f"POST {path} failed: {exc!r}" + self._failure_report()) from exc
 
     def __repr__(self) -> str:
         state = f"pid={self.pid}" if self.is_running() else "stopped"

@@ -2,7 +2,8 @@
 
 The file comes from the config parameter ``onnx_path``. Slowed on cue: while the file named by
 the parameter ``cue_file`` exists (JSON), each request first sleeps ``delay_ms`` and its
-``similarity`` is multiplied by ``similarity_scale`` (a degraded replica, for routing tests).
+``similarity`` is multiplied by ``similarity_scale``, or replaced by ``similarity`` when the cue
+names one (a degraded replica, for routing tests).
 ``similarity`` is [batch] in ONNX; the config declares it ``dims: [1]`` with
 ``reshape: { shape: [] }`` so Triton exposes [batch, 1] — see tests/support/triton.py for why.
 """
@@ -48,6 +49,8 @@ class TritonPythonModel:
             }
             results = self.session.run(list(OUTPUTS), feeds)
             results[2] = results[2] * float(cue.get("similarity_scale", 1.0))
+            if "similarity" in cue:  # a replica whose answers went bad: one fixed value
+                results[2] = results[2] * 0 + float(cue["similarity"])
             tensors = [
                 pb_utils.Tensor(name, value) for name, value in zip(OUTPUTS, results, strict=True)
             ]
