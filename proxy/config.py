@@ -30,6 +30,8 @@ class HttpListener(Strict):
     """0 picks a free port (logged at start)."""
     max_request_bytes: int = Field(64 * MiB, gt=0)
     """Bodies above this are refused with 413 before they are read."""
+    trust_canary_headers: bool = False
+    """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
 
 
 class GrpcListener(Strict):
@@ -37,6 +39,8 @@ class GrpcListener(Strict):
     port: int = Field(9001, ge=0, le=65535)
     max_request_bytes: int = Field(64 * MiB, gt=0)
     """Messages above this are refused by gRPC with RESOURCE_EXHAUSTED."""
+    trust_canary_headers: bool = False
+    """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
 
 
 class AdminListener(Strict):
