@@ -30,7 +30,7 @@ from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field
 
 from filters.breaker import Breaker, BreakerSettings, State
-from proxy.call import Call, LocalReply, Reply, Result, Wire
+from proxy.call import FAULTS, Call, LocalReply, Reply, Result, Wire
 from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind
 from proxy.openai_api import ChatView
@@ -194,8 +194,11 @@ class Fallback:
                     continue
             send = next if i == 0 else self._rerouted(level)
             start = self.ctx.clock.monotonic()
+            faults_before = _fault_count(call)
             reply, failed = await self._tries(attempt, send)
-            breaker.record(failed, self.ctx.clock.monotonic() - start)
+            if _fault_count(call) == faults_before:
+                breaker.record(failed, self.ctx.clock.monotonic() - start)
+            # else: a fault experiment made this outcome; the backend's breaker never counts it
             if not failed:
                 call.target = attempt.target
                 if isinstance(reply, LocalReply):
@@ -414,3 +417,8 @@ class FallbackFactory:
 
     def build(self, config: FallbackConfig, ctx: FilterContext) -> Fallback:
         return Fallback(config, ctx)
+
+
+def _fault_count(call: Call) -> int:
+    faults = call.state.get(FAULTS)
+    return 0 if faults is None else len(faults)

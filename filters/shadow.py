@@ -1,23 +1,382 @@
-"""``shadow``: work in progress (a pass-through until it lands)."""
+"""``shadow``: mirror a share of a route's traffic to a canary route, compare every answer with
+production's, and give a verdict (promote / hold / abort) over a sliding window.
+
+Rules that MUST hold:
+
+- The primary is never delayed or failed by the shadow: the copy goes on a bounded queue after
+  the primary has its answer (put without waiting); a full queue drops the copy and counts it.
+  Workers send copies to the canary route through its own chain, off the request path.
+- The copy is the request as the client sent it (taken before inner filters edit the call), and
+  it is canary traffic (``CANARY`` set): fault experiments on the canary route apply to it.
+- Each comparison (``filters.compare``) feeds the verdict; an abort verdict stops the mirroring
+  and the fault experiments on both routes, and says why (log, metric, admin API).
+- Noise floor: a share of the mirrored calls is also sent a second time to the primary, so a
+  non-deterministic model is judged against its own disagreement, not against zero.
+- Streams (OpenAI SSE) are compared on the assembled text once the client's stream has ended.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import Any
 
-from proxy.call import Call, Reply
+import numpy as np
+from numpy.typing import NDArray
+from prometheus_client import Counter, Gauge
+from pydantic import BaseModel, ConfigDict, Field
+
+from filters.compare import (
+    CompareConfig,
+    Comparison,
+    Verdict,
+    VerdictConfig,
+    compare_status,
+    compare_tensors,
+    compare_text,
+)
+from proxy.call import CANARY, Call, CallState, LocalReply, Reply, Result, SseEvent
+from proxy.canary import in_share
 from proxy.chain import FilterContext, Next
 
+log = logging.getLogger("mmguard.shadow")
 
-class ShadowConfig(BaseModel):
+_STATES = {"collecting": 0, "promote": 1, "hold": 2, "abort": 3}
+
+
+class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class OnAbort(Strict):
+    stop_mirroring: bool = True
+    stop_experiments: bool = True
+    """Stop the fault experiments running on the primary and the canary routes."""
+
+
+class ShadowConfig(Strict):
+    canary: str
+    """The route that serves the canary (its own filters run on the copies)."""
+    percent: float = Field(100.0, ge=0, le=100)
+    """Share of the route's calls mirrored (stable by request key)."""
+    headers: dict[str, str] = {}
+    """Only calls with these headers are mirrored (``"*"`` = any value)."""
+    queue_size: int = Field(64, ge=1)
+    """Copies waiting for the canary; a full queue drops new copies (counted)."""
+    workers: int = Field(2, ge=1, le=64)
+    timeout_s: float = Field(10.0, gt=0)
+    """Deadline of a copy on the canary."""
+    noise_floor_percent: float = Field(0.0, ge=0, le=100)
+    """Share of the mirrored calls also sent a second time to the primary."""
+    compare: CompareConfig = CompareConfig()
+    verdict: VerdictConfig = VerdictConfig()
+    on_abort: OnAbort = OnAbort()
+
+
+@dataclass
+class _Copy:
+    call: Call
+    primary: Reply
+    primary_latency_s: float
+    primary_text: str | None  # streams: the assembled text
+    noise: bool
+    resend: Next
+
+
+@dataclass
+class ShadowState:
+    """What outlives a reload with the same config: the verdict and its evidence."""
+
+    cfg: ShadowConfig
+    verdict: Verdict
+    mirroring: bool = True
+    stop_reason: str = ""
+    mirrored: int = 0
+    dropped: int = 0
+    compared: int = 0
 
 
 class Shadow:
     def __init__(self, cfg: ShadowConfig, ctx: FilterContext) -> None:
         self.cfg = cfg
+        self.ctx = ctx
+        shadows = ctx.store.setdefault("shadows", {})
+        found = shadows.get(ctx.route)
+        if found is None or found.cfg != cfg:
+            found = shadows[ctx.route] = ShadowState(cfg, Verdict(cfg.verdict, ctx.clock))
+            found.verdict.on_change(self._changed)
+        self.state: ShadowState = found
+        ctx.admin.setdefault("shadows", {})[ctx.route] = self
+        live = ctx.store.setdefault("shadow_filters", {})
+        old = live.get(ctx.route)
+        if old is not None:  # a reload: the old filter's workers end with it
+            old.cancel()
+        live[ctx.route] = self
+        self.queue: asyncio.Queue[_Copy] | None = None
+        self.workers: list[asyncio.Task[None]] = []
+        t = ctx.telemetry
+        labels = ["model", "canary"]
+        self.m_mirrored = t.metric(Counter, "mmguard_shadow_mirrored_total",
+                                   "Calls copied to the canary.", labels)
+        self.m_dropped = t.metric(Counter, "mmguard_shadow_dropped_total",
+                                  "Copies not sent to the canary, by why.", [*labels, "reason"])
+        self.m_compared = t.metric(Counter, "mmguard_shadow_comparisons_total",
+                                   "Canary answers compared with production's.",
+                                   [*labels, "agree"])
+        self.m_agreement = t.metric(Gauge, "mmguard_shadow_agreement",
+                                    "Share of the window's comparisons that agreed (after the "
+                                    "noise floor).", labels)
+        self.m_verdict = t.metric(Gauge, "mmguard_shadow_verdict",
+                                  "0 collecting, 1 promote, 2 hold, 3 abort.", labels)
+        self.m_verdict.labels(ctx.route, cfg.canary).set(_STATES[found.verdict.state()])
+
+    # --- request path -------------------------------------------------------------------------
 
     async def __call__(self, call: Call, next: Next) -> Reply:
-        return await next(call)
+        st = self.state
+        if not st.mirroring or not self._selected(call):
+            return await next(call)
+        copy = _snapshot(call)
+        start = time.monotonic()
+        reply = await next(call)
+        latency = time.monotonic() - start
+        noise = (self.cfg.noise_floor_percent > 0
+                 and self.ctx.rng.random() * 100 < self.cfg.noise_floor_percent)
+        if isinstance(reply, Result) and reply.stream is not None:
+            reply.stream = self._tee(reply.stream, copy, latency, noise, next, call)
+            return reply
+        self._enqueue(call, _Copy(copy, reply, latency, None, noise, next))
+        return reply
+
+    def _selected(self, call: Call) -> bool:
+        for k, v in self.cfg.headers.items():
+            have = call.headers.get(k.lower())
+            if have is None or (v != "*" and have != v):
+                return False
+        if self.cfg.percent >= 100:
+            return True
+        key = call.headers.get("x-request-id") or call.id
+        return in_share(f"shadow:{self.ctx.route}:{key}" if key else "", self.cfg.percent / 100)
+
+    async def _tee(self, items: AsyncIterator[Any], copy: Call, latency: float, noise: bool,
+                   resend: Next, call: Call) -> AsyncIterator[Any]:
+        """Pass the stream through untouched; after its end, queue the assembled text."""
+        pieces: list[str] = []
+        failed: LocalReply | None = None
+        async for item in items:
+            if isinstance(item, SseEvent):
+                pieces.extend(_stream_text(item))
+            elif isinstance(item, LocalReply):
+                failed = item
+            yield item
+        primary: Reply = failed if failed is not None else Result(call.model)
+        self._enqueue(call, _Copy(copy, primary, latency, "".join(pieces), noise, resend))
+
+    def _enqueue(self, call: Call, item: _Copy) -> None:
+        st = self.state
+        self._ensure_workers()
+        assert self.queue is not None
+        try:
+            self.queue.put_nowait(item)
+        except asyncio.QueueFull:
+            st.dropped += 1
+            self.m_dropped.labels(self.ctx.route, self.cfg.canary, "queue-full").inc()
+            self.ctx.telemetry.decide(call, "shadow", "dropped",
+                                      f"queue full ({self.cfg.queue_size} copies waiting)")
+            return
+        st.mirrored += 1
+        self.m_mirrored.labels(self.ctx.route, self.cfg.canary).inc()
+        self.ctx.telemetry.decide(call, "shadow", "mirrored", f"to '{self.cfg.canary}'")
+
+    def _ensure_workers(self) -> None:
+        if self.queue is None:
+            self.queue = asyncio.Queue(self.cfg.queue_size)
+        if not self.workers:
+            self.workers = [asyncio.create_task(self._work(), name=f"shadow {self.ctx.route}")
+                            for _ in range(self.cfg.workers)]
+
+    # --- off the request path -----------------------------------------------------------------
+
+    async def _work(self) -> None:
+        assert self.queue is not None
+        while True:
+            item = await self.queue.get()
+            try:
+                await self._compare(item)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a broken comparison must not stop the mirroring
+                log.exception("shadow comparison on route %r failed: %s", self.ctx.route, exc)
+            finally:
+                self.queue.task_done()
+
+    async def _send(self, item: _Copy, route: str | None) -> tuple[Reply, float, str | None]:
+        call = _fresh(item.call, self.cfg.timeout_s)
+        start = time.monotonic()
+        if route is None:  # noise floor: the primary again, through the rest of its chain
+            reply = await item.resend(call)
+        else:
+            assert self.ctx.reroute is not None
+            reply = await self.ctx.reroute(route, call)
+        text: str | None = None
+        if isinstance(reply, Result) and reply.stream is not None:
+            pieces: list[str] = []
+            async for piece in reply.stream:
+                if isinstance(piece, SseEvent):
+                    pieces.extend(_stream_text(piece))
+                elif isinstance(piece, LocalReply):
+                    reply = piece
+                    break
+            text = "".join(pieces)
+        return reply, time.monotonic() - start, text
+
+    async def _compare(self, item: _Copy) -> None:
+        st = self.state
+        reply, latency, text = await self._send(item, self.cfg.canary)
+        c = self._judge(item.primary, item.primary_text, reply, text)
+        st.compared += 1
+        self.m_compared.labels(self.ctx.route, self.cfg.canary, str(c.agree).lower()).inc()
+        if not c.agree:
+            log.info("canary %r disagrees with %r: %s", self.cfg.canary, self.ctx.route,
+                     c.reason, extra={"fields": {"model": self.ctx.route,
+                                                 "canary": self.cfg.canary,
+                                                 "reason": c.reason}})
+        st.verdict.add(c, item.primary_latency_s, latency)
+        experiments = self.ctx.store.get("experiments")
+        if experiments is not None:
+            for route in {self.ctx.route, self.cfg.canary}:
+                experiments.observe_divergence(route, c.agree)
+        if item.noise:
+            again, _, again_text = await self._send(item, None)
+            st.verdict.add_noise(self._judge(item.primary, item.primary_text, again,
+                                             again_text))
+        self._publish()
+
+    def _judge(self, primary: Reply, primary_text: str | None, canary: Reply,
+               canary_text: str | None) -> Comparison:
+        if isinstance(primary, LocalReply) or isinstance(canary, LocalReply):
+            return compare_status(not isinstance(primary, LocalReply), _code(primary),
+                                  not isinstance(canary, LocalReply), _code(canary))
+        if primary_text is not None or canary_text is not None:
+            return compare_text(primary_text or "", canary_text or "", self.cfg.compare)
+        a, b = _openai_text(primary), _openai_text(canary)
+        if a is not None or b is not None:
+            return compare_text(a or "", b or "", self.cfg.compare)
+        return compare_tensors(_arrays(primary), _arrays(canary), self.cfg.compare)
+
+    def _publish(self) -> None:
+        snap = self.state.verdict.snapshot()
+        labels = (self.ctx.route, self.cfg.canary)
+        agreement = snap.get("effective_agreement")
+        if agreement is not None:
+            self.m_agreement.labels(*labels).set(agreement)
+        self.m_verdict.labels(*labels).set(_STATES[snap["state"]])
+
+    def _changed(self, old: str, new: str, reasons: list[str]) -> None:
+        st = self.state
+        why = "; ".join(reasons)
+        log.warning("canary verdict for %r vs %r: %s -> %s%s", self.cfg.canary, self.ctx.route,
+                    old, new, f" ({why})" if why else "",
+                    extra={"fields": {"model": self.ctx.route, "canary": self.cfg.canary,
+                                      "verdict": new, "reasons": reasons}})
+        self.m_verdict.labels(self.ctx.route, self.cfg.canary).set(_STATES[new])
+        if new != "abort":
+            return
+        if self.cfg.on_abort.stop_mirroring:
+            st.mirroring = False
+            st.stop_reason = f"abort verdict: {why}"
+        experiments = self.ctx.store.get("experiments")
+        if self.cfg.on_abort.stop_experiments and experiments is not None:
+            for route in {self.ctx.route, self.cfg.canary}:
+                for exp in experiments.running(route):
+                    experiments.stop(exp.name, f"canary abort verdict on '{self.ctx.route}': "
+                                     f"{why}", "canary-abort")
+
+    # --- admin --------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        st = self.state
+        return {"canary": self.cfg.canary, "mirroring": st.mirroring,
+                "stop_reason": st.stop_reason, "mirrored": st.mirrored, "dropped": st.dropped,
+                "compared": st.compared, "queued": self.queue.qsize() if self.queue else 0,
+                **st.verdict.snapshot()}
+
+    def reset(self) -> None:
+        """Start judging again from nothing, and mirror again (an operator's decision)."""
+        st = self.state
+        st.verdict.reset()
+        st.mirroring = True
+        st.stop_reason = ""
+        self._publish()
+
+    def cancel(self) -> None:
+        for task in self.workers:
+            task.cancel()
+
+    async def close(self) -> None:
+        self.cancel()
+        await asyncio.gather(*self.workers, return_exceptions=True)
+        self.workers = []
+
+
+def _snapshot(call: Call) -> Call:
+    """The request as it is now, safe from the edits inner filters make to the call."""
+    return replace(call, inputs=list(call.inputs), headers=dict(call.headers),
+                   document=json.loads(json.dumps(call.document)) if call.document else None,
+                   outputs=list(call.outputs), parameters=dict(call.parameters),
+                   state=CallState(), decisions={}, target=None)
+
+
+def _fresh(call: Call, timeout_s: float) -> Call:
+    out = replace(call, inputs=list(call.inputs), headers=dict(call.headers),
+                  document=json.loads(json.dumps(call.document)) if call.document else None,
+                  state=CallState(), decisions={}, started=time.monotonic(),
+                  deadline=time.monotonic() + timeout_s)
+    out.state[CANARY] = True  # a mirrored copy is canary traffic
+    return out
+
+
+def _code(reply: Reply) -> str:
+    return "ok" if isinstance(reply, Result) else reply.kind.value
+
+
+def _stream_text(event: SseEvent) -> list[str]:
+    doc = event.json()
+    if doc is None:
+        return []
+    out = []
+    for choice in doc.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+        if isinstance(text, str):
+            out.append(text)
+    return out
+
+
+def _openai_text(reply: Result) -> str | None:
+    if reply.wire is None or reply.wire.protocol != "openai":
+        return None
+    try:
+        doc = json.loads(reply.wire.body)
+    except ValueError:
+        return None
+    texts = []
+    for choice in doc.get("choices") or []:
+        msg = choice.get("message") if isinstance(choice, dict) else None
+        text = msg.get("content") if isinstance(msg, dict) else choice.get("text")
+        if isinstance(text, str):
+            texts.append(text)
+    return "\n".join(texts)
+
+
+def _arrays(reply: Result) -> dict[str, NDArray[Any]]:
+    return {t.name: np.asarray(t.numpy()) for t in reply.outputs}
 
 
 class ShadowFactory:

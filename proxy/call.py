@@ -41,6 +41,12 @@ class CallKey(Generic[T]):
 # Standard keys that several filters share (a producer and a consumer in different modules).
 UNUSABLE_MODALITIES: CallKey[dict[str, str]] = CallKey("unusable_modalities")
 """modality ("image", "text") → why it must not be used (set by quality, read by the router)."""
+CANARY: CallKey[bool] = CallKey("canary")
+"""Set for every call by the runtime: the call is canary traffic (``Config.canary``). Faults and
+experiments touch only calls where this is True."""
+FAULTS: CallKey[list[str]] = CallKey("faults")
+"""``<experiment>/<action>`` of each fault injected into this call (shared by its attempts), so
+the fallback's breakers never count an injected failure as the backend's."""
 
 
 class CallState:
@@ -197,6 +203,8 @@ class LocalReply:
     status: int | None = None  # a backend's own HTTP status, kept when passing its error on
     body: bytes | None = None  # a backend's own error body (same protocol only)
     param: str | None = None  # the request field at fault, for OpenAI-shaped errors
+    injected: str | None = None  # "<experiment>/<action>" when a fault experiment made it
+    reset: bool = False  # injected "connection reset": HTTP fronts drop the connection
 
     @classmethod
     def from_error(cls, err: ProxyError) -> LocalReply:

@@ -54,6 +54,8 @@ class FilterContext:
     """Hand the call to another route's chain (its own filters run); loops are cut."""
     admin: dict[str, Any] = field(default_factory=dict)
     """Objects an operator may act on through the admin API (e.g. breakers), by kind."""
+    store: dict[str, Any] = field(default_factory=dict)
+    """State that outlives a config reload (the runtime hands it from one build to the next)."""
 
 
 class FilterFactory(Protocol):

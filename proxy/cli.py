@@ -1,4 +1,4 @@
-"""``mmguard``: serve, check-config, demo, status."""
+"""``mmguard``: serve, check-config, demo, status, canary-report."""
 
 from __future__ import annotations
 
@@ -26,10 +26,19 @@ def main(argv: list[str] | None = None) -> int:
     status = sub.add_parser("status", help="live state of a running mmguard from its admin API")
     status.add_argument("--admin", default="http://127.0.0.1:9002", help="admin API base URL")
     status.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
+    report = sub.add_parser("canary-report", help="canary verdicts from the admin API; exit 0 "
+                            "when none aborts, 3 when one does, 2 when the API is unreachable")
+    report.add_argument("--admin", default="http://127.0.0.1:9002", help="admin API base URL")
+    report.add_argument("--html", type=Path, help="also write a self-contained HTML report here")
+    report.add_argument("--json", action="store_true", help="print the raw JSON, not the table")
+    report.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
     args = parser.parse_args(argv)
     if args.command == "status":
         from proxy.status import main as status_main
         return status_main(args)
+    if args.command == "canary-report":
+        from proxy.report import main as report_main
+        return report_main(args)
     if args.command == "check-config":
         return check_config(args.file)
     if args.command == "demo":

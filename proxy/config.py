@@ -8,13 +8,24 @@ those too, so ``mmguard check-config`` catches a bad filter option before anythi
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
 
 from proxy.chain import filter_factories
+from proxy.tls import TlsClient, TlsServer
 
 MiB = 1024 * 1024
 
@@ -32,6 +43,14 @@ class HttpListener(Strict):
     """Bodies above this are refused with 413 before they are read."""
     trust_canary_headers: bool = False
     """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
+    tls: TlsServer | None = None
+    """TLS (and mutual TLS with ``client_ca_file``); plain HTTP when absent."""
+    max_header_bytes: int = Field(16 * 1024, gt=0)
+    """The request line, each header line, and all headers together; above it aiohttp answers
+    400 (one line too long) or mmguard 431 (the total)."""
+    max_concurrent_requests: int | None = Field(None, gt=0)
+    """Requests served at once on this listener (health probes aside); the next ones get 429
+    with Retry-After. Unlimited when absent."""
 
 
 class GrpcListener(Strict):
@@ -41,14 +60,78 @@ class GrpcListener(Strict):
     """Messages above this are refused by gRPC with RESOURCE_EXHAUSTED."""
     trust_canary_headers: bool = False
     """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
+    tls: TlsServer | None = None
+    """TLS (and mutual TLS with ``client_ca_file``); plaintext HTTP/2 when absent."""
+    max_header_bytes: int = Field(16 * 1024, gt=0)
+    """Request metadata (headers) in all; above it gRPC refuses the call with
+    RESOURCE_EXHAUSTED."""
+    max_concurrent_streams: int | None = Field(None, gt=0)
+    """Calls at once on one client connection (HTTP/2 SETTINGS); the client queues the rest.
+    gRPC's own default when absent."""
+    max_concurrent_requests: int | None = Field(None, gt=0)
+    """Calls at once on the whole listener, health checks included; the next ones get
+    RESOURCE_EXHAUSTED. Unlimited when absent."""
+
+    @model_validator(mode="after")
+    def _tls_version(self) -> GrpcListener:
+        if self.tls is not None and self.tls.min_version != "1.2":
+            raise ValueError("tls.min_version: grpcio cannot set a minimum TLS version; the gRPC "
+                             "listener always accepts TLS 1.2 and 1.3, so only '1.2' is allowed")
+        return self
 
 
 class AdminListener(Strict):
     host: str = "127.0.0.1"
     """Localhost by default: the admin port is not for the world."""
     port: int = Field(9002, ge=0, le=65535)
-    token: str | None = None
-    """When set, requests that change state need ``Authorization: Bearer <token>``."""
+    token: SecretStr | None = None
+    """When set, requests that change state need ``Authorization: Bearer <token>``. Never shown
+    in logs or ``repr``; prefer ``token_file`` or ``token_env`` to keep it out of the file."""
+    token_file: Path | None = None
+    """The token from a file (a mounted Kubernetes Secret); surrounding whitespace is dropped."""
+    token_env: str | None = None
+    """The token from this environment variable."""
+    tls: TlsServer | None = None
+    """TLS (and mutual TLS with ``client_ca_file``) on the admin API."""
+    max_request_bytes: int = Field(1 * MiB, gt=0, le=1 * MiB)
+    """Bodies above this are refused with 413; bodies must declare Content-Length (411
+    otherwise). At most 1 MiB, aiohttp's own cap on the admin app."""
+    max_header_bytes: int = Field(8 * 1024, gt=0)
+    """As for the HTTP listener."""
+    _token_digest: str = PrivateAttr("")
+
+    @model_validator(mode="after")
+    def _one_token(self) -> AdminListener:
+        sources = [k for k in ("token", "token_file", "token_env") if getattr(self, k) is not None]
+        if len(sources) > 1:
+            raise ValueError(f"the admin token comes from one source; {' and '.join(sources)} "
+                             f"are both set")
+        token = self.resolve_token()
+        if token is not None:
+            self._token_digest = hashlib.sha256(token.encode()).hexdigest()
+        return self
+
+    def resolve_token(self) -> str | None:
+        """The token from whichever source is set (read now); ValueError if that source is
+        missing or empty. The message never contains the token."""
+        if self.token is not None:
+            token = self.token.get_secret_value()
+            where = "token"
+        elif self.token_file is not None:
+            try:
+                token = self.token_file.read_text().strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"token_file: cannot read {self.token_file}: {exc}") from None
+            where = f"token_file {self.token_file}"
+        elif self.token_env is not None:
+            token = os.environ.get(self.token_env, "").strip()
+            where = f"token_env: environment variable {self.token_env}"
+        else:
+            return None
+        if not token:
+            raise ValueError(f"{where} is empty or unset: an empty admin token would let "
+                             f"anyone act")
+        return token
 
 
 class Listeners(Strict):
@@ -66,6 +149,15 @@ class TritonGrpcBackend(Strict):
     channels: int = Field(1, ge=1, le=64)
     """gRPC channels (HTTP/2 connections) used round-robin."""
     max_message_bytes: int = Field(256 * MiB, gt=0)
+    tls: TlsClient | None = None
+    """TLS to Triton (mutual with ``cert_file``/``key_file``); plaintext when absent."""
+
+    @model_validator(mode="after")
+    def _verify(self) -> TritonGrpcBackend:
+        if self.tls is not None and self.tls.insecure_skip_verify:
+            raise ValueError("tls.insecure_skip_verify is not available for triton_grpc "
+                             "(grpcio always verifies); give tls.ca_file instead")
+        return self
 
 
 class TritonHttpBackend(Strict):
@@ -76,6 +168,13 @@ class TritonHttpBackend(Strict):
     timeout_s: float = Field(30.0, gt=0)
     pool_size: int = Field(64, ge=1)
     """Keep-alive connections kept open to the server."""
+    tls: TlsClient | None = None
+    """TLS to Triton; an ``https://`` url without it uses the system's trust store."""
+
+    @model_validator(mode="after")
+    def _scheme(self) -> TritonHttpBackend:
+        _check_scheme(self.url, self.tls)
+        return self
 
 
 class OnnxRuntimeBackend(Strict):
@@ -106,6 +205,19 @@ class VllmBackend(Strict):
     pool_size: int = Field(100, ge=1)
     image_input: Literal["auto", "yes", "no"] = "auto"
     """Whether the model takes images; auto probes once with a one-token request."""
+    tls: TlsClient | None = None
+    """TLS to vLLM; an ``https://`` url without it uses the system's trust store."""
+
+    @model_validator(mode="after")
+    def _scheme(self) -> VllmBackend:
+        _check_scheme(self.url, self.tls)
+        return self
+
+
+def _check_scheme(url: str, tls: TlsClient | None) -> None:
+    if tls is not None and url.lower().startswith("http://"):
+        raise ValueError(f"url '{url}' is plain http:// but tls is set; write https:// "
+                         f"(or host:port)")
 
 
 BackendConfig = Annotated[TritonGrpcBackend | TritonHttpBackend | OnnxRuntimeBackend | VllmBackend,
@@ -115,6 +227,18 @@ BackendConfig = Annotated[TritonGrpcBackend | TritonHttpBackend | OnnxRuntimeBac
 class OpenAIConfig(Strict):
     image_url_allow_hosts: tuple[str, ...] = ()
     """Hosts whose http(s) image URLs may reach the backend; everything else must be data: URLs."""
+
+
+class CanaryConfig(Strict):
+    """Which calls are canary traffic: the only calls that fault experiments may touch."""
+
+    headers: dict[str, str] = {}
+    """Header → value that marks a call as canary (all must match; ``"*"`` matches any value).
+    Clients' copies are stripped unless the listener has ``trust_canary_headers``."""
+    share: float = Field(0.0, ge=0.0, le=1.0)
+    """A share of all traffic chosen stably by ``key``: the same key is always in or out."""
+    key: str = "x-request-id"
+    """Header whose value picks the share; the request id when absent; random when neither."""
 
 
 class FilterSpec(Strict):
@@ -154,6 +278,7 @@ class Config(Strict):
     defaults: Defaults = Defaults()
     telemetry: TelemetryConfig = TelemetryConfig()
     openai: OpenAIConfig = OpenAIConfig()
+    canary: CanaryConfig = CanaryConfig()
     contract_refresh_s: float = Field(30.0, gt=0)
     """How often each backend's contract is re-read (a model reload is noticed within this)."""
     shutdown_grace_s: float = Field(10.0, ge=0)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from opentelemetry import propagate, trace
 
 from proxy import __version__
-from proxy.call import Call, LocalReply, Reply, Result, StreamItem
+from proxy.call import CANARY, Call, LocalReply, Reply, Result, StreamItem
 from proxy.contract import ModelContract
 from proxy.errors import ErrorKind, ProxyError
 from proxy.runtime import Runtime
@@ -91,12 +91,17 @@ class DataPlane:
         finally:
             m.in_flight.dec()
         elapsed = time.perf_counter_ns() - start
-        code = "ok" if isinstance(reply, Result) else reply.kind.value
+        # Injected faults are counted apart, so no dashboard or alert takes them for the model's.
+        code = ("ok" if isinstance(reply, Result) else
+                "injected" if reply.injected else reply.kind.value)
         self.telemetry.count_request(m, model, backend, call.front, code)
         m.latency.observe(elapsed / 1e9)
         m.request_bytes.inc(call.nbytes)
         if route is not None:
             self._account(call, reply, elapsed)
+            if call.state.get(CANARY):
+                for observe in self.runtime.store.get("observers", {}).values():
+                    observe(call, reply, elapsed / 1e9)
         return reply
 
     def _account(self, call: Call, reply: Reply, elapsed_ns: int) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from proxy.backends.base import Backend
 from proxy.call import Call, CallKey, LocalReply, Reply, Result, Target
+from proxy.canary import CanaryMatcher
 from proxy.chain import FilterContext, Next, compose, filter_factories
 from proxy.clock import Clock
 from proxy.config import BackendConfig, Config, ModelRoute, resolve_filters
@@ -59,8 +60,11 @@ class Route:
 
 class Runtime:
     def __init__(self, config: Config, telemetry: Telemetry, clock: Clock,
-                 backends: dict[str, Backend]) -> None:
+                 backends: dict[str, Backend], store: dict[str, Any] | None = None) -> None:
         self.config = config
+        self.canary = CanaryMatcher(config)
+        self.store: dict[str, Any] = {} if store is None else store
+        """Filter state that outlives a reload (e.g. experiments started through the API)."""
         self.telemetry = telemetry
         self.clock = clock
         self.backends = backends
@@ -71,6 +75,9 @@ class Runtime:
         self._started = {name: asyncio.Event() for name in backends}
         for spec in config.models:
             self.routes[spec.name] = Route(spec, self._build_chain(spec))
+        experiments = self.store.get("experiments")
+        if experiments is not None:  # experiments the new config dropped end with it
+            experiments.retire(self.admin.get("config_experiments", set()))
 
     @classmethod
     def build(cls, config: Config, telemetry: Telemetry, clock: Clock,
@@ -82,7 +89,8 @@ class Runtime:
                 backends[cfg.name] = previous.backends[cfg.name]  # unchanged: keep its connections
             else:
                 backends[cfg.name] = make_backend(cfg)
-        return cls(config, telemetry, clock, backends)
+        return cls(config, telemetry, clock, backends,
+                   store=previous.store if previous is not None else None)
 
     def backend_config(self, name: str) -> BackendConfig | None:
         return next((b for b in self.config.backends if b.name == name), None)
@@ -97,7 +105,7 @@ class Runtime:
             ctx = FilterContext(route=spec.name, telemetry=self.telemetry, clock=self.clock,
                                 rng=random.Random(), contract=contract, lookup=self.lookup,
                                 count_tokens=self.count_tokens, reroute=self.reroute,
-                                admin=self.admin)
+                                admin=self.admin, store=self.store)
             filters.append((fs.name, factories[fs.name].build(fs.config, ctx)))
         return compose(filters, self._terminal)
 
@@ -157,6 +165,7 @@ class Runtime:
         if call.version and not route.spec.version:
             target.version = call.version
         call.target = target
+        self.canary.mark(call)
         if route.spec.timeout_s is not None:
             limit = time.monotonic() + route.spec.timeout_s  # same clock as Call.deadline
             call.deadline = limit if call.deadline is None else min(call.deadline, limit)

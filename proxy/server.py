@@ -3,6 +3,11 @@
 Life cycle that MUST hold: ports bind before the process says it is up (port 0 resolved and
 logged); SIGHUP reloads the config file and keeps the old config when the new one is invalid;
 SIGTERM stops accepting, drains in-flight requests up to ``shutdown_grace_s``, closes backends.
+
+A reload applies new TLS certificates to the running listeners (``proxy.tls.ListenerTls``);
+every other listener setting (address, limits, the admin token, TLS on/off, mTLS on/off) is kept
+until a restart, with a warning naming what changed. Each listener enforces its own limits here,
+before any front sees a request: header size, concurrent requests, and on admin the body size.
 """
 
 from __future__ import annotations
@@ -10,21 +15,36 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import Counter
 
 from proxy.admin import admin_app
+from proxy.call import LocalReply
 from proxy.clock import Clock, SystemClock
-from proxy.config import Config, ConfigError, load_config
+from proxy.config import (
+    AdminListener,
+    Config,
+    ConfigError,
+    GrpcListener,
+    HttpListener,
+    Listeners,
+    load_config,
+)
 from proxy.dataplane import DataPlane
+from proxy.errors import ErrorKind
 from proxy.fronts.grpc_v2 import SERVICE, GrpcFront
-from proxy.fronts.http_v2 import HttpFront
+from proxy.fronts.http_v2 import HttpFront, error_response
 from proxy.runtime import Runtime
 from proxy.telemetry import Telemetry
+from proxy.tls import ListenerTls, restart_needed
 
 log = logging.getLogger("mmguard.server")
 
@@ -54,26 +74,31 @@ class Server:
         self._reload_lock = asyncio.Lock()
         self._health_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._listeners = config.listeners  # what the listeners really run with
+        self._tls: dict[str, ListenerTls] = {}
+        self._refused = self.telemetry.metric(
+            Counter, "mmguard_listener_refusals_total",
+            "Requests a listener refused at one of its limits.", ["listener", "limit"])
 
     async def start(self) -> None:
         await self.plane.runtime.start()
-        lc = self.config.listeners
+        lc = self._listeners = self.config.listeners
+        self._tls = {name: ListenerTls(cfg.tls) for name, cfg in _by_name(lc)
+                     if cfg.tls is not None}
         self.http_port = await self._serve_http(
-            HttpFront(self.plane, lc.http.max_request_bytes,
-                      self.config.openai.image_url_allow_hosts).app(), lc.http.host,
-            _pick(self._ports.http, lc.http.port))
-        self.admin_port = await self._serve_http(admin_app(self.plane, lc.admin.token),
-                                                 lc.admin.host,
-                                                 _pick(self._ports.admin, lc.admin.port))
-        self._grpc = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", lc.grpc.max_request_bytes),
-            ("grpc.max_send_message_length", 1 << 30),
-            ("grpc.so_reuseport", 0),
-        ])
+            self._http_app(lc.http), lc.http.host, _pick(self._ports.http, lc.http.port),
+            self._tls.get("http"), lc.http.max_header_bytes)
+        self.admin_port = await self._serve_http(
+            self._admin_app(lc.admin), lc.admin.host, _pick(self._ports.admin, lc.admin.port),
+            self._tls.get("admin"), lc.admin.max_header_bytes)
+        self._grpc = grpc.aio.server(options=_grpc_options(lc.grpc),
+                                     maximum_concurrent_rpcs=lc.grpc.max_concurrent_requests)
         self._grpc.add_generic_rpc_handlers((GrpcFront(self.plane).handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
-        self.grpc_port = self._grpc.add_insecure_port(
-            f"{lc.grpc.host}:{_pick(self._ports.grpc, lc.grpc.port)}")
+        address = f"{lc.grpc.host}:{_pick(self._ports.grpc, lc.grpc.port)}"
+        grpc_tls = self._tls.get("grpc")
+        self.grpc_port = (self._grpc.add_insecure_port(address) if grpc_tls is None else
+                          self._grpc.add_secure_port(address, grpc_tls.grpc_credentials()))
         if self.grpc_port == 0:
             raise OSError(f"cannot bind gRPC port {lc.grpc.host}:{lc.grpc.port}")
         await self._grpc.start()
@@ -81,13 +106,33 @@ class Server:
         log.info("mmguard serving: http %d, grpc %d, admin %d", self.http_port, self.grpc_port,
                  self.admin_port, extra={"fields": {"http_port": self.http_port,
                                                     "grpc_port": self.grpc_port,
-                                                    "admin_port": self.admin_port}})
+                                                    "admin_port": self.admin_port,
+                                                    "tls": sorted(self._tls)}})
 
-    async def _serve_http(self, app: web.Application, host: str, port: int) -> int:
+    def _http_app(self, cfg: HttpListener) -> web.Application:
+        app = HttpFront(self.plane, cfg.max_request_bytes,
+                        self.config.openai.image_url_allow_hosts).app()
+        guards = [_header_budget(cfg.max_header_bytes, "http", self._refused)]
+        if cfg.max_concurrent_requests is not None:
+            guards.append(_concurrency_limit(cfg.max_concurrent_requests, "http", self._refused))
+        app.middlewares[:0] = guards  # outermost: nothing runs for a refused request
+        return app
+
+    def _admin_app(self, cfg: AdminListener) -> web.Application:
+        app = admin_app(self.plane, cfg.resolve_token())
+        app.middlewares[:0] = [_header_budget(cfg.max_header_bytes, "admin", self._refused),
+                               _body_limit(cfg.max_request_bytes, "admin", self._refused)]
+        return app
+
+    async def _serve_http(self, app: web.Application, host: str, port: int,
+                          tls: ListenerTls | None, max_header_bytes: int) -> int:
+        # aiohttp's parser refuses any one line (request line or header) above the limit.
         runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                               shutdown_timeout=self.config.shutdown_grace_s)
+                               shutdown_timeout=self.config.shutdown_grace_s,
+                               max_line_size=max_header_bytes, max_field_size=max_header_bytes)
         await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_port=False)
+        site = web.TCPSite(runner, host, port, reuse_port=False,
+                           ssl_context=None if tls is None else tls.ssl_context)
         await site.start()
         self._runners.append(runner)
         server = site._server
@@ -116,8 +161,6 @@ class Server:
                 return False
             try:
                 config = load_config(self.config_path)
-                if config.listeners != self.config.listeners:
-                    log.warning("listener changes need a restart; keeping the old listeners")
                 old = self.plane.runtime
                 new = Runtime.build(config, self.telemetry, self.clock, previous=old)
             except (ConfigError, Exception) as exc:
@@ -130,12 +173,36 @@ class Server:
             await new.start(started=reused)
             self.plane.runtime = new
             self.config = config
+            self._reload_listeners(config.listeners)
             self.telemetry.config_reloads.labels("applied").inc()
             log.info("config reloaded from %s", self.config_path)
             retire = asyncio.create_task(self._retire(old, keep=reused))
             self._background.add(retire)
             retire.add_done_callback(self._background.discard)
             return True
+
+    def _reload_listeners(self, new: Listeners) -> None:
+        """Apply what a running listener can take (new TLS files); warn about the rest."""
+        serving: dict[str, Any] = {}
+        for name, old in _by_name(self._listeners):
+            fresh = getattr(new, name)
+            why = restart_needed(old.tls, fresh.tls)
+            tls = self._tls.get(name)
+            if why is None and tls is not None and fresh.tls is not None and fresh.tls != old.tls:
+                try:
+                    tls.update(fresh.tls)
+                except (OSError, ssl.SSLError) as exc:
+                    log.error("listeners.%s: the new TLS files did not load; the old ones keep "
+                              "serving: %s", name, exc)
+                else:
+                    old = old.model_copy(update={"tls": fresh.tls})
+                    log.info("listeners.%s: TLS certificates reloaded from %s", name,
+                             fresh.tls.cert_file)
+            if old != fresh:
+                log.warning("listeners.%s: a change to %s needs a restart; the listener keeps "
+                            "its old settings", name, _changes(old, fresh, why))
+            serving[name] = old
+        self._listeners = self._listeners.model_copy(update=serving)
 
     async def _retire(self, old: Runtime, keep: set[str]) -> None:
         await old.stop_watching()
@@ -145,6 +212,9 @@ class Server:
     async def stop(self) -> None:
         grace = self.config.shutdown_grace_s
         self.plane.draining = True
+        experiments = self.plane.runtime.store.get("experiments")
+        if experiments is not None:  # faults end first: draining calls get clean answers
+            experiments.stop_all("mmguard is shutting down", "shutdown")
         log.info("shutting down: draining for up to %.1fs", grace)
         if self._health_task:
             self._health_task.cancel()
@@ -154,6 +224,8 @@ class Server:
         if self._grpc is not None:
             tasks.append(self._grpc.stop(grace))
         await asyncio.gather(*tasks, return_exceptions=True)
+        for shadow in self.plane.runtime.store.get("shadow_filters", {}).values():
+            await shadow.close()  # copies still queued for the canary are dropped
         await self.plane.runtime.close()
         self._stopped.set()
         log.info("stopped")
@@ -170,3 +242,94 @@ class Server:
 
 def _pick(override: int | None, configured: int) -> int:
     return configured if override is None else override
+
+
+def _by_name(lc: Listeners) -> list[tuple[str, HttpListener | GrpcListener | AdminListener]]:
+    return [("http", lc.http), ("grpc", lc.grpc), ("admin", lc.admin)]
+
+
+def _changes(old: Any, fresh: Any, tls_why: str | None) -> str:
+    fields = [k for k in type(old).model_fields if getattr(old, k) != getattr(fresh, k)]
+    named = [f"tls ({tls_why})" if k == "tls" and tls_why else k for k in fields]
+    return ", ".join(named) or "the admin token"  # equal fields, other secret: the token's
+
+
+def _grpc_options(cfg: GrpcListener) -> list[tuple[str, Any]]:
+    options: list[tuple[str, Any]] = [
+        ("grpc.max_receive_message_length", cfg.max_request_bytes),
+        ("grpc.max_send_message_length", 1 << 30),
+        ("grpc.so_reuseport", 0),
+        # Soft and hard limit alike: above it every call is refused, not a random share.
+        ("grpc.max_metadata_size", cfg.max_header_bytes),
+        ("grpc.absolute_max_metadata_size", cfg.max_header_bytes),
+    ]
+    if cfg.max_concurrent_streams is not None:
+        options.append(("grpc.max_concurrent_streams", cfg.max_concurrent_streams))
+    return options
+
+
+# --- listener limits (aiohttp middlewares, outermost) ------------------------------------
+
+
+def _header_budget(limit: int, listener: str, refused: Any) -> Middleware:
+    """All headers together within ``limit`` bytes (aiohttp bounds only each line)."""
+
+    @web.middleware
+    async def header_budget(request: web.Request, handler: Handler) -> web.StreamResponse:
+        size = sum(len(k) + len(v) + 4 for k, v in request.raw_headers)  # "k: v\r\n"
+        if size <= limit:
+            return await handler(request)
+        refused.labels(listener, "max_header_bytes").inc()
+        return _refusal(431, f"request headers are {size} bytes, over "
+                             f"listeners.{listener}.max_header_bytes ({limit})")
+
+    return header_budget
+
+
+def _concurrency_limit(limit: int, listener: str, refused: Any) -> Middleware:
+    """At most ``limit`` requests at once; health probes always pass (an orchestrator must not
+    restart a busy proxy)."""
+    in_flight = 0
+
+    @web.middleware
+    async def concurrency_limit(request: web.Request, handler: Handler) -> web.StreamResponse:
+        nonlocal in_flight
+        if request.path.startswith("/v2/health/"):
+            return await handler(request)
+        if in_flight >= limit:
+            refused.labels(listener, "max_concurrent_requests").inc()
+            return error_response(LocalReply(
+                ErrorKind.OVERLOADED, f"listeners.{listener}.max_concurrent_requests ({limit}) "
+                f"requests are in progress; retry later", retry_after_s=1.0))
+        in_flight += 1
+        try:
+            return await handler(request)
+        finally:
+            in_flight -= 1
+
+    return concurrency_limit
+
+
+def _body_limit(limit: int, listener: str, refused: Any) -> Middleware:
+    """Bodies must declare their length, within ``limit``; refused before a byte is read."""
+
+    @web.middleware
+    async def body_limit(request: web.Request, handler: Handler) -> web.StreamResponse:
+        length = request.content_length
+        if request.body_exists and length is None:
+            refused.labels(listener, "max_request_bytes").inc()
+            return _refusal(411, "a request body needs a Content-Length here")
+        if length is not None and length > limit:
+            refused.labels(listener, "max_request_bytes").inc()
+            return _refusal(413, f"request body is {length} bytes, over "
+                                 f"listeners.{listener}.max_request_bytes ({limit})")
+        return await handler(request)
+
+    return body_limit
+
+
+def _refusal(status: int, message: str) -> web.Response:
+    response = web.json_response({"error": message}, status=status,
+                                 headers={"mmguard-error-origin": "proxy"})
+    response.force_close()  # whatever the client still sends is not read
+    return response

@@ -1,8 +1,9 @@
 """``mmguard status``: a running mmguard's live state, read from its admin API, in the terminal.
 
-Reads ``/readyz``, ``/admin/breakers``, ``/admin/routers`` and ``/metrics`` (standard library
-HTTP only) and prints readiness, request counts per route by outcome code, breaker states and
-router weights. Exit 0 when the admin API answered, 1 (naming the URL) when it did not.
+Reads ``/readyz``, ``/admin/breakers``, ``/admin/routers``, ``/admin/experiments``,
+``/admin/shadows`` and ``/metrics`` (standard library HTTP only) and prints readiness, request
+counts per route by outcome code, breaker states, router weights, fault experiments and canary
+verdicts. Exit 0 when the admin API answered, 1 (naming the URL) when it did not.
 In a pod: ``kubectl exec deploy/mmguard-clip -c mmguard -- mmguard status``.
 """
 
@@ -35,6 +36,8 @@ class Status:
     backends: dict[str, bool] = field(default_factory=dict)
     breakers: list[dict[str, Any]] = field(default_factory=list)
     routers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    experiments: list[dict[str, Any]] = field(default_factory=list)
+    shadows: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _get(url: str, timeout: float, ok_statuses: tuple[int, ...] = (200,)) -> tuple[int, bytes]:
@@ -66,6 +69,8 @@ def fetch(admin: str, timeout: float = 5.0) -> Status:
     status = Status(admin=base, ready=bool(ready_doc.get("ready")))
     status.breakers = list(_json(f"{base}/admin/breakers", timeout))
     status.routers = dict(_json(f"{base}/admin/routers", timeout))
+    status.experiments = list(_json(f"{base}/admin/experiments", timeout))
+    status.shadows = dict(_json(f"{base}/admin/shadows", timeout))
     _, metrics = _get(f"{base}/metrics", timeout)
     requests: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     try:
@@ -136,6 +141,35 @@ def render(s: Status, out: TextIO) -> None:
         _table(rows, out)
     else:
         out.write("  none (no route uses modality_router)\n")
+
+    out.write("\nfault experiments\n")
+    if s.experiments:
+        rows = [["name", "route", "state", "matched", "injected", "window errors", "why stopped"]]
+        for e in s.experiments:
+            w = e.get("window") or {}
+            rate = w.get("error_rate")
+            rows.append([str(e.get("name")), str(e.get("route")), str(e.get("state")).upper(),
+                         str(e.get("matched", 0)),
+                         ", ".join(f"{k} {v}" for k, v in (e.get("injected") or {}).items())
+                         or "0", "-" if rate is None else f"{rate:.1%}",
+                         str(e.get("stop_reason") or "")])
+        _table(rows, out)
+    else:
+        out.write("  none\n")
+
+    out.write("\ncanary verdicts\n")
+    if s.shadows:
+        rows = [["route", "canary", "verdict", "compared", "agreement", "mirroring", "reasons"]]
+        for route, snap in s.shadows.items():
+            agreement = snap.get("effective_agreement")
+            rows.append([route, str(snap.get("canary")), str(snap.get("state")).upper(),
+                         str(snap.get("compared", 0)),
+                         "-" if agreement is None else f"{agreement:.1%}",
+                         "yes" if snap.get("mirroring") else "stopped",
+                         "; ".join(snap.get("reasons") or [])[:120]])
+        _table(rows, out)
+    else:
+        out.write("  none (no route uses the shadow filter)\n")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,24 +1,29 @@
 """What the HTTP backends share: one keep-alive aiohttp session per backend, made inside the
-running loop, health probes, JSON GETs and the error that names the backend and its address."""
+running loop, TLS (a ``tls`` block, or an ``https://`` url with the system's trust store), health
+probes, JSON GETs and the error that names the backend and its address."""
 
 from __future__ import annotations
 
 import json
+import ssl
 from typing import Any
 
 import aiohttp
 
 from proxy.backends.base import Backend
 from proxy.errors import ErrorKind, ProxyError, kind_from_http
+from proxy.tls import TlsClient, backend_ssl_context
 
 
 class HttpBackend(Backend):
     def __init__(self, name: str, url: str, timeout_s: float, pool_size: int,
-                 auto_decompress: bool = True) -> None:
+                 auto_decompress: bool = True, tls: TlsClient | None = None) -> None:
         self.name = name
         self.timeout_s = timeout_s
-        url = url if "://" in url else f"http://{url}"
+        url = url if "://" in url else f"{'https' if tls else 'http'}://{url}"
         self.base = url.rstrip("/")
+        # True: aiohttp's default (TLS with the system's trust store, for https:// only).
+        self._ssl: ssl.SSLContext | bool = True if tls is None else backend_ssl_context(tls, name)
         self._pool_size = pool_size
         self._auto_decompress = auto_decompress
         self._session: aiohttp.ClientSession | None = None
@@ -26,7 +31,8 @@ class HttpBackend(Backend):
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:  # made on first use, inside the running loop
-            connector = aiohttp.TCPConnector(limit=self._pool_size, keepalive_timeout=60)
+            connector = aiohttp.TCPConnector(limit=self._pool_size, keepalive_timeout=60,
+                                             ssl=self._ssl)
             self._session = aiohttp.ClientSession(connector=connector,
                                                   auto_decompress=self._auto_decompress)
         return self._session

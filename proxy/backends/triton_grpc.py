@@ -1,4 +1,5 @@
-"""Triton over gRPC (KServe v2): pooled grpc.aio channels, deadlines, metadata propagated.
+"""Triton over gRPC (KServe v2): pooled grpc.aio channels (TLS with ``tls``), deadlines, metadata
+propagated.
 
 Requests and responses cross as bytes: no deserializer is registered for ModelInfer, so an
 unedited request is sent exactly as the client sent it and the answer comes back unparsed until
@@ -23,6 +24,7 @@ from proxy.contract import ModelContract, TensorSpec, fingerprint
 from proxy.errors import ErrorKind, ProxyError, kind_from_grpc
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.pb import grpc_service_pb2_grpc as pb_grpc
+from proxy.tls import grpc_channel_credentials
 
 _SERVICE = "/inference.GRPCInferenceService/"
 
@@ -53,9 +55,13 @@ class TritonGrpcBackend(Backend):
             ("grpc.max_reconnect_backoff_ms", 1000),
         ]
         # A distinct channel arg per channel keeps each on its own HTTP/2 connection.
-        self._channels = [grpc.aio.insecure_channel(cfg.url, options=[*options,
-                                                                      ("mmguard.channel", i)])
-                          for i in range(cfg.channels)]
+        if cfg.tls is None:
+            self._channels = [grpc.aio.insecure_channel(cfg.url, options=[
+                *options, ("mmguard.channel", i)]) for i in range(cfg.channels)]
+        else:
+            creds, tls_options = grpc_channel_credentials(cfg.tls)
+            self._channels = [grpc.aio.secure_channel(cfg.url, creds, options=[
+                *options, *tls_options, ("mmguard.channel", i)]) for i in range(cfg.channels)]
         self._infer = [c.unary_unary(_SERVICE + "ModelInfer") for c in self._channels]
         self._stream = [c.stream_stream(_SERVICE + "ModelStreamInfer") for c in self._channels]
         self._stubs = [pb_grpc.GRPCInferenceServiceStub(c)  # type: ignore[no-untyped-call]

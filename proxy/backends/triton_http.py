@@ -30,7 +30,8 @@ class TritonHttpBackend(HttpBackend):
 
     def __init__(self, cfg: HttpConfig) -> None:
         # Answers are forwarded as they came, so they are never decompressed on the way.
-        super().__init__(cfg.name, cfg.url, cfg.timeout_s, cfg.pool_size, auto_decompress=False)
+        super().__init__(cfg.name, cfg.url, cfg.timeout_s, cfg.pool_size, auto_decompress=False,
+                         tls=cfg.tls)
         self.cfg = cfg
 
     async def ready(self) -> bool:

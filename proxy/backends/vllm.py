@@ -35,7 +35,7 @@ class VllmBackend(HttpBackend):
     protocol = "openai"
 
     def __init__(self, cfg: VllmConfig) -> None:
-        super().__init__(cfg.name, cfg.url, cfg.timeout_s, cfg.pool_size)
+        super().__init__(cfg.name, cfg.url, cfg.timeout_s, cfg.pool_size, tls=cfg.tls)
         self.cfg = cfg
         self._accepts_images: dict[str, bool | None] = {}
 

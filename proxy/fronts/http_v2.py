@@ -18,7 +18,7 @@ from proxy import codec_http
 from proxy.call import LocalReply
 from proxy.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError
-from proxy.fronts.openai import OpenAIFront
+from proxy.fronts.openai import OpenAIFront, drop_connection
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TIMEOUT_HEADER = "mmguard-timeout-ms"
@@ -127,6 +127,8 @@ class HttpFront:
             call.deadline = time.monotonic() + _positive_ms(timeout_ms) / 1000
         reply = await self.plane.infer(call)
         if isinstance(reply, LocalReply):
+            if reply.reset:
+                drop_connection(request)
             return error_response(reply, call.decisions)
         data, hlen = codec_http.encode_response(call, reply)
         headers = dict(call.decisions)

@@ -88,6 +88,8 @@ class OpenAIFront:
             return await self._stream(request, call)
         reply = await self.plane.infer(call)
         if isinstance(reply, LocalReply):
+            if reply.reset:
+                drop_connection(request)
             return openai_error(reply, call.decisions)
         body = _renamed(reply, call)
         self._account_usage(call, _json(body))
@@ -112,6 +114,9 @@ class OpenAIFront:
                 if request.transport is None or request.transport.is_closing():
                     break  # the client went away: stop reading (and so stop the backend)
                 if isinstance(item, LocalReply):
+                    if item.reset:
+                        drop_connection(request)
+                        break
                     await resp.write(_error_event(item))
                     break
                 if isinstance(item, SseEvent):
@@ -172,6 +177,12 @@ class OpenAIFront:
         except ProxyError as err:
             return openai_error(LocalReply.from_error(err))
         return web.Response(body=out, status=status, content_type="application/json")
+
+
+def drop_connection(request: web.Request) -> None:
+    """An injected "connection reset": the client sees its connection drop with no answer."""
+    if request.transport is not None:
+        request.transport.abort()
 
 
 def _json(body: bytes) -> dict[str, Any] | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,9 +47,22 @@ def running(ort_models: Path) -> Iterator[RunningMmguard]:
                                  "dwell_s": 0}}]},
         {"name": "clip_a", "backend": "ort", "backend_model": "clip_demo", "filters": []},
         {"name": "clip_b", "backend": "ort", "backend_model": "clip_demo", "filters": []},
+        {"name": "shadowed_clip", "backend": "ort", "backend_model": "clip_demo", "filters": [
+            {"shadow": {"canary": "canary_clip", "verdict": {"min_samples": 2}}}]},
+        {"name": "canary_clip", "backend": "ort", "backend_model": "clip_demo", "filters": [
+            {"fault": {"experiments": [{"name": "masked",
+                                        "actions": [{"kind": "patch_mask", "ratio": 0.75}],
+                                        "stop": {"max_error_rate": None}}]}}]},
     ]
+    cfg["canary"] = {"headers": {"x-canary": "1"}}
     with RunningMmguard(cfg) as m:
         m.wait_ready()
+        for _ in range(2):
+            grpc_infer_raw(m.grpc_url, clip_body("shadowed_clip"))
+        deadline = time.monotonic() + 30
+        while m.server.plane.runtime.admin["shadows"]["shadowed_clip"].state.compared < 2:  # type: ignore[union-attr]
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         for _ in range(3):
             grpc_infer_raw(m.grpc_url, clip_body("guarded_clip"))
         grpc_infer_raw(m.grpc_url, clip_body("routed_clip"))
@@ -116,3 +130,16 @@ def test_status_fails_naming_the_url_when_nothing_listens() -> None:
     assert url in done.stderr
     assert "cannot read the admin API" in done.stderr
     assert done.stdout == ""
+
+
+def test_status_shows_experiments_and_canary_verdicts(running: RunningMmguard) -> None:
+    done = status("--admin", running.admin_url)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    (verdict,) = rows(out, "shadowed_clip", "canary_clip")
+    # the masked canary disagrees with production on every copy ...
+    assert verdict[2] == "ABORT" and verdict[3] == "2" and verdict[4] == "0.0%"
+    assert verdict[5] == "stopped"  # ... so mirroring stopped
+    # and the abort stopped the experiment too; the two mirrored copies were canary traffic
+    (exp,) = rows(out, "masked", "canary_clip", "STOPPED", "2")
+    assert "canary abort verdict on 'shadowed_clip'" in " ".join(exp)

@@ -260,9 +260,13 @@ def exported(ort_models: Path) -> Iterator[tuple[set[str], RunningMmguard]]:
         {"name": "routed", "backend": "ort", "backend_model": "clip_demo", "filters": [
             {"modality_router": {"paths": [{"route": "clip_a"}, {"route": "clip_b"}],
                                  "inputs": inputs, "dwell_s": 0}}]},
-        {"name": "clip_a", "backend": "ort", "backend_model": "clip_demo", "filters": []},
-        {"name": "clip_b", "backend": "ort", "backend_model": "clip_demo", "filters": []},
+        {"name": "clip_a", "backend": "ort", "backend_model": "clip_demo", "filters": [
+            {"shadow": {"canary": "clip_b"}}]},
+        {"name": "clip_b", "backend": "ort", "backend_model": "clip_demo", "filters": [
+            {"fault": {"experiments": [{"name": "noop", "actions": [{"kind": "delay",
+                                                                      "ms": 0}]}]}}]},
     ]
+    cfg["canary"] = {"share": 1.0}  # every call is canary: the experiment's metrics appear
     rng = np.random.default_rng(0)
     with RunningMmguard(cfg) as m:
         m.wait_ready()

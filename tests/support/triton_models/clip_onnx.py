@@ -3,7 +3,8 @@
 The file comes from the config parameter ``onnx_path``. Slowed on cue: while the file named by
 the parameter ``cue_file`` exists (JSON), each request first sleeps ``delay_ms`` and its
 ``similarity`` is multiplied by ``similarity_scale``, or replaced by ``similarity`` when the cue
-names one (a degraded replica, for routing tests).
+names one (a degraded replica, for routing tests); ``embed_noise`` adds Gaussian noise of that σ
+to ``image_embeds`` (a perturbed canary, for shadowing tests).
 ``similarity`` is [batch] in ONNX; the config declares it ``dims: [1]`` with
 ``reshape: { shape: [] }`` so Triton exposes [batch, 1] — see tests/support/triton.py for why.
 """
@@ -12,6 +13,7 @@ import json
 import os
 import time
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 OUTPUTS = ("image_embeds", "text_embeds", "similarity")
@@ -51,6 +53,10 @@ class TritonPythonModel:
             results[2] = results[2] * float(cue.get("similarity_scale", 1.0))
             if "similarity" in cue:  # a replica whose answers went bad: one fixed value
                 results[2] = results[2] * 0 + float(cue["similarity"])
+            if cue.get("embed_noise"):  # a variant whose embeddings drift (canary tests)
+                rng = np.random.default_rng(int(cue.get("seed", 0)))
+                results[0] = (results[0] + rng.normal(0, float(cue["embed_noise"]),
+                                                      results[0].shape)).astype(np.float32)
             tensors = [
                 pb_utils.Tensor(name, value) for name, value in zip(OUTPUTS, results, strict=True)
             ]
