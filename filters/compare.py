@@ -277,7 +277,8 @@ class VerdictConfig(BaseModel):
     ``min_samples`` primary-vs-primary comparisons are in the window."""
     min_self_agreement: float = Field(0.5, ge=0, le=1)
     """A primary that agrees with itself less than this cannot tell a good canary from a bad
-    one: the verdict holds (never promotes) while that lasts."""
+    one: the verdict holds (never promotes, and aborts on latency only) while that lasts; the
+    comparison's tolerances are tighter than the model's own noise."""
 
     @model_validator(mode="after")
     def _ordered(self) -> VerdictConfig:
@@ -337,9 +338,12 @@ class Verdict:
     Memory is bounded: ``window`` samples of each kind and 50 disagreement reasons.
     """
 
-    def __init__(self, cfg: VerdictConfig, clock: Clock) -> None:
+    def __init__(self, cfg: VerdictConfig, clock: Clock, expect_noise: bool = False) -> None:
         self.cfg = cfg
         self.clock = clock
+        self.expect_noise = expect_noise and cfg.noise_floor
+        """Self-comparisons are coming (the mirror sends some calls twice): judge nothing until
+        the noise floor is known, rather than abort a non-deterministic model on raw figures."""
         self._samples: deque[_Sample] = deque(maxlen=cfg.window)
         self._noise: deque[tuple[float, bool]] = deque(maxlen=cfg.window)
         self._disagreements: deque[tuple[float, str]] = deque(maxlen=_DISAGREEMENTS_KEPT)
@@ -419,6 +423,9 @@ class Verdict:
         cfg = self.cfg
         if f.samples < cfg.min_samples or f.effective is None:
             return "collecting", [f"{f.samples} of {cfg.min_samples} samples collected"]
+        if self.expect_noise and f.self_agreement is None:
+            return "collecting", [f"waiting for the noise floor: {f.noise_samples} of "
+                                  f"{cfg.min_samples} self-comparisons"]
         basis = f"the canary agreed in {f.agreed} of {f.samples}"
         if f.self_agreement is not None and cfg.noise_floor:
             basis += (f"; the primary agrees with itself {f.self_agreement:.1%} "
@@ -429,7 +436,11 @@ class Verdict:
         latest = ([f"latest disagreement: {self._disagreements[-1][1]}"]
                   if self._disagreements and f.agreed < f.samples else [])
         aborts: list[str] = []
-        if f.effective < cfg.abort_agreement:
+        blind = (cfg.noise_floor and f.self_agreement is not None
+                 and f.self_agreement < cfg.min_self_agreement)
+        # A primary that mostly disagrees with itself cannot convict the canary either: with
+        # such a noise floor only latency may abort.
+        if f.effective < cfg.abort_agreement and not blind:
             aborts.append(f"effective agreement {f.effective:.1%} < abort threshold "
                           f"{cfg.abort_agreement:.1%} ({basis})")
         if (cfg.max_latency_ratio is not None and f.latency_ratio is not None
@@ -440,8 +451,7 @@ class Verdict:
         if aborts:
             return "abort", aborts + latest
         holds: list[str] = []
-        if (cfg.noise_floor and f.self_agreement is not None
-                and f.self_agreement < cfg.min_self_agreement):
+        if blind:
             holds.append(f"the primary agrees with itself only {f.self_agreement:.1%} "
                          f"(< {cfg.min_self_agreement:.1%}): comparisons cannot judge the canary")
         if f.effective < cfg.promote_agreement:

@@ -107,7 +107,8 @@ class Shadow:
         shadows = ctx.store.setdefault("shadows", {})
         found = shadows.get(ctx.route)
         if found is None or found.cfg != cfg:
-            found = shadows[ctx.route] = ShadowState(cfg, Verdict(cfg.verdict, ctx.clock))
+            verdict = Verdict(cfg.verdict, ctx.clock, expect_noise=cfg.noise_floor_percent > 0)
+            found = shadows[ctx.route] = ShadowState(cfg, verdict)
             found.verdict.on_change(self._changed)
         self.state: ShadowState = found
         ctx.admin.setdefault("shadows", {})[ctx.route] = self
@@ -328,7 +329,8 @@ def _snapshot(call: Call) -> Call:
     return replace(call, inputs=list(call.inputs), headers=dict(call.headers),
                    document=json.loads(json.dumps(call.document)) if call.document else None,
                    outputs=list(call.outputs), parameters=dict(call.parameters),
-                   state=CallState(), decisions={}, target=None)
+                   state=CallState(), decisions={},
+                   target=replace(call.target) if call.target is not None else None)
 
 
 def _fresh(call: Call, timeout_s: float) -> Call:

@@ -6,6 +6,8 @@ aborted; a slow or dead canary never changes the primary's answers; the queue bo
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -113,7 +115,7 @@ def test_an_identical_canary_agrees_and_is_promoted(ort_models: Path,
 
 @pytest.mark.triton
 def test_a_drifting_canary_is_caught_and_aborted(ort_models: Path, triton: TritonServer,
-                                                 cue: Any) -> None:
+                                                 cue: Any, tmp_path: Path) -> None:
     cue({"embed_noise": 0.5})  # the canary's image embeddings drift
     cfg = shadow_config(ort_models, triton)
     cfg["models"][2]["filters"] = [{"fault": {"experiments": [
@@ -137,6 +139,15 @@ def test_a_drifting_canary_is_caught_and_aborted(ort_models: Path, triton: Trito
         _, trailers = grpc_infer_raw(m.grpc_url, clip_body("clip", 99))
         assert "mmguard-shadow" not in dict(trailers)
         assert shadows(m)["clip"]["mirrored"] == before
+        # the report, from the real admin API: the table, an HTML page, exit code 3 for abort
+        html = tmp_path / "report.html"
+        done = subprocess.run([sys.executable, "-m", "proxy.cli", "canary-report", "--admin",
+                               m.admin_url, "--html", str(html)], capture_output=True, text=True,
+                              timeout=60, cwd=Path(__file__).parents[2])
+        assert done.returncode == 3, done.stderr
+        assert "clip_canary" in done.stdout and "abort" in done.stdout
+        page = html.read_text()
+        assert "<svg" in page and "image_embeds" in page
         # an operator resets it
         req = urllib.request.Request(m.admin_url + "/admin/shadows/clip/reset", data=b"",
                                      method="POST")
@@ -205,3 +216,42 @@ def test_openai_chat_shadow_compares_text_streaming_and_not(vllm_llama: VllmServ
         snap = wait_compared(m, "chat", 4, timeout=120)
         assert snap["agreement"] == 1.0 and snap["state"] == "promote"
         assert snap["metrics"]["token_f1"]["min"] == 1.0
+
+
+@pytest.mark.triton
+def test_the_noise_floor_judges_a_nondeterministic_model_against_itself(
+        triton: TritonServer, cue: Any) -> None:
+    """Production and canary are the SAME non-deterministic model (fresh noise on every
+    answer): compared with zero difference it looks broken; with a noise floor it does not."""
+    cue({"embed_noise": 0.02, "seed": None})
+    verdict = {**VERDICT, "min_samples": 10, "abort_agreement": 0.8, "promote_agreement": 0.95}
+    compare = {"outputs": ["image_embeds"], "cosine_min": 0.9999}
+    cfg = {"backends": [{"kind": "triton_grpc", "name": "triton", "url": triton.grpc_url}],
+           "models": [
+               {"name": "strict", "backend": "triton", "backend_model": "clip_demo", "filters": [
+                   {"shadow": {"canary": "canary", "verdict": {**verdict, "noise_floor": False},
+                               "compare": compare}}]},
+               {"name": "floored", "backend": "triton", "backend_model": "clip_demo",
+                "filters": [{"shadow": {"canary": "canary", "verdict": verdict,
+                                        "compare": compare, "noise_floor_percent": 100}}]},
+               {"name": "canary", "backend": "triton", "backend_model": "clip_demo",
+                "filters": []}]}
+    with RunningMmguard(cfg) as m:
+        m.wait_ready(timeout=60)
+        for i in range(12):
+            grpc_infer_raw(m.grpc_url, clip_body("strict", i))
+            grpc_infer_raw(m.grpc_url, clip_body("floored", i))
+        strict = wait_compared(m, "strict", 10)
+        floored = wait_compared(m, "floored", 10)
+        deadline = time.monotonic() + 30
+        while floored["noise_samples"] < 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            floored = shadows(m)["floored"]
+    # judged against zero difference, a canary identical to production is aborted ...
+    assert strict["agreement"] < 0.5 and strict["state"] == "abort"
+    # ... with the noise floor, the same figures show production disagrees with itself as much:
+    # the comparison cannot judge at this tolerance, so the verdict holds and says why
+    assert floored["agreement"] < 0.5 and floored["self_agreement"] < 0.5
+    assert floored["state"] == "hold"
+    assert "cannot judge the canary" in floored["reasons"][0]
+    assert floored["mirroring"] is True

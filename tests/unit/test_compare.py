@@ -363,3 +363,11 @@ def test_empty_snapshot() -> None:
     snap = json.loads(json.dumps(v.snapshot(), allow_nan=False))
     assert snap["state"] == "collecting" and snap["agreement"] is None
     assert snap["metrics"] == {} and snap["histograms"] == {"metrics": {}, "latency_ms": {}}
+
+
+def test_a_primary_blind_to_itself_never_aborts_on_agreement() -> None:
+    v, _, _ = verdict(window=100, min_samples=20)
+    feed(v, 2, 20, noise=True)  # 10 % self-agreement
+    feed(v, 0, 100)  # the canary never agrees: no different from production itself
+    assert v.state() == "hold"
+    assert "comparisons cannot judge the canary" in v.reasons()[0]

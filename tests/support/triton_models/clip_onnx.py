@@ -4,7 +4,8 @@ The file comes from the config parameter ``onnx_path``. Slowed on cue: while the
 the parameter ``cue_file`` exists (JSON), each request first sleeps ``delay_ms`` and its
 ``similarity`` is multiplied by ``similarity_scale``, or replaced by ``similarity`` when the cue
 names one (a degraded replica, for routing tests); ``embed_noise`` adds Gaussian noise of that σ
-to ``image_embeds`` (a perturbed canary, for shadowing tests).
+to ``image_embeds`` (a perturbed canary, for shadowing tests), drawn from ``seed`` (0), or
+afresh for every request when ``seed`` is null (a non-deterministic model).
 ``similarity`` is [batch] in ONNX; the config declares it ``dims: [1]`` with
 ``reshape: { shape: [] }`` so Triton exposes [batch, 1] — see tests/support/triton.py for why.
 """
@@ -54,7 +55,8 @@ class TritonPythonModel:
             if "similarity" in cue:  # a replica whose answers went bad: one fixed value
                 results[2] = results[2] * 0 + float(cue["similarity"])
             if cue.get("embed_noise"):  # a variant whose embeddings drift (canary tests)
-                rng = np.random.default_rng(int(cue.get("seed", 0)))
+                seed = cue.get("seed", 0)  # null: a fresh draw each time (non-deterministic)
+                rng = np.random.default_rng(None if seed is None else int(seed))
                 results[0] = (results[0] + rng.normal(0, float(cue["embed_noise"]),
                                                       results[0].shape)).astype(np.float32)
             tensors = [
