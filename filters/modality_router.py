@@ -200,7 +200,7 @@ class ModalityRouter:
         failed = isinstance(reply, LocalReply) and reply.kind.value in _SERVER_ERRORS
         confidence = None
         if isinstance(reply, Result) and path.confidence is not None:
-            confidence = _confidence(reply, path.confidence)
+            confidence = confidence_of(reply, path.confidence)
         self.record(path.route, time.monotonic() - start, failed, confidence)
         return reply
 
@@ -226,7 +226,8 @@ class ModalityRouter:
         call.set_inputs([t for t in call.inputs if self.cfg.inputs.get(t.name) not in modalities])
 
 
-def _confidence(result: Result, cfg: Confidence) -> float | None:
+def confidence_of(result: Result, cfg: Confidence) -> float | None:
+    """The answer's confidence in [0, 1] as ``cfg`` reads it (None when it cannot)."""
     if cfg.kind == "logprob":
         if result.wire is None or result.wire.protocol != "openai":
             return None

@@ -95,7 +95,7 @@ class DataPlane:
         code = ("ok" if isinstance(reply, Result) else
                 "injected" if reply.injected else reply.kind.value)
         self.telemetry.count_request(m, model, backend, call.front, code)
-        m.latency.observe(elapsed / 1e9)
+        self.telemetry.observe_latency(m, elapsed / 1e9)
         m.request_bytes.inc(call.nbytes)
         if route is not None:
             self._account(call, reply, elapsed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections import deque
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry import trace
@@ -21,8 +22,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mmguard.decision")
 
-_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-                    5.0, 10.0, 30.0)
+# 0.2 s is a bucket edge: the seeds' latency SLO (p99 <= 200 ms) is read off it exactly.
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.25, 0.5, 1.0,
+                    2.5, 5.0, 10.0, 30.0)
+JITTER_WINDOW = 200
+"""Requests per model over which the response jitter coefficient (std / mean) is computed."""
+JITTER_EVERY = 50
 
 
 def tracing_on() -> bool:
@@ -40,11 +45,16 @@ class RequestMetrics(NamedTuple):
     in_flight: Any
     request_bytes: Any
     codes: dict[str, Any]
+    recent: deque[float]
+    """The last JITTER_WINDOW latencies (seconds), for the jitter coefficient."""
+    jitter: Any
 
 
 class Telemetry:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self._request_metrics: dict[tuple[str, str, str], RequestMetrics] = {}
+        self._recent: dict[str, deque[float]] = {}  # per model, shared by its fronts/backends
+        self._since: dict[int, int] = {}
         self._extra: dict[str, Any] = {}
         r = self.registry = registry or CollectorRegistry()
         self.requests = Counter("mmguard_requests_total", "Requests answered, by outcome code.",
@@ -80,6 +90,10 @@ class Telemetry:
         self.finish_reasons = Counter("mmguard_finish_reasons_total",
                                       "Completions by finish_reason (length = cut off).",
                                       ["model", "reason"], registry=r)
+        self.jitter = Gauge("mmguard_latency_jitter_coefficient",
+                            "Response jitter: std / mean of the model's last "
+                            f"{JITTER_WINDOW} request latencies (seeds: warn > 0.25, "
+                            "critical > 0.42).", ["model"], registry=r)
         self.config_reloads = Counter("mmguard_config_reloads_total", "Config reload attempts.",
                                       ["result"], registry=r)
 
@@ -96,8 +110,24 @@ class Telemetry:
         if found is None:
             found = self._request_metrics[key] = RequestMetrics(
                 self.latency.labels(model, backend, front), self.in_flight.labels(model, front),
-                self.request_bytes.labels(model, front), {})
+                self.request_bytes.labels(model, front), {},
+                self._recent.setdefault(model, deque(maxlen=JITTER_WINDOW)),
+                self.jitter.labels(model))
         return found
+
+    def observe_latency(self, m: RequestMetrics, seconds: float) -> None:
+        m.latency.observe(seconds)
+        recent = m.recent
+        recent.append(seconds)
+        if len(recent) == JITTER_WINDOW and self._since.get(id(recent), 0) + 1 >= JITTER_EVERY:
+            self._since[id(recent)] = 0
+            n = len(recent)
+            mean = sum(recent) / n
+            if mean > 0:
+                var = sum((x - mean) ** 2 for x in recent) / n
+                m.jitter.set(var ** 0.5 / mean)
+        else:
+            self._since[id(recent)] = self._since.get(id(recent), 0) + 1
 
     def count_request(self, m: RequestMetrics, model: str, backend: str, front: str,
                       code: str) -> None:

@@ -201,6 +201,7 @@ class ResettingProxy:
 
         self._loop.run(close())
         self._loop.close()
+        self._loop.loop.close()
 
 
 def _abort(writer: Any) -> None:
@@ -804,8 +805,9 @@ def run_load(m: Endpoints, stage: Stage, per_thread: int | None = None) -> list[
             progress._cond.notify_all()
         if action is not None:
             action.result(timeout=60)
-    for o in outcomes:
-        if progress.fault_at is not None and o.ended < progress.fault_at and o.kind != "ok":
+    for o in outcomes:  # before the fault began, only canary calls may be treated otherwise
+        if (progress.fault_at is not None and o.ended < progress.fault_at and o.kind != "ok"
+                and not stage.canary(o.index)):
             o.detail = f"before the fault: {o.kind} {o.detail}"
             o.kind = "WRONG"
     return outcomes

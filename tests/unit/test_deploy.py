@@ -256,7 +256,10 @@ def exported(ort_models: Path) -> Iterator[tuple[set[str], RunningMmguard]]:
             {"limits": {"max_in_flight": 8, "max_batch": 8}},
             {"shape_guard": {"on_batch": "split"}},
             {"quality": {"images": {"pixel_values": {}}, "drift": SMALL_DRIFT}},
-            {"fallback": {"degrade_to": ["clip_b"]}}]},
+            {"fallback": {"degrade_to": ["clip_b"]}},
+            {"output_drift": {"outputs": {"similarity": {"kind": "scalar", "output": "similarity",
+                                                         "range": [-1, 1]}},
+                              "drift": {"baseline_size": 2, "window": 2, "every": 1}}}]},
         {"name": "routed", "backend": "ort", "backend_model": "clip_demo", "filters": [
             {"modality_router": {"paths": [{"route": "clip_a"}, {"route": "clip_b"}],
                                  "inputs": inputs, "dwell_s": 0}}]},

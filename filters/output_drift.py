@@ -1,0 +1,92 @@
+"""``output_drift``: the answers' confidence against a baseline (a robustness KPI).
+
+Guards against the failure that returns 200: inputs look normal, the model answers, but it has
+become less sure (a new model version, a pre-processing change upstream, inputs it was not
+trained on). Seeds: output cross-entropy drift warning above 0.8, critical above 1.9, with a
+healthy baseline of 0.25 ± 0.11.
+
+For each configured output, every answer gives two values: its confidence in [0, 1] (read as
+the ``modality_router`` reads it: max softmax, 1 − normalised entropy, a scalar in a range, or
+vLLM's token logprobs) and its cross-entropy against its own top class, −log(confidence) in
+nats — mmguard sees no labels, so this is the label-free stand-in for the seeds' figure. Their
+distributions are compared with a baseline (the first ``baseline_size`` answers, or a baseline
+file) exactly as ``quality`` compares input signals: the 1-Wasserstein distance and the KS
+statistic over a sliding window, exported as ``mmguard_output_drift{model,output,signal}`` and
+``mmguard_output_drift_ks``. Answers are only read, never changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import weakref
+
+from prometheus_client import CollectorRegistry, Gauge
+from pydantic import BaseModel, ConfigDict, Field
+
+from filters.modality_router import Confidence, confidence_of
+from filters.quality_drift import DriftConfig, DriftGauges, DriftMonitor
+from proxy.call import Call, Reply, Result
+from proxy.chain import FilterContext, Next
+
+log = logging.getLogger("mmguard.output_drift")
+
+
+class OutputDriftConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    outputs: dict[str, Confidence] = Field(min_length=1)
+    """A name for each watched output → how its confidence is read (``kind``, ``output``,
+    ``range``), as in the modality_router's paths."""
+    drift: DriftConfig = DriftConfig()
+
+
+_GAUGES: weakref.WeakKeyDictionary[CollectorRegistry, DriftGauges] = weakref.WeakKeyDictionary()
+
+
+def output_gauges(registry: CollectorRegistry) -> DriftGauges:
+    found = _GAUGES.get(registry)
+    if found is None:
+        labels = ["model", "output", "signal"]
+        found = _GAUGES[registry] = DriftGauges(
+            Gauge("mmguard_output_drift", "Wasserstein distance between an output's recent "
+                  "confidence (or cross-entropy) and its baseline.", labels, registry=registry),
+            Gauge("mmguard_output_drift_ks", "Kolmogorov-Smirnov statistic between an output's "
+                  "recent confidence (or cross-entropy) and its baseline.", labels,
+                  registry=registry))
+    return found
+
+
+class OutputDrift:
+    def __init__(self, cfg: OutputDriftConfig, ctx: FilterContext) -> None:
+        self.cfg = cfg
+        self.monitor = DriftMonitor(ctx.route, cfg.drift, output_gauges(ctx.telemetry.registry))
+
+    async def __call__(self, call: Call, next: Next) -> Reply:
+        reply = await next(call)
+        if isinstance(reply, Result) and reply.stream is None:
+            for name, spec in self.cfg.outputs.items():
+                c = confidence_of(reply, spec)
+                if c is None:
+                    continue
+                self.monitor.observe(name, "confidence", c)
+                self.monitor.observe(name, "cross_entropy", -math.log(max(c, 1e-12)))
+            monitor = self.monitor
+            monitor.update()
+            if monitor.dirty and monitor.cfg.baseline_file is not None:
+                monitor.dirty = False  # a baseline just completed: keep it across restarts
+                try:
+                    await asyncio.to_thread(monitor.save, monitor.snapshot())
+                except OSError as exc:
+                    log.warning("output_drift: cannot save the baseline to %s: %s",
+                                monitor.cfg.baseline_file, exc)
+        return reply
+
+
+class OutputDriftFactory:
+    name = "output_drift"
+    config_model = OutputDriftConfig
+
+    def build(self, config: OutputDriftConfig, ctx: FilterContext) -> OutputDrift:
+        return OutputDrift(config, ctx)
