@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from filters.breaker import Breaker, BreakerSettings, State
 from proxy.call import FAULTS, Call, LocalReply, Reply, Result, Wire
 from proxy.chain import FilterContext, Next
-from proxy.errors import ErrorKind
+from proxy.errors import ErrorKind, ProxyError
 from proxy.openai_api import ChatView
 from proxy.tensor import Tensor
 
@@ -284,7 +284,7 @@ class Fallback:
             return False
         if reply.wire is not None and reply.wire.protocol == "openai":
             return False
-        return any(_non_finite(t) for t in reply.outputs)
+        return _unusable(reply) is not None
 
     def _fused(self, call: Call, level: str) -> str:
         expected = self.cfg.expect_fingerprint.get(level)
@@ -372,7 +372,19 @@ class Fallback:
 def _describe(reply: Reply) -> str:
     if isinstance(reply, LocalReply):
         return f"{reply.kind.name} {reply.message}"
-    return "non-finite values in the answer"
+    return _unusable(reply) or "non-finite values in the answer"
+
+
+def _unusable(reply: Result) -> str | None:
+    """Why an answer cannot be served: non-finite values, or tensors that cannot be read (bytes
+    that do not fit their shape: a truncated or garbled answer). None when it is fine."""
+    try:
+        if any(_non_finite(t) for t in reply.outputs):
+            return "non-finite values in the answer"
+    except (ProxyError, ValueError) as exc:
+        message = exc.message if isinstance(exc, ProxyError) else str(exc)
+        return f"unreadable answer: {message}"
+    return None
 
 
 def _non_finite(t: Tensor) -> bool:

@@ -141,6 +141,10 @@ class Shadow:
         st = self.state
         if not st.mirroring or not self._selected(call):
             return await next(call)
+        if call.streaming and call.document is None:
+            # A v2 decoupled stream has no one answer to compare: not mirrored, and counted.
+            self.m_dropped.labels(self.ctx.route, self.cfg.canary, "v2-stream").inc()
+            return await next(call)
         copy = _snapshot(call)
         start = time.monotonic()
         reply = await next(call)

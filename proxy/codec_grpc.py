@@ -85,14 +85,15 @@ def encode_request(call: Call, model: str, version: str) -> bytes:
     return bytes(req.SerializeToString())
 
 
-def decode_response(body: bytes) -> Result:
+def decode_response(body: bytes, source: str = "backend") -> Result:
     """The answer as a lazily decoded ``Result``: its framing is checked now (cheap, no copy),
-    its fields are parsed only if someone reads them."""
+    its fields are parsed only if someone reads them. ``source`` names the sender in errors
+    (e.g. "backend 'triton' (model 'clip')")."""
     try:
         head, raws = pbwire.split(body, _RAW_OUTPUTS)
     except pbwire.WireError as exc:
-        raise ProxyError(ErrorKind.INTERNAL, f"backend sent a malformed ModelInferResponse: {exc}",
-                         origin="backend") from None
+        raise ProxyError(ErrorKind.INTERNAL, f"{source} sent a malformed ModelInferResponse: "
+                         f"{exc}", origin="backend") from None
 
     def decode() -> Decoded:
         resp = pb.ModelInferResponse()
@@ -100,7 +101,7 @@ def decode_response(body: bytes) -> Result:
             resp.ParseFromString(head)
         except DecodeError as exc:
             raise ProxyError(ErrorKind.INTERNAL,
-                             f"backend sent a malformed ModelInferResponse: {exc}",
+                             f"{source} sent a malformed ModelInferResponse: {exc}",
                              origin="backend") from None
         return _decoded(resp, raws)
 

@@ -147,11 +147,12 @@ def encode_request(call: Call) -> tuple[list[Payload], int | None, bool]:
     return [header, *chunks], len(header), False
 
 
-def decode_response(body: bytes, header_length: str | None, wire_valid: bool) -> Result:
+def decode_response(body: bytes, header_length: str | None, wire_valid: bool,
+                    source: str = "backend") -> Result:
     try:
         doc, hlen = split_body(body, header_length, "response")
     except ProxyError as err:
-        raise ProxyError(ErrorKind.INTERNAL, f"backend sent a malformed v2 response: {err}",
+        raise ProxyError(ErrorKind.INTERNAL, f"{source} sent a malformed v2 response: {err}",
                          origin="backend") from None
     view = memoryview(body)
 

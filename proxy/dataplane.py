@@ -3,6 +3,7 @@ runtime, with the request-level span, metrics and statistics done once, here, fo
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -88,6 +89,19 @@ class DataPlane:
         start = time.perf_counter_ns()
         try:
             reply = await self.runtime.handle(call)
+        except asyncio.CancelledError:
+            # The client went away or its deadline passed (grpc.aio cancels the handler): the
+            # call still counts, so the metrics agree with what the clients saw.
+            elapsed = time.perf_counter_ns() - start
+            late = call.deadline is not None and time.monotonic() >= call.deadline - 0.005
+            code = "deadline_exceeded" if late else "cancelled"
+            self.telemetry.count_request(m, model, backend, call.front, code)
+            self.telemetry.observe_latency(m, elapsed / 1e9)
+            if route is not None:
+                st = self.stats.setdefault(call.model, ModelStats())
+                st.fail_count += 1
+                st.fail_ns += elapsed
+            raise
         finally:
             m.in_flight.dec()
         elapsed = time.perf_counter_ns() - start

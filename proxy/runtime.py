@@ -140,6 +140,10 @@ class Runtime:
         target = call.target
         assert target is not None
         backend = self.backends[target.backend]
+        if not self._started[target.backend].is_set():
+            return LocalReply(ErrorKind.UNAVAILABLE,
+                              f"backend '{target.backend}' is still starting (model "
+                              f"'{target.model}'); try again", retry_after_s=1.0)
         if call.streaming:
             return Result(target.model, stream=backend.stream(call, target))
         start = self.clock.monotonic()
@@ -182,6 +186,16 @@ class Runtime:
                 self._started[name].set()
         for route in self.routes.values():
             self._tasks.append(asyncio.create_task(self._watch_contract(route)))
+
+    async def wait_started(self, within_s: float) -> list[str]:
+        """Wait (up to ``within_s``) for every backend to have started; the names still not."""
+        pending = [n for n, e in self._started.items() if not e.is_set()]
+        if pending:
+            waits = [asyncio.ensure_future(self._started[n].wait()) for n in pending]
+            _, not_done = await asyncio.wait(waits, timeout=within_s)
+            for w in not_done:
+                w.cancel()
+        return [n for n, e in self._started.items() if not e.is_set()]
 
     async def _start_backend(self, name: str, backend: Backend) -> None:
         delay = 0.2

@@ -171,6 +171,12 @@ class Server:
             new.contracts.update({r: c for r, c in old.contracts.items()
                                   if r in new.routes and new.routes[r].spec.backend in reused})
             await new.start(started=reused)
+            # New backends connect before the swap, so calls never meet one half made; one
+            # that cannot start in time answers UNAVAILABLE until it has.
+            slow = await new.wait_started(within_s=10.0)
+            if slow:
+                log.warning("config reload: backends %s have not started yet; their routes "
+                            "answer UNAVAILABLE until they have", slow)
             self.plane.runtime = new
             self.config = config
             self._reload_listeners(config.listeners)

@@ -108,7 +108,7 @@ class TritonGrpcBackend(Backend):
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise self.deadline_error(target, timeout) from None
             raise self._error(exc, target.model) from None
-        return codec_grpc.decode_response(resp)
+        return codec_grpc.decode_response(resp, f"backend '{self.name}' (model '{target.model}')")
 
     async def stream(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
         # One backend stream per request: the request is written and the stream half-closed,

@@ -73,7 +73,8 @@ class TritonHttpBackend(HttpBackend):
                     if r.status != 200:
                         raise self._status_error(r.status, data)
                     return codec_http.decode_response(
-                        data, r.headers.get(codec_http.HEADER_LENGTH), forwarded)
+                        data, r.headers.get(codec_http.HEADER_LENGTH), forwarded,
+                        f"backend '{self.name}' (model '{target.model}')")
         except TimeoutError:
             raise self.deadline_error(target, timeout) from None
         except aiohttp.ClientError as exc:

@@ -14,12 +14,13 @@ outcomes must add up to the requests sent (none lost) and agree with mmguard's o
 for a few thousand requests and bounds its RSS growth.
 
 Real servers everywhere (Triton from nvidia-pytriton, in-process ONNX Runtime, a real TCP
-forwarder that resets connections); ``FakeV2`` only for what no real server does on cue: hang
-forever, answer a payload shorter than its shape, answer bytes that are not a v2 response.
+forwarder that resets connections); ``FakeV2`` only for what no real server does on cue: hang,
+answer a payload shorter than its shape, answer bytes that are not a v2 response.
 """
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -43,6 +44,7 @@ import numpy as np
 import onnx
 import pytest
 import yaml
+from numpy.typing import NDArray
 from onnx import TensorProto, helper
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -62,20 +64,21 @@ GRPC_CODE_KIND = {s.grpc: k.value for k, s in reversed(STATUS.items())}
 HTTP_STATUS_KIND = {s.http: k.value for k, s in STATUS.items()}
 BAD = ("WRONG", "UNCLEAR", "EXCEPTION")
 STATIC = np.full((1, 16), -7.5, np.float32)
+Array = NDArray[np.float32]
 
 
 # --- the models -------------------------------------------------------------------------------
 
 
-def double(x: np.ndarray) -> np.ndarray:  # small_fp32 on Triton, ``double`` on ONNX Runtime
+def double(x: Array) -> Array:  # small_fp32 on Triton, ``double`` on ONNX Runtime
     return (x * np.float32(2)).astype(np.float32)
 
 
-def same(x: np.ndarray) -> np.ndarray:  # slow_fp32 on Triton, echo on FakeV2
+def same(x: Array) -> Array:  # slow_fp32 on Triton, echo on FakeV2
     return x
 
 
-def negate(x: np.ndarray) -> np.ndarray:  # ``negate`` on ONNX Runtime
+def negate(x: Array) -> Array:  # ``negate`` on ONNX Runtime
     return -x
 
 
@@ -94,17 +97,6 @@ def write_onnx(model_dir: Path, name: str, op: str, inp: str, out: str,
     path = model_dir / name / "1" / "model.onnx"
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, path)
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Env:
-    root = tmp_path_factory.mktemp("fault_matrix")
-    ort = root / "ort"
-    # L2 answers differ from L1's, so an L2 answer passed off as L1's is caught as wrong.
-    write_onnx(ort, "double", "Mul", "x", "y", ["n", 16], const=2.0)
-    write_onnx(ort, "negate", "Neg", "INPUT0", "OUTPUT0", ["m"])
-    repo = write_model_repository(root / "repo", ensure_clip_demo(root / "onnx"))
-    return Env(root, ort, repo, request)
 
 
 @dataclass
@@ -133,6 +125,17 @@ class Env:
         return {"kind": "onnxruntime", "name": "ort", "model_dir": str(self.ort), "threads": 1}
 
 
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Env:
+    root = tmp_path_factory.mktemp("fault_matrix")
+    ort = root / "ort"
+    # L2 answers differ from L1's, so an L2 answer passed off as L1's is caught as wrong.
+    write_onnx(ort, "double", "Mul", "x", "y", ["n", 16], const=2.0)
+    write_onnx(ort, "negate", "Neg", "INPUT0", "OUTPUT0", ["m"])
+    repo = write_model_repository(root / "repo", ensure_clip_demo(root / "onnx"))
+    return Env(root, ort, repo, request)
+
+
 # --- a TCP forwarder that resets its connections -------------------------------------------------
 
 
@@ -146,7 +149,7 @@ class ResettingProxy:
         self.upstream = (host, int(port))
         self.resets = 0
         self._loop = BackgroundLoop()
-        self._conns: set[tuple[Any, Any]] = set()
+        self._conns: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._server = self._loop.run(self._start())
         self.port = self._server.sockets[0].getsockname()[1]
 
@@ -154,12 +157,10 @@ class ResettingProxy:
     def url(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    async def _start(self) -> Any:
-        import asyncio
+    async def _start(self) -> asyncio.Server:
         return await asyncio.start_server(self._serve, "127.0.0.1", 0)
 
-    async def _serve(self, reader: Any, writer: Any) -> None:
-        import asyncio
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.upstream)
         except OSError:
@@ -168,7 +169,7 @@ class ResettingProxy:
         conn = (writer, up_writer)
         self._conns.add(conn)
 
-        async def pipe(src: Any, dst: Any) -> None:
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             try:
                 while data := await src.read(65536):
                     dst.write(data)
@@ -204,7 +205,7 @@ class ResettingProxy:
         self._loop.loop.close()
 
 
-def _abort(writer: Any) -> None:
+def _abort(writer: asyncio.StreamWriter) -> None:
     sock = writer.get_extra_info("socket")
     if sock is not None:
         try:
@@ -221,7 +222,7 @@ def _abort(writer: Any) -> None:
 class Stage:
     config: dict[str, Any]
     route: str
-    answers: dict[str, Callable[[np.ndarray], np.ndarray]]
+    answers: dict[str, Callable[[Array], Array]]
     """Level ("1", "2", "3") → the right output for an input; L3 answers must be marked stale."""
     errors: dict[str, str] = field(default_factory=dict)
     """Error kind → regex its message must match (naming the model or backend, and the cause)."""
@@ -275,6 +276,11 @@ class Progress:
         if self.fault_at is None:
             self.fault_at = time.monotonic()
 
+    def finish(self) -> None:
+        with self._cond:
+            self.finished.set()
+            self._cond.notify_all()
+
 
 @dataclass
 class Outcome:
@@ -305,8 +311,9 @@ def fallback(degrade_to: list[str], **extra: Any) -> dict[str, Any]:
 def kill_after(server: TritonServer, share: float = 0.3) -> Callable[[Endpoints, Progress], None]:
     def during(_: Endpoints, progress: Progress) -> None:
         if progress.wait_done(share):
+            assert server.pid is not None
             progress.fault()
-            os.killpg(server.pid or 0, signal.SIGKILL)  # the server and its model stubs
+            os.killpg(server.pid, signal.SIGKILL)  # the server and its model stubs, at once
 
     return during
 
@@ -366,8 +373,8 @@ def slow_delay(ms: int) -> Callable[[int], list[tuple[str, str, list[int], bytes
 
 
 @contextmanager
-def slow(env: Env, *, filters: list[dict[str, Any]], delay_ms: int,
-         levels: set[str]) -> Iterator[Stage]:
+def slow(env: Env, *, filters: list[dict[str, Any]], delay_ms: int, levels: set[str],
+         checks: Callable[[Endpoints], None] | None = None) -> Iterator[Stage]:
     yield Stage(
         config={"backends": [{"kind": "triton_grpc", "name": "t", "url": env.triton.grpc_url},
                              env.ort_backend()],
@@ -375,7 +382,8 @@ def slow(env: Env, *, filters: list[dict[str, Any]], delay_ms: int,
                             "filters": filters},
                            {"name": "slow_light", "backend": "ort", "backend_model": "double"}]},
         route="slow", answers={"1": same, "2": double}, allowed=levels, required=levels,
-        wait_routes=("slow", "slow_light"), extra=slow_delay(delay_ms), per_thread=12)
+        wait_routes=("slow", "slow_light"), extra=slow_delay(delay_ms), per_thread=12,
+        checks=checks)
 
 
 def resetting(every: float) -> Callable[[ResettingProxy], Callable[[Endpoints, Progress], None]]:
@@ -405,12 +413,12 @@ def resets(env: Env, *, kind: str, with_fallback: bool) -> Iterator[Stage]:
                         "filters": [fallback(["clf_light"])] if with_fallback else []},
                        {"name": "clf_light", "backend": "t", "backend_model": "slow_fp32"}]}
         shown = re.escape(url)
+        allowed = {"ok", "L2"} if with_fallback else {"ok", "error:unavailable"}
         yield Stage(
             config=cfg, route="clf", answers={"1": double, "2": same},
             errors={"unavailable": rf"backend 'flaky' \({shown}\) is unavailable for model "
                                    r"'small_fp32': .+"},
-            allowed={"ok", "L2"} if with_fallback else {"ok", "error:unavailable"},
-            required={"ok"}, wait_routes=("clf", "clf_light"),
+            allowed=allowed, required=allowed, wait_routes=("clf", "clf_light"),
             during=resetting(0.08)(proxy), per_thread=40,
             checks=lambda _: _assert(proxy.resets >= 5, f"only {proxy.resets} resets"))
     finally:
@@ -442,8 +450,8 @@ def cue_after(progress: Progress, fake: FakeV2, cue: str, share: float = 0.3) ->
 
 @contextmanager
 def output_fault(env: Env, action: dict[str, Any]) -> Iterator[Stage]:
-    """A real model's answer corrupted on canary traffic (every other request), inside the
-    fallback: the corrupted L1 answer must never reach the client; L2 answers instead."""
+    """A real model's answer corrupted on canary traffic (half the requests, on both fronts),
+    inside the fallback: the corrupted L1 answer must never reach the client; L2 answers."""
     experiment = {"name": action["kind"], "actions": [action],
                   "stop": {"max_error_rate": None, "max_p99_ms": None}}
     yield Stage(
@@ -460,11 +468,18 @@ def output_fault(env: Env, action: dict[str, Any]) -> Iterator[Stage]:
         canary=lambda i: i % 4 in (1, 2))  # both fronts: the fronts alternate with i
 
 
+RELOADS = 12
+BROKEN_AT = 6  # this reload reads a broken file: refused, the running config keeps serving
+
+
 def reload_config(env: Env, variant: int) -> dict[str, Any]:
+    """Each variant differs from the one before it in the backend (so a reload builds a new
+    one: gRPC twice as often as HTTP) and in the chain."""
     t = env.triton
-    backend = ({"kind": "triton_grpc", "name": "t", "url": t.grpc_url, "timeout_s": 5}
-               if variant % 2 == 0 else
-               {"kind": "triton_http", "name": "t", "url": t.http_url, "timeout_s": 6})
+    timeout = 5 + variant % 2
+    backend = ({"kind": "triton_http", "name": "t", "url": t.http_url, "timeout_s": timeout}
+               if variant % 3 == 1 else
+               {"kind": "triton_grpc", "name": "t", "url": t.grpc_url, "timeout_s": timeout})
     filters = ([{"limits": {"max_in_flight": 64}}] if variant % 2 == 0
                else [{"fallback": {"cache": None}}, {"shape_guard": {}}])
     return {"backends": [backend], "shutdown_grace_s": 1.0,
@@ -480,29 +495,22 @@ def reloads(env: Env) -> Iterator[Stage]:
 
     def during(m: Endpoints, progress: Progress) -> None:
         assert m.reload is not None
-        for n in range(1, 8):
-            if not progress.wait_done(n / 9):
+        for n in range(1, RELOADS + 1):
+            if not progress.wait_done(n / (RELOADS + 2)):
                 break
             progress.fault()
-            if n == 4:  # a broken file in between: refused, the running config keeps serving
-                path.write_text("models: [{name: clf}]\n")
-            else:
-                path.write_text(yaml.safe_dump(reload_config(env, n)))
+            path.write_text("models: [{name: clf}]\n" if n == BROKEN_AT else
+                            yaml.safe_dump(reload_config(env, n)))
             results.append(m.reload())
 
+    expected = [n != BROKEN_AT for n in range(1, RELOADS + 1)]
     yield Stage(config=reload_config(env, 0), config_path=path, route="clf",
-                answers={"1": double}, wait_routes=("clf",), during=during, per_thread=45,
-                checks=lambda _: _assert(results == [True, True, True, False, True, True, True],
-                                         f"reload results {results}"))
+                answers={"1": double}, wait_routes=("clf",), during=during, per_thread=60,
+                checks=lambda _: _assert(results == expected, f"reload results {results}"))
 
 
 @contextmanager
 def canary_down(env: Env) -> Iterator[Stage]:
-    def mirrored(m: Endpoints) -> None:
-        text = urllib.request.urlopen(m.admin + "/metrics", timeout=10).read().decode()
-        assert re.search(r'mmguard_shadow_mirrored_total\{canary="clf_canary",model="clf"\} '
-                         r'[1-9]', text), "nothing was mirrored to the canary"
-
     yield Stage(
         config={"backends": [{"kind": "triton_grpc", "name": "t", "url": env.triton.grpc_url},
                              {"kind": "triton_grpc", "name": "dead", "url": "127.0.0.1:1"}],
@@ -510,7 +518,8 @@ def canary_down(env: Env) -> Iterator[Stage]:
                             "filters": [{"shadow": {"canary": "clf_canary", "timeout_s": 1}}]},
                            {"name": "clf_canary", "backend": "dead",
                             "backend_model": "small_fp32"}]},
-        route="clf", answers={"1": double}, wait_routes=("clf",), checks=mirrored)
+        route="clf", answers={"1": double}, wait_routes=("clf",),
+        checks=counted("mmguard_shadow_mirrored_total", model="clf", canary="clf_canary"))
 
 
 EVERY_LEVEL = r"model 'clf': no level could answer: L1 'clf': .+; L2 'clf_light': .+"
@@ -564,6 +573,11 @@ def everything(env: Env) -> Iterator[Stage]:
     proxy = ResettingProxy(env.triton.grpc_url)
     experiment = {"name": "nan", "actions": [{"kind": "nan_output"}],
                   "stop": {"max_error_rate": None, "max_p99_ms": None}}
+
+    def exercised(m: Endpoints) -> None:
+        counted("mmguard_shadow_mirrored_total", model="clf", canary="clf_canary")(m)
+        assert proxy.resets >= 5, f"only {proxy.resets} resets"
+
     try:
         yield Stage(
             config={"backends": [{"kind": "triton_grpc", "name": "flaky", "url": proxy.url,
@@ -576,8 +590,11 @@ def everything(env: Env) -> Iterator[Stage]:
                                   "http": {"trust_canary_headers": True}},
                     "models": [{"name": "clf", "backend": "flaky", "backend_model": "small_fp32",
                                 "filters": [{"limits": {"max_in_flight": 64}},
+                                            # never an abort verdict: mirroring and the
+                                            # NaN experiment go on to the end
                                             {"shadow": {"canary": "clf_canary", "timeout_s": 1,
-                                                        "verdict": {"abort_agreement": 0.0}}},
+                                                        "verdict": {"abort_agreement": 0.0,
+                                                                    "max_latency_ratio": None}}},
                                             fallback(["clf_light"],
                                                      cache={"size": 200, "ttl_s": 300}),
                                             {"shape_guard": {}},
@@ -590,7 +607,7 @@ def everything(env: Env) -> Iterator[Stage]:
             errors={"unavailable": EVERY_LEVEL}, allowed={"ok", "L2", "L3", "error:unavailable"},
             required={"ok", "L2"}, wait_routes=("clf", "clf_light"),
             canary=lambda i: i % 3 == 1, key=lambda i: i % 50 if i % 5 == 0 else i,
-            during=resetting(0.1)(proxy), per_thread=40)
+            during=resetting(0.1)(proxy), per_thread=40, checks=exercised)
     finally:
         proxy.close()
 
@@ -612,9 +629,10 @@ SCENARIOS: list[tuple[str, Setup, bool]] = [
     ("hung-client-deadline-grpc", lambda e: hung(e, kind="triton_grpc", route_timeout=None),
      False),
     ("slow", lambda e: slow(e, filters=[], delay_ms=15, levels={"ok"}), True),
-    ("slow-hedged", lambda e: slow(e, filters=[{"fallback": {"hedge_after_s": 0.01,
-                                                             "cache": None}}],
-                                   delay_ms=15, levels={"ok"}), True),
+    ("slow-hedged", lambda e: slow(
+        e, filters=[{"fallback": {"hedge_after_s": 0.01, "cache": None}}], delay_ms=15,
+        levels={"ok"}, checks=counted("mmguard_filter_decisions_total", filter="fallback",
+                                      model="slow", decision="hedge:hedge")), True),
     ("slow-past-level-timeout", lambda e: slow(e, filters=[fallback(["slow_light"],
                                                                     level_timeout_s=0.1)],
                                                delay_ms=400, levels={"L2"}), True),
@@ -652,7 +670,7 @@ SCENARIOS: list[tuple[str, Setup, bool]] = [
 # --- the load -------------------------------------------------------------------------------------
 
 
-def payload(stage: Stage, i: int) -> np.ndarray:
+def payload(stage: Stage, i: int) -> Array:
     key = stage.key(i)
     return ((np.arange(16, dtype=np.float32) + 16 * key) / np.float32(7)).reshape(stage.shape)
 
@@ -697,9 +715,9 @@ class Client:
             raw, call = self.infer.with_call(body, timeout=self.stage.deadline_s,
                                              metadata=self._metadata(i))
         except grpc.RpcError as err:
-            kind = GRPC_CODE_KIND.get(err.code())  # type: ignore[attr-defined]
-            trailers = dict(err.trailing_metadata() or ())  # type: ignore[attr-defined]
-            return self._refusal(kind, err.details() or "", trailers,  # type: ignore[attr-defined]
+            kind = GRPC_CODE_KIND.get(err.code())
+            trailers = dict(err.trailing_metadata() or ())
+            return self._refusal(kind, err.details() or "", trailers,
                                  client_deadline=err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
                                  and "mmguard-error-origin" not in trailers)
         resp = pb.ModelInferResponse.FromString(raw)
@@ -800,9 +818,7 @@ def run_load(m: Endpoints, stage: Stage, per_thread: int | None = None) -> list[
         bound = n * (stage.deadline_s + SLACK_S) + 30
         for w in workers:
             w.result(timeout=bound)
-        progress.finished.set()
-        with progress._cond:
-            progress._cond.notify_all()
+        progress.finish()
         if action is not None:
             action.result(timeout=60)
     for o in outcomes:  # before the fault began, only canary calls may be treated otherwise
@@ -813,14 +829,28 @@ def run_load(m: Endpoints, stage: Stage, per_thread: int | None = None) -> list[
     return outcomes
 
 
-def requests_by_code(m: Endpoints, route: str) -> Counter[str]:
+def samples(m: Endpoints, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+    """mmguard's own count ``name`` from its /metrics, the samples whose labels match."""
     text = urllib.request.urlopen(m.admin + "/metrics", timeout=10).read().decode()
+    return [(s.labels, s.value) for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+
+
+def requests_by_code(m: Endpoints, route: str) -> Counter[str]:
     out: Counter[str] = Counter()
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "mmguard_requests_total" and s.labels.get("model") == route:
-                out[s.labels["code"]] += int(s.value)
+    for labels, value in samples(m, "mmguard_requests_total", model=route):
+        out[labels["code"]] += int(value)
     return out
+
+
+def counted(name: str, **labels: str) -> Callable[[Endpoints], None]:
+    """A check that mmguard counted ``name`` at least once: the scenario's path was taken."""
+    def check(m: Endpoints) -> None:
+        total = sum(value for _, value in samples(m, name, **labels))
+        assert total > 0, f"mmguard never counted {name} {labels}"
+
+    return check
 
 
 def check(stage: Stage, outcomes: list[Outcome], sent: int, seen: Counter[str]) -> Counter[str]:
@@ -914,6 +944,7 @@ def test_memory_stays_bounded_under_the_heaviest_scenario(env: Env, tmp_path: Pa
         path = tmp_path / "mmguard.yaml"
         path.write_text(yaml.safe_dump(stage.config))
         proc = MmguardProcess(["--config", str(path)], tmp_path / "mmguard.log")
+        stopped = False
         try:
             ends = Endpoints(f"127.0.0.1:{proc.ports['grpc']}",
                              f"127.0.0.1:{proc.ports['http']}",
@@ -928,8 +959,13 @@ def test_memory_stays_bounded_under_the_heaviest_scenario(env: Env, tmp_path: Pa
             seen.subtract(before)
             kinds = check(stage, outcomes, THREADS * 600, seen)
             end = rss_kib(proc.proc.pid)
+            assert stage.checks is not None
+            stage.checks(ends)
             print(f"RSS {start / 1024:.1f} MiB after the warm-up, {end / 1024:.1f} MiB after "
                   f"{THREADS * 600} more requests; outcomes {dict(sorted(kinds.items()))}")
             assert end - start < 50 * 1024, f"RSS grew {(end - start) / 1024:.1f} MiB"
+            stopped = True
+            assert proc.stop() == 0, "mmguard did not exit cleanly on SIGTERM"
         finally:
-            assert proc.stop() == 0
+            if not stopped:
+                proc.stop()

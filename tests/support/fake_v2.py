@@ -1,6 +1,7 @@
 """A hand-written KServe v2 server (HTTP and gRPC) for what no real server can be made to show:
-it records the headers it receives (trace propagation) and can stall on cue. It speaks the real
-wire protocol and serves one identity model, ``echo`` (INPUT0 FP32 [-1] → OUTPUT0)."""
+it records the headers it receives (trace propagation) and, on cue, stalls, hangs, garbles its
+answer or answers bytes that do not parse. It speaks the real wire protocol and serves one
+identity model, ``echo`` (INPUT0 FP32 [-1] → OUTPUT0)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ from proxy.pb import model_config_pb2 as mc
 from tests.support.loop import BackgroundLoop
 
 SERVICE = "inference.GRPCInferenceService"
+# Answers that are not a v2 response: a protobuf field that runs past the end of the message,
+# a JSON object cut in the middle.
+MALFORMED_GRPC = b"\x0a\x7fecho"
+MALFORMED_HTTP = b'{"model_name": "echo", "outputs": [{"name": "OUTPUT0", "datat'
 META = {"name": "echo", "versions": ["1"], "platform": "fake",
         "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}],
         "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}]}
@@ -28,11 +33,16 @@ class FakeV2:
         self.headers: list[dict[str, str]] = []
         self.delay_s = 0.0
         self.garble = False  # answer with one element's bytes missing (a broken backend)
+        self.malformed = False  # answer with bytes that are not a v2 response at all
+        self.hang = False  # take infer calls and answer none of them until stop()
+        self._stopping: asyncio.Event | None = None
         self.http_port = self.grpc_port = 0
         self._runner: web.AppRunner | None = None
         self._grpc: grpc.aio.Server | None = None
 
     async def start(self) -> None:
+        self._stopping = asyncio.Event()
+
         async def ok(request: web.Request) -> web.Response:
             return web.Response()
 
@@ -64,7 +74,8 @@ class FakeV2:
                 config=mc.ModelConfig(name="echo")), pb.ModelConfigRequest),
             "ModelInfer": grpc.unary_unary_rpc_method_handler(
                 self._grpc_infer, request_deserializer=pb.ModelInferRequest.FromString,
-                response_serializer=lambda m: m.SerializeToString()),
+                response_serializer=lambda m: m if isinstance(m, bytes)
+                else m.SerializeToString()),
         }),))
         self.grpc_port = self._grpc.add_insecure_port("127.0.0.1:0")
         await self._grpc.start()
@@ -80,6 +91,8 @@ class FakeV2:
         self._loop.close()
 
     async def stop(self) -> None:
+        if self._stopping is not None:
+            self._stopping.set()  # hung calls end, so stopping does not wait on them
         if self._grpc:
             await self._grpc.stop(0)
         if self._runner:
@@ -88,6 +101,9 @@ class FakeV2:
     async def _http_infer(self, request: web.Request) -> web.Response:
         self.headers.append({k.lower(): v for k, v in request.headers.items()})
         await asyncio.sleep(self.delay_s)
+        await self._hung()
+        if self.malformed:
+            return web.Response(body=MALFORMED_HTTP, content_type="application/json")
         body = await request.read()
         hlen = request.headers.get("Inference-Header-Content-Length")
         import json
@@ -104,6 +120,10 @@ class FakeV2:
         out["outputs"][0]["data"] = inp["data"]
         return web.json_response(out)
 
+    async def _hung(self) -> None:
+        if self.hang and self._stopping is not None:
+            await self._stopping.wait()
+
     def _grpc_meta(self, req: Any, ctx: Any) -> pb.ModelMetadataResponse:
         r = pb.ModelMetadataResponse(name="echo", versions=["1"], platform="fake")
         r.inputs.add(name="INPUT0", datatype="FP32", shape=[-1])
@@ -111,10 +131,13 @@ class FakeV2:
         return r
 
     async def _grpc_infer(self, req: pb.ModelInferRequest,
-                          ctx: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
+                          ctx: grpc.aio.ServicerContext) -> pb.ModelInferResponse | bytes:
         self.headers.append({k: v for k, v in ctx.invocation_metadata() or ()
                              if isinstance(v, str)})
         await asyncio.sleep(self.delay_s)
+        await self._hung()
+        if self.malformed:
+            return MALFORMED_GRPC
         resp = pb.ModelInferResponse(model_name="echo")
         resp.outputs.add(name="OUTPUT0", datatype="FP32", shape=req.inputs[0].shape)
         raw = req.raw_input_contents[0]
