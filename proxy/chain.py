@@ -77,7 +77,7 @@ def filter_factories() -> dict[str, FilterFactory]:
 def compose(filters: list[tuple[str, Filter]], terminal: Next) -> Next:
     """Fold filters (outermost first) around ``terminal`` and add the never-leak layer."""
     tracer = trace.get_tracer("mmguard")
-    handler = terminal
+    handler = _backend_step(terminal)
     for name, f in reversed(filters):
         handler = _step(name, f, handler, tracer)
     return _guard(handler)
@@ -99,6 +99,25 @@ def _step(name: str, f: Filter, nxt: Next, tracer: trace.Tracer) -> Next:
             raise _FilterCrash(name, exc) from exc
 
     return step
+
+
+def _backend_step(terminal: Next) -> Next:
+    """A crash in the backend is the backend's: say so, rather than blaming the innermost
+    filter (whose ``next`` it was)."""
+    async def backend(call: Call) -> Reply:
+        try:
+            return await terminal(call)
+        except ProxyError:
+            raise
+        except Exception as exc:
+            target = call.target
+            where = (f"backend '{target.backend}' (model '{target.model}')" if target is not None
+                     else "the backend")
+            log.exception("%s failed: %s", where, exc)
+            raise ProxyError(ErrorKind.INTERNAL, f"{where} failed: {type(exc).__name__}: {exc}",
+                             origin="backend") from exc
+
+    return backend
 
 
 class _FilterCrash(Exception):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
+
 from proxy.call import Call, Decoded, RequestedOutput, Result, Wire
 from proxy.errors import ErrorKind, ProxyError
 from proxy.tensor import DATATYPES, Payload, Tensor
@@ -40,6 +42,8 @@ def split_body(body: bytes, header_length: str | None,
         doc = json.loads(head)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad(f"malformed JSON in the {what} body: {exc}") from None
+    except RecursionError:
+        raise bad(f"the JSON in the {what} body is nested too deeply") from None
     if not isinstance(doc, dict):
         raise bad(f"the {what} body must be a JSON object, got {type(doc).__name__}")
     return doc, hlen
@@ -64,7 +68,11 @@ def decode_request(body: bytes, header_length: str | None, model: str, version: 
     for o in doc.get("outputs") or []:
         if not isinstance(o, dict) or not isinstance(o.get("name"), str):
             raise bad("each entry of 'outputs' must be an object with a 'name'")
-        outputs.append(RequestedOutput(o["name"], dict(o.get("parameters") or {})))
+        o_params = o.get("parameters") or {}
+        if not isinstance(o_params, dict):
+            raise bad(f"output '{o['name']}': 'parameters' must be an object, got "
+                      f"{type(o_params).__name__}")
+        outputs.append(RequestedOutput(o["name"], dict(o_params)))
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise bad("'parameters' must be an object")
@@ -80,7 +88,7 @@ def _decode_input(i: int, item: Any, view: memoryview, offset: int,
     name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
     if not isinstance(name, str):
         raise bad(f"inputs[{i}] needs a string 'name'")
-    if datatype not in DATATYPES:
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
         raise bad(f"input '{name}': unknown datatype {datatype!r}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
                                               for d in shape):
@@ -104,6 +112,9 @@ def _decode_input(i: int, item: Any, view: memoryview, offset: int,
                    parameters=params)
         offset += size
     elif "data" in item:
+        if not isinstance(item["data"], list):
+            raise bad(f"input '{name}': 'data' must be a list, got "
+                      f"{type(item['data']).__name__}")
         t = Tensor(name, datatype, tuple(shape), data=item["data"], parameters=params)
         _check_json_data(t)
     else:
@@ -114,10 +125,28 @@ def _decode_input(i: int, item: Any, view: memoryview, offset: int,
 
 def _check_json_data(t: Tensor) -> None:
     try:
+        if t.datatype in _INT_RANGES:
+            _check_int_range(t)
         raw = t.to_raw()
-    except (ValueError, TypeError, OverflowError) as exc:
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
         raise bad(f"input '{t.name}': data does not fit {t.datatype}: {exc}") from None
     t.raw, t.data = raw, None  # check_payload then reports any count mismatch exactly
+
+
+_INT_RANGES = {dt: (int(np.iinfo(t).min), int(np.iinfo(t).max)) for dt, t in (
+    ("INT8", np.int8), ("INT16", np.int16), ("INT32", np.int32), ("INT64", np.int64),
+    ("UINT8", np.uint8), ("UINT16", np.uint16), ("UINT32", np.uint32), ("UINT64", np.uint64))}
+
+
+def _check_int_range(t: Tensor) -> None:
+    """numpy 1.x wraps an out-of-range integer (256 → 0 for UINT8) with only a warning: the
+    model would get another value than the client sent. Refuse it instead."""
+    lo, hi = _INT_RANGES[t.datatype]
+    arr = np.asarray(t.data)
+    if arr.dtype.kind in "iu" and arr.size:
+        low, high = int(arr.min()), int(arr.max())
+        if low < lo or high > hi:
+            raise ValueError(f"{low if low < lo else high} is outside [{lo}, {hi}]")
 
 
 def encode_request(call: Call) -> tuple[list[Payload], int | None, bool]:

@@ -40,6 +40,42 @@ def error_body(kind: ErrorKind, message: str, param: str | None = None) -> dict[
                       "param": param, "code": STATUS[kind].http}}
 
 
+MAX_IMAGE_PIXELS = 40_000_000
+"""Images larger than this (e.g. 8000 × 5000) are refused before decoding: a small PNG can
+declare 90 megapixels and cost a gigabyte to decode."""
+
+
+def _check_messages(messages: list[Any]) -> None:
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise bad(f"messages[{i}] must be an object", f"messages[{i}]")
+        content = msg.get("content")
+        if content is None or isinstance(content, str):
+            continue
+        if not isinstance(content, list):
+            raise bad(f"messages[{i}].content must be a string or a list of parts",
+                      f"messages[{i}].content")
+        for j, part in enumerate(content):
+            where = f"messages[{i}].content[{j}]"
+            if not isinstance(part, dict):
+                raise bad(f"{where} must be an object", where)
+            if part.get("type") == "text" and not isinstance(part.get("text"), str):
+                raise bad(f"{where}.text must be a string", f"{where}.text")
+
+
+def _check_prompt(prompt: Any) -> None:
+    """A string, a list of strings, a list of token ids, or a list of such lists (vLLM)."""
+    def ids(x: Any) -> bool:
+        return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                           for t in x)
+    if isinstance(prompt, str) or ids(prompt):
+        return
+    if isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt)
+                                                or all(ids(p) for p in prompt)):
+        return
+    raise bad("'prompt' must be a string, a list of strings or a list of token ids", "prompt")
+
+
 def bad(message: str, param: str | None = None) -> ProxyError:
     return ProxyError(ErrorKind.INVALID_ARGUMENT, message, param=param)
 
@@ -49,6 +85,8 @@ def decode_request(body: bytes, endpoint: str, allowed_hosts: frozenset[str]) ->
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad(f"malformed JSON in the request body: {exc}") from None
+    except RecursionError:
+        raise bad("the JSON in the request body is nested too deeply") from None
     if not isinstance(doc, dict):
         raise bad("the request body must be a JSON object")
     model = doc.get("model")
@@ -58,8 +96,13 @@ def decode_request(body: bytes, endpoint: str, allowed_hosts: frozenset[str]) ->
         messages = doc.get("messages")
         if not isinstance(messages, list) or not messages:
             raise bad("'messages' must be a non-empty list", "messages")
+        _check_messages(messages)
     elif "prompt" not in doc:
         raise bad("'prompt' is required", "prompt")
+    else:
+        _check_prompt(doc["prompt"])
+        if "messages" in doc:
+            raise bad("a completion takes a 'prompt', not 'messages'", "messages")
     call = Call(model=model, version="", inputs=[], front="openai",
                 streaming=bool(doc.get("stream", False)), wire=Wire("openai", body),
                 document=doc, endpoint=endpoint)
@@ -73,11 +116,14 @@ def check_image_url(url: str, allowed_hosts: frozenset[str], param: str) -> None
     hosts pass (a client must not turn the model server into a fetcher of arbitrary URLs)."""
     if url.startswith("data:"):
         return
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+    except ValueError as exc:
+        raise bad(f"{param}: not a valid URL: {exc}", param) from None
     if parts.scheme not in ("http", "https"):
         raise bad(f"{param}: unsupported image URL scheme {parts.scheme!r}; use a data: URL",
                   param)
-    host = (parts.hostname or "").lower()
     if host not in allowed_hosts:
         raise bad(f"{param}: remote image URLs are refused by mmguard (host {host!r} is not on "
                   "openai.image_url_allow_hosts); send the image inline as a data: URL", param)
@@ -104,12 +150,29 @@ class ImagePart:
             raise bad(f"{self.param}: invalid base64: {exc}", self.param) from None
 
     def array(self) -> NDArray[np.uint8]:
-        """Decoded pixels, H × W × 3 uint8 (decoded now, not at request time)."""
-        from PIL import Image, UnidentifiedImageError
+        """Decoded pixels, H × W × 3 uint8 (decoded now, not at request time). Images above
+        ``MAX_IMAGE_PIXELS`` are refused from their header, before any pixel is decoded."""
+        import warnings
+
+        from PIL import Image
         try:
-            with Image.open(io.BytesIO(self.bytes())) as img:
-                return np.asarray(img.convert("RGB"), dtype=np.uint8)
-        except (UnidentifiedImageError, OSError) as exc:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                with Image.open(io.BytesIO(self.bytes())) as img:
+                    w, h = img.size
+                    if w * h > MAX_IMAGE_PIXELS:
+                        raise ProxyError(ErrorKind.TOO_LARGE,
+                                         f"{self.param}: the image is {w}×{h} = {w * h} pixels; "
+                                         f"mmguard decodes at most {MAX_IMAGE_PIXELS}",
+                                         param=self.param)
+                    return np.asarray(img.convert("RGB"), dtype=np.uint8)
+        except ProxyError:
+            raise
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+            raise ProxyError(ErrorKind.TOO_LARGE, f"{self.param}: {exc}",
+                             param=self.param) from None
+        except (OSError, ValueError, SyntaxError, EOFError, MemoryError) as exc:
+            # PIL reports broken files as any of these (UnidentifiedImageError is an OSError)
             raise bad(f"{self.param}: not a decodable image: {exc}", self.param) from None
 
 

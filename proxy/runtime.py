@@ -161,6 +161,14 @@ class Runtime:
             return LocalReply(ErrorKind.NOT_FOUND,
                               f"model '{call.model}' is not served by mmguard "
                               f"(serving: {sorted(self.routes)})")
+        speaks_openai = self.backends[route.spec.backend].protocol == "openai"
+        if (call.document is not None) != speaks_openai:
+            api, front = (("the OpenAI API", "OpenAI") if speaks_openai
+                          else ("KServe v2", "KServe v2 (/v2/models/…/infer or gRPC)"))
+            return LocalReply(ErrorKind.INVALID_ARGUMENT,
+                              f"model '{call.model}' is served over {api} by backend "
+                              f"'{route.spec.backend}'; call it through the {front} front",
+                              param="model")
         if call.version and route.spec.version and call.version != route.spec.version:
             return LocalReply(ErrorKind.NOT_FOUND,
                               f"model '{call.model}' version '{call.version}' is not served "

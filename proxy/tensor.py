@@ -62,6 +62,10 @@ def element_count(shape: tuple[int, ...]) -> int:
     return n
 
 
+MAX_DIM = 2**31 - 1
+"""The largest dimension mmguard passes on."""
+
+
 @dataclass(slots=True)
 class Tensor:
     """One named tensor. Exactly one of ``raw`` / ``data`` is set."""
@@ -133,6 +137,11 @@ class Tensor:
         if any(d < 0 for d in self.shape):
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                              f"input '{self.name}': shape {list(self.shape)} has a negative dim")
+        if any(d > MAX_DIM for d in self.shape):
+            # No array (numpy, ONNX Runtime, Triton) takes such a dim, even with 0 elements.
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             f"input '{self.name}': shape {list(self.shape)} has a dim above "
+                             f"{MAX_DIM}")
         if self.raw is None:
             return
         size = itemsize(self.datatype)

@@ -149,6 +149,17 @@ class OnnxRuntimeBackend(Backend):
             raise ProxyError(ErrorKind.NOT_FOUND,
                              f"model '{target.model}' has no version {target.version} "
                              f"(have {list(m.contract.versions)})")
+        expected = {t.name: t for t in m.contract.inputs}
+        given = [t.name for t in call.inputs]
+        unknown_in = [n for n in given if n not in expected]
+        missing = [n for n, spec in expected.items()
+                   if n not in given and not spec.optional]
+        if unknown_in or missing:
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             f"model '{target.model}' expects inputs {list(expected)}; "
+                             + (f"unknown: {unknown_in}" if unknown_in else "")
+                             + ("; " if unknown_in and missing else "")
+                             + (f"missing: {missing}" if missing else ""))
         feeds = {t.name: _feed(t) for t in call.inputs}
         names = [o.name for o in call.outputs] or list(m.output_types)
         unknown = [n for n in names if n not in m.output_types]

@@ -1,0 +1,206 @@
+"""What the fuzzers found, one minimal reproduction each (shrunk by hypothesis, then trimmed).
+
+Each test states the behaviour the decoders' property requires — a 4xx ``ProxyError`` with a
+message, or over sockets a 4xx / client-error gRPC code — for an input on which mmguard once did
+something else (a 500, an INTERNAL, a silently changed value). The comment over each says where
+the bug was; all are fixed, and these keep them fixed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from proxy import codec_http, openai_api
+from proxy.call import Call
+from tests.fuzz.fronts import Client, check_grpc_front, check_http_front, check_openai_front
+from tests.fuzz.openai_inputs import bombs
+from tests.fuzz.oracle import check_call_usable, decodes_or_refuses
+from tests.support.wire import grpc_request
+
+DEEP = b"[" * 5_000
+
+
+def _v2(**overrides: object) -> bytes:
+    item = {"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1, 2]}
+    doc: dict[str, object] = {"inputs": [{**item, **overrides.pop("input", {})}]}  # type: ignore
+    doc.update(overrides)
+    return json.dumps(doc).encode()
+
+
+def _http(body: bytes) -> Call | None:
+    return decodes_or_refuses(codec_http.decode_request, body, None, "m", "")
+
+
+def _openai(doc: object, endpoint: str = openai_api.CHAT) -> Call | None:
+    body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    return decodes_or_refuses(openai_api.decode_request, body, endpoint, frozenset())
+
+
+# --- proxy/codec_http.py ------------------------------------------------------------------------
+
+
+def test_deeply_nested_v2_json_is_400() -> None:
+    # split_body: json.loads raises RecursionError, caught as neither ValueError nor
+    # UnicodeDecodeError; the HTTP front answers a bare aiohttp 500.
+    _http(DEEP)
+
+
+@pytest.mark.parametrize("datatype", [[], {}])
+def test_unhashable_datatype_is_400(datatype: object) -> None:
+    # _decode_input: `datatype not in DATATYPES` raises TypeError for a list or an object.
+    _http(_v2(input={"datatype": datatype}))
+
+
+@pytest.mark.parametrize("params", [5, "ab", [1]])
+def test_output_parameters_not_an_object_is_400(params: object) -> None:
+    # decode_request: `dict(o.get("parameters") or {})` raises TypeError / ValueError.
+    _http(_v2(outputs=[{"name": "OUTPUT0", "parameters": params}]))
+
+
+def test_json_data_null_is_400() -> None:
+    # _decode_input takes `"data": null` as data; Tensor.to_raw then fails `assert self.data is
+    # not None` (proxy/tensor.py) → AssertionError → 500.
+    _http(_v2(input={"data": None}))
+
+
+@pytest.mark.parametrize("datatype,value", [("UINT8", 256), ("INT8", -129), ("UINT32", -1)])
+def test_json_integer_out_of_range_is_400_not_wrapped(datatype: str, value: int) -> None:
+    # Tensor.to_raw (proxy/tensor.py): numpy 1.26 wraps 256 to 0 for UINT8 with only a
+    # DeprecationWarning, so the model gets another value than the client sent (numpy 2 raises
+    # OverflowError, which _check_json_data turns into a 400).
+    _http(_v2(input={"datatype": datatype, "shape": [1], "data": [value]}))
+
+
+@pytest.mark.parametrize("shape", [[0, 10**30], [0, 2**62], [2**62, 0, 2]])
+def test_shape_with_a_zero_and_a_huge_dim_is_refused_or_usable(shape: list[int]) -> None:
+    # Tensor.check_payload passes (0 elements, 0 bytes) but no array has that shape: numpy
+    # raises ValueError in Tensor.numpy(), which the ONNX Runtime backend's _feed calls (see the
+    # socket test below); [0, 10**30] does not even fit the int64 of a v2 gRPC shape.
+    call = _http(_v2(input={"shape": shape, "data": []}))
+    if call is not None:
+        check_call_usable(call)
+
+
+# --- proxy/openai_api.py ------------------------------------------------------------------------
+
+
+def test_deeply_nested_openai_json_is_400() -> None:
+    # decode_request: json.loads raises RecursionError (same as split_body above).
+    _openai(DEEP)
+
+
+def test_bracketed_host_that_does_not_close_is_400() -> None:
+    # check_image_url: urlsplit raises ValueError("Invalid IPv6 URL").
+    _openai({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://[::1/x.png"}}]}]})
+
+
+def test_completions_with_messages_not_a_list_is_400() -> None:
+    # decode_request checks 'messages' only for chat; ChatView._parts then iterates `true`.
+    _openai({"model": "m", "prompt": "a", "messages": True}, openai_api.COMPLETIONS)
+
+
+@pytest.mark.parametrize("prompt", [False, 5])
+def test_texts_of_a_prompt_that_is_no_string_or_list(prompt: object) -> None:
+    # ChatView.texts iterates a prompt that is neither a string nor a list: TypeError in the
+    # filters that read texts (quality, shape_guard, modality_router) → INTERNAL.
+    call = _openai({"model": "m", "prompt": prompt}, openai_api.COMPLETIONS)
+    if call is not None:
+        texts = decodes_or_refuses(openai_api.ChatView(call).texts)
+        assert texts is None or all(isinstance(t, str) for t in texts)
+
+
+def test_texts_are_strings() -> None:
+    # ChatView.texts returns a text part's "text" as it is: [5] here, for filters that expect str.
+    # Fixed by refusing it at decode (400 naming messages[0].content[0].text); a call that is
+    # accepted must give strings.
+    call = _openai({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": 5}]}]})
+    if call is not None:
+        texts = decodes_or_refuses(openai_api.ChatView(call).texts)
+        assert texts is None or all(isinstance(t, str) for t in texts), texts
+
+
+def _image(data: bytes, mime: str = "image/png") -> openai_api.ImagePart:
+    return openai_api.ImagePart(0, 0, f"data:{mime};base64,{base64.b64encode(data).decode()}")
+
+
+def test_png_declaring_400_megapixels_is_400() -> None:
+    # ImagePart.array: PIL raises DecompressionBombError (not an OSError) for a 67-byte PNG
+    # whose header says 20,000 × 20,000; the quality filter crashes → INTERNAL.
+    decodes_or_refuses(_image(bombs()[0]).array)
+
+
+def test_small_png_of_90_megapixels_is_refused_before_decoding() -> None:
+    # ImagePart.array: an 11 KB 1-bit PNG of 9,500 × 9,500 is under PIL's refusal threshold
+    # (179 Mpx) and gets only a DecompressionBombWarning: it is decoded into a 270 MB RGB array
+    # (about 1 GB peak RSS measured with an 8-bit variant). mmguard needs its own pixel limit.
+    decodes_or_refuses(_image(bombs()[3]).array)
+
+
+def test_png_with_a_cut_header_chunk_is_400() -> None:
+    # ImagePart.array: Image.open raises ValueError("Truncated IHDR chunk"), not an OSError.
+    decodes_or_refuses(_image(base64.b64decode("iVBORw0KGgoAAAAESUhEUgAAAAc=")).array)
+
+
+def test_png_with_a_broken_chunk_is_400() -> None:
+    # ImagePart.array: PIL's PNG decoder raises SyntaxError("broken PNG file") for a chunk name
+    # cut by one byte.
+    decodes_or_refuses(_image(base64.b64decode(
+        "iVBORw0KGgoAAAANSUhEUgAAAAcAAAAFCAIAAAAG+GGPAAAADElEQVR4nGNYYKAnAAAAbgABSF16YwAAAABJRU5E"
+        "rkJggg==")).array)
+
+
+def test_gif_with_a_frame_outside_the_image_is_400() -> None:
+    # ImagePart.array: PIL raises ValueError("tile cannot extend outside image"), which is not
+    # caught (only UnidentifiedImageError and OSError are).
+    gif = base64.b64decode("R0lGODdhBwAFAIAAAAAAAAAAACxhBwAFAIAAAAAAAAAAACwAAAAABwAFAAAIDAABCBx"
+                           "IsKDBgwcDAgA7")
+    decodes_or_refuses(_image(gif, "image/gif").array)
+
+
+# --- over sockets: proxy/backends/onnxruntime.py ------------------------------------------------
+
+
+def test_unknown_input_name_is_400_on_http(fuzz_client: Client) -> None:
+    # _run maps an onnxruntime error to INVALID_ARGUMENT only when its text says so; "Required
+    # inputs (['INPUT0']) are missing from input feed (['IN'])" is a ValueError from
+    # onnxruntime's Python wrapper and becomes INTERNAL → HTTP 500.
+    check_http_front(fuzz_client, ("identity_fp32", _v2(input={"name": "IN"}), None))
+
+
+def test_unknown_input_name_is_invalid_argument_on_grpc(fuzz_client: Client) -> None:
+    # Same as above over gRPC: INTERNAL instead of INVALID_ARGUMENT.
+    check_grpc_front(fuzz_client, grpc_request("identity_fp32", [("IN", "FP32", [1], b"\0" * 4)]))
+
+
+def test_bf16_beside_bytes_input_is_invalid_argument(fuzz_client: Client) -> None:
+    # With a BF16 input _run feeds OrtValues; the BYTES one cannot become an OrtValue ("Creation
+    # of OrtValues is currently only supported from non-string numpy arrays") → INTERNAL.
+    check_grpc_front(fuzz_client, grpc_request("identity_fp32", [
+        ("A", "BF16", [1], b"\0\0"), ("B", "BYTES", [1], b"\0\0\0\0")]))
+
+
+def test_chat_to_an_onnxruntime_model_is_a_client_error(fuzz_client: Client) -> None:
+    # An OpenAI request routed to a v2 model reaches ONNX Runtime with no inputs: the same
+    # "Required inputs ... are missing" ValueError → 500 (mmguard could refuse it at once:
+    # the route's backend does not speak OpenAI).
+    check_openai_front(fuzz_client, (json.dumps({"model": "clip_demo", "messages": [
+        {"role": "user", "content": "hi"}]}).encode(), openai_api.CHAT))
+
+
+def test_zero_and_huge_dim_is_a_client_error_over_grpc(fuzz_client: Client) -> None:
+    # The shape passes decode_request; _feed's Tensor.numpy() raises ValueError("array is too
+    # big"); the chain wraps it as "filter 'limits' failed" (proxy/chain.py _step blames the
+    # innermost filter for the backend's exception) → INTERNAL.
+    check_grpc_front(fuzz_client, grpc_request("identity_fp32",
+                                               [("INPUT0", "FP32", [0, 2**62], b"")]))
+
+
+def test_deep_json_is_a_json_400_on_both_http_fronts(fuzz_client: Client) -> None:
+    check_http_front(fuzz_client, ("identity_fp32", DEEP, None))
+    check_openai_front(fuzz_client, (DEEP, openai_api.CHAT))
+
