@@ -1,8 +1,10 @@
 """The admin listener: ``/metrics`` (Prometheus), ``/healthz`` (liveness), ``/readyz``, and the
 operator's handles on filter state (``/admin/breakers``).
 
-It binds to localhost unless configured otherwise; with ``listeners.admin.token`` set, anything
-that changes state needs ``Authorization: Bearer <token>``. Secrets are never echoed.
+It binds to localhost unless configured otherwise. Anything that changes state needs
+``Authorization: Bearer <token>`` (``listeners.admin.token``) and is refused (403) when no token
+is configured — with one exception, the kill switch: stopping fault experiments (one or all)
+only takes risk away, so it is open on an admin port without a token. Secrets are never echoed.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def admin_app(plane: DataPlane, token: str | None = None) -> web.Application:
         return None
 
     async def act_on_breaker(request: web.Request) -> web.Response:
-        if (denied := refused(request)) is not None:
+        if (denied := refused(request, need_token=True)) is not None:
             return denied
         key = (request.match_info["route"], request.match_info["level"])
         action = request.match_info["action"]
@@ -141,7 +143,7 @@ def admin_app(plane: DataPlane, token: str | None = None) -> web.Application:
         return web.json_response({route: s.snapshot() for route, s in sorted(shadows().items())})
 
     async def reset_shadow(request: web.Request) -> web.Response:
-        if (denied := refused(request)) is not None:
+        if (denied := refused(request, need_token=True)) is not None:
             return denied
         route = request.match_info["route"]
         shadow = shadows().get(route)

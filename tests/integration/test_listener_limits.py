@@ -241,7 +241,7 @@ def test_admin_token_sources_are_checked_at_load(ort_models: Path, tmp_path: Pat
 
 
 def test_admin_request_size_limit(ort_models: Path) -> None:
-    with RunningMmguard(_admin_config(ort_models, max_request_bytes=1024)) as m:
+    with RunningMmguard(_admin_config(ort_models, max_request_bytes=1024, token="t")) as m:
         admin = m.admin_url.removeprefix("http://")
         status, _, body = _http(admin, "POST", "/admin/breakers/a/b/open", b"x" * 2048)
         assert status == 413
@@ -254,7 +254,8 @@ def test_admin_request_size_limit(ort_models: Path) -> None:
             assert conn.getresponse().status == 411
         finally:
             conn.close()
-        assert _http(admin, "POST", "/admin/breakers/a/b/open", b"{}")[0] == 404
+        assert _http(admin, "POST", "/admin/breakers/a/b/open", b"{}",
+                     headers={"Authorization": "Bearer t"})[0] == 404
         assert _refusals(m, "admin", "max_request_bytes") == 2
 
 

@@ -121,6 +121,7 @@ def test_a_drifting_canary_is_caught_and_aborted(ort_models: Path, triton: Trito
     cfg["models"][2]["filters"] = [{"fault": {"experiments": [
         {"name": "chaos", "actions": [{"kind": "delay", "ms": 1}],
          "stop": {"max_error_rate": None, "max_p99_ms": None}}]}}]
+    cfg["listeners"] = {"admin": {"token": "op"}}
     with RunningMmguard(cfg) as m:
         m.wait_ready(timeout=60)
         for i in range(10):
@@ -150,7 +151,7 @@ def test_a_drifting_canary_is_caught_and_aborted(ort_models: Path, triton: Trito
         assert "<svg" in page and "image_embeds" in page
         # an operator resets it
         req = urllib.request.Request(m.admin_url + "/admin/shadows/clip/reset", data=b"",
-                                     method="POST")
+                                     method="POST", headers={"Authorization": "Bearer op"})
         with urllib.request.urlopen(req, timeout=5) as r:
             assert json.loads(r.read())["mirroring"] is True
 

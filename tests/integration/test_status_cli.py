@@ -55,6 +55,7 @@ def running(ort_models: Path) -> Iterator[RunningMmguard]:
                                         "stop": {"max_error_rate": None}}]}}]},
     ]
     cfg["canary"] = {"headers": {"x-canary": "1"}}
+    cfg["listeners"] = {"admin": {"token": "op-token"}}  # forcing a breaker needs it
     with RunningMmguard(cfg) as m:
         m.wait_ready()
         for _ in range(2):
@@ -106,8 +107,9 @@ def test_status_shows_readiness_routes_breakers_and_weights(running: RunningMmgu
 
 def test_status_shows_a_forced_open_breaker(running: RunningMmguard) -> None:
     import urllib.request
+    auth = {"Authorization": "Bearer op-token"}
     req = urllib.request.Request(f"{running.admin_url}/admin/breakers/guarded_clip/clip_b/open",
-                                 method="POST")
+                                 method="POST", headers=auth)
     urllib.request.urlopen(req, timeout=10).read()
     try:
         done = status("--admin", running.admin_url)
@@ -115,7 +117,8 @@ def test_status_shows_a_forced_open_breaker(running: RunningMmguard) -> None:
         assert rows(done.stdout, "guarded_clip", "clip_b", "FORCED_OPEN")
     finally:
         reset = urllib.request.Request(
-            f"{running.admin_url}/admin/breakers/guarded_clip/clip_b/reset", method="POST")
+            f"{running.admin_url}/admin/breakers/guarded_clip/clip_b/reset", method="POST",
+            headers=auth)
         urllib.request.urlopen(reset, timeout=10).read()
 
 
