@@ -65,18 +65,26 @@ def decode_request(body: bytes, header_length: str | None, model: str, version: 
         raise bad(f"the binary part has {len(body) - hlen} bytes but the inputs declare "
                   f"{offset - hlen} (binary_data_size)")
     outputs = []
-    for o in doc.get("outputs") or []:
+    requested = doc.get("outputs") or []
+    if not isinstance(requested, list):
+        raise bad(f"'outputs' must be a list, got {type(requested).__name__}")
+    for o in requested:
         if not isinstance(o, dict) or not isinstance(o.get("name"), str):
             raise bad("each entry of 'outputs' must be an object with a 'name'")
         o_params = o.get("parameters") or {}
         if not isinstance(o_params, dict):
             raise bad(f"output '{o['name']}': 'parameters' must be an object, got "
                       f"{type(o_params).__name__}")
+        _check_text(o["name"], "an output name")
+        _check_params(f"output '{o['name']}'", o_params)
         outputs.append(RequestedOutput(o["name"], dict(o_params)))
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise bad("'parameters' must be an object")
-    return Call(model=model, version=version, id=str(doc.get("id", "")), inputs=inputs,
+    _check_params("the request", params)
+    request_id = str(doc.get("id", ""))
+    _check_text(request_id, "'id'")
+    return Call(model=model, version=version, id=request_id, inputs=inputs,
                 outputs=outputs, parameters=params, front="http",
                 wire=Wire("http", body, hlen, content_type))
 
@@ -88,6 +96,7 @@ def _decode_input(i: int, item: Any, view: memoryview, offset: int,
     name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
     if not isinstance(name, str):
         raise bad(f"inputs[{i}] needs a string 'name'")
+    _check_text(name, f"inputs[{i}].name")
     if not isinstance(datatype, str) or datatype not in DATATYPES:
         raise bad(f"input '{name}': unknown datatype {datatype!r}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
@@ -96,6 +105,8 @@ def _decode_input(i: int, item: Any, view: memoryview, offset: int,
     params = item.get("parameters") or {}
     if not isinstance(params, dict):
         raise bad(f"input '{name}': 'parameters' must be an object")
+    _check_params(f"input '{name}'", {k: v for k, v in params.items()
+                                      if k != "binary_data_size"})
     if "shared_memory_region" in params:
         raise ProxyError(ErrorKind.UNIMPLEMENTED,
                          f"input '{name}' uses shared memory; mmguard does not support "
@@ -131,6 +142,28 @@ def _check_json_data(t: Tensor) -> None:
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:
         raise bad(f"input '{t.name}': data does not fit {t.datatype}: {exc}") from None
     t.raw, t.data = raw, None  # check_payload then reports any count mismatch exactly
+
+
+def _check_text(text: str, what: str) -> None:
+    """JSON may carry lone surrogates (\\ud800) that no UTF-8 protocol can pass on."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad(f"{what} is not valid Unicode text ({exc.reason} at {exc.start})") from None
+
+
+def _check_params(where: str, params: dict[str, Any]) -> None:
+    """v2 parameters are bools, 64-bit integers, numbers or strings (what protobuf can hold)."""
+    for key, value in params.items():
+        _check_text(key, f"{where}: a parameter name")
+        if isinstance(value, str):
+            _check_text(value, f"{where}: parameter '{key}'")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            if not -2**63 <= value < 2**63:
+                raise bad(f"{where}: parameter '{key}' is {value}, outside the int64 range")
+        elif not isinstance(value, (bool, float)):
+            raise bad(f"{where}: parameter '{key}' must be a bool, an integer, a number or a "
+                      f"string, got {type(value).__name__}")
 
 
 _INT_RANGES = {dt: (int(np.iinfo(t).min), int(np.iinfo(t).max)) for dt, t in (

@@ -104,6 +104,16 @@ class Tensor:
         assert self.data is not None
         if self.datatype == "BYTES":
             return encode_bytes_elements(_flatten(self.data))
+        if self.datatype in ("BF16", "FP16", "FP32"):
+            wide = np.asarray(self.data, dtype=np.float64).reshape(-1)
+            with np.errstate(over="ignore"):  # overflow is refused just below, by value
+                narrow = wide.astype(np.float16 if self.datatype == "FP16" else np.float32)
+            overflow = np.isfinite(wide) & ~np.isfinite(narrow)
+            if overflow.any():
+                raise OverflowError(f"{wide[overflow][0]!r} is outside the {self.datatype} range")
+            if self.datatype == "BF16":  # JSON carries BF16 as numbers: keep the top 16 bits
+                return _float_to_bf16(narrow).tobytes()
+            return narrow.tobytes()
         arr = np.asarray(self.data, dtype=_NUMPY[self.datatype]).reshape(-1)
         return arr.tobytes()
 
@@ -117,6 +127,8 @@ class Tensor:
             return out.reshape(self.shape)
         if self.raw is not None:
             return np.frombuffer(self.raw, dtype=_NUMPY[self.datatype]).reshape(self.shape)
+        if self.datatype == "BF16":  # JSON numbers → the bfloat16 bits the raw form holds
+            return np.frombuffer(self.to_raw(), dtype=np.uint16).reshape(self.shape)
         return np.asarray(self.data, dtype=_NUMPY[self.datatype]).reshape(self.shape)
 
     def to_list(self) -> list[Any]:
@@ -229,3 +241,12 @@ def _json_text(x: bytes) -> str:
 
 def _bf16_to_float(bits: NDArray[Any]) -> NDArray[Any]:
     return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _float_to_bf16(values: NDArray[Any]) -> NDArray[np.uint16]:
+    """float32 → bfloat16 bits, rounding to nearest even (NaN stays a quiet NaN)."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    out = rounded.astype(np.uint16)
+    out[np.isnan(values)] = 0x7FC0
+    return out

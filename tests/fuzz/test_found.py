@@ -204,3 +204,35 @@ def test_deep_json_is_a_json_400_on_both_http_fronts(fuzz_client: Client) -> Non
     check_http_front(fuzz_client, ("identity_fp32", DEEP, None))
     check_openai_front(fuzz_client, (DEEP, openai_api.CHAT))
 
+
+
+# --- found by a 3-minute scripts/fuzz_long.py run after the fixes above --------------------------
+
+
+def test_outputs_not_a_list_is_400() -> None:
+    # decode_request iterated `"outputs": 1` → TypeError → a bare 500 on the HTTP front.
+    _http(_v2(outputs=1))
+
+
+def test_json_bf16_numbers_keep_their_values() -> None:
+    # Tensor.to_raw cast JSON BF16 numbers to uint16 (0.5 → 0, -1 → wrapped with a numpy
+    # warning): the model got other values than the client sent.
+    call = _http(_v2(input={"datatype": "BF16", "shape": [3], "data": [0.5, 1.0, -2.25]}))
+    assert call is not None
+    assert call.inputs[0].to_list() == [0.5, 1.0, -2.25]
+
+
+@pytest.mark.parametrize("datatype,value", [("FP16", 1e300), ("FP32", 1e300), ("BF16", 1e300)])
+def test_json_float_out_of_range_is_400_not_inf(datatype: str, value: float) -> None:
+    # numpy turns 1e300 into inf for FP16 / FP32 with only a RuntimeWarning.
+    assert _http(_v2(input={"datatype": datatype, "shape": [1], "data": [value]})) is None
+
+
+def test_lone_surrogates_and_int64_overflow_in_names_and_parameters_are_400() -> None:
+    # A JSON call re-encoded for a gRPC backend hit UnicodeEncodeError / ValueError in
+    # codec_grpc.params_to_pb: JSON may carry "\ud800" and integers past int64.
+    assert _http(b'{"inputs": [{"name": "\\ud800x", "datatype": "FP32", "shape": [1], '
+                 b'"data": [1]}]}') is None
+    assert _http(_v2(parameters={"\ud800": 1})) is None
+    assert _http(_v2(outputs=[{"name": "o", "parameters": {"k": 2**63}}])) is None
+    assert _http(_v2(parameters={"k": [1]})) is None
