@@ -139,6 +139,8 @@ class Gradient(InputAction):
     surrogate: Path
     """A TorchScript file: forward(image) -> the score to push (needs the ``torch`` extra)."""
     mode: Literal["lower", "raise"] = "lower"
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the surrogate's gradients run (cuda: a GPU torch build)."""
     lo: float = 0.0
     hi: float = 1.0
 
@@ -555,7 +557,12 @@ class Fault:
                                   injected=tag, reset=True)
             elif isinstance(action, InputAction):
                 rng_seed = _seed(exp.cfg.seed, exp.name, i, key)
-                detail = self._perturb_input(call, action, rng_seed)
+                try:
+                    detail = self._perturb_input(call, action, rng_seed)
+                except Exception as exc:  # a broken action stops its experiment, not the call
+                    self.registry.stop(exp.name, f"action '{action.label}' failed: "
+                                       f"{type(exc).__name__}: {exc}", "action-failed")
+                    continue
                 if detail:
                     self._mark(call, exp, action, detail)
             else:
@@ -646,7 +653,7 @@ def _image_op(a: InputAction, rng: np.random.Generator) -> Callable[[NDArray[Any
             return lambda x: perturb.gaussian_noise(x, a.sigma, rng, a.lo, a.hi)
         return lambda x: perturb.sign_noise(x, a.eps, rng, a.lo, a.hi)
     if isinstance(a, Gradient):
-        surrogate = _surrogate(str(a.surrogate), a.mode)
+        surrogate = _surrogate(str(a.surrogate), a.mode, a.device)
         steps = a.steps or (1 if a.kind == "fgsm" else 5)
         return lambda x: perturb.fgsm(x, a.eps, surrogate, steps=steps, lo=a.lo, hi=a.hi)
     if isinstance(a, PatchMask):
@@ -662,13 +669,14 @@ def _image_op(a: InputAction, rng: np.random.Generator) -> Callable[[NDArray[Any
     raise ValueError(f"{a.label} is not an image perturbation")
 
 
-_SURROGATES: dict[tuple[str, str], Any] = {}
+_SURROGATES: dict[tuple[str, str, str], Any] = {}
 
 
-def _surrogate(path: str, mode: Literal["lower", "raise"]) -> Any:
-    found = _SURROGATES.get((path, mode))
+def _surrogate(path: str, mode: Literal["lower", "raise"], device: str) -> Any:
+    found = _SURROGATES.get((path, mode, device))
     if found is None:
-        found = _SURROGATES[(path, mode)] = perturb.load_surrogate(path, mode=mode)
+        found = _SURROGATES[(path, mode, device)] = perturb.load_surrogate(path, mode=mode,
+                                                                           device=device)
     return found
 
 

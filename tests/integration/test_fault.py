@@ -554,3 +554,19 @@ def test_reload_keeps_api_experiments_and_retires_removed_ones(models: Path,
         assert states == {"cfg": ("stopped", "removed from the config"), "api": ("running", "")}
         _, trailers, _ = infer(m, mm_request())
         assert trailers["mmguard-fault"].startswith("api/quantise")
+
+
+def test_a_broken_action_stops_its_experiment_and_the_call_goes_on(models: Path,
+                                                                   tmp_path: Path) -> None:
+    # a surrogate file that is no TorchScript: the attack cannot run
+    bad = tmp_path / "not-a-model.pt"
+    bad.write_bytes(b"not torchscript")
+    cfg = fault_config(models, [experiment("adv", {"kind": "fgsm", "surrogate": str(bad)})])
+    with RunningMmguard(cfg) as m:
+        m.wait_ready()
+        resp, trailers, _ = infer(m, mm_request())
+        assert np.array_equal(out(resp, "pixels_seen"), pixels())  # served, unperturbed
+        assert "mmguard-fault" not in trailers
+        snap = admin(m, "/admin/experiments/adv")[1]
+        assert snap["state"] == "stopped"
+        assert snap["stop_reason"].startswith("action 'fgsm' failed: ")
