@@ -56,6 +56,17 @@ _SESSION_TRITON: list[TritonServer] = []
 _TRITON_REPORTS: list[str] = []
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _shared_triton_answers() -> None:
+    """Before each module: the shared Triton (once started) must answer. A Triton that stopped
+    answering is restarted, and the terminal summary says so with its log: one wedged test
+    dependency must not fail every later module, nor go unnoticed."""
+    if _SESSION_TRITON:
+        why = _SESSION_TRITON[0].ensure_healthy()
+        if why is not None:
+            _TRITON_REPORTS.insert(0, f"SHARED TRITON RESTARTED: {why}")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """When a test that uses the shared Triton fails, keep what Triton logged at that moment."""
@@ -68,7 +79,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    for text in _TRITON_REPORTS[:3]:  # the first failures tell the story; the rest repeat it
+    for text in _TRITON_REPORTS[:4]:  # the first failures tell the story; the rest repeat it
         terminalreporter.write_sep("-", "shared Triton at a failure")
         terminalreporter.write_line(text)
 

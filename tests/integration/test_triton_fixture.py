@@ -557,3 +557,17 @@ def test_reload_with_config_override(server, http_client):
     assert http_client.get_model_config("small_fp32")["max_batch_size"] == 8
     result = infer((httpclient, http_client), "small_fp32", {"x": (x3, "FP32")})
     np.testing.assert_array_equal(result.as_numpy("y"), x3 * 2)
+
+
+def test_a_wedged_server_is_restarted_on_its_ports(tmp_path):
+    import signal
+    repo = write_model_repository(tmp_path / "repo", ensure_clip_demo(tmp_path / "onnx"))
+    with TritonServer(repo, tmp_path / "work", load_models=["small_fp32"],
+                      stop_timeout=2) as own:
+        assert own.ensure_healthy(within_s=5) is None  # answering: nothing to do
+        ports = (own.grpc_port, own.http_port)
+        os.kill(own.pid, signal.SIGSTOP)  # wedged: alive, answers nothing
+        why = own.ensure_healthy(within_s=2)
+        assert why is not None and "did not answer /v2/health/ready for 2 s" in why
+        assert (own.grpc_port, own.http_port) == ports
+        assert own.model_ready("small_fp32")

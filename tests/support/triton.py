@@ -426,6 +426,21 @@ class TritonServer:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
+    def ensure_healthy(self, within_s: float = 20.0) -> str | None:
+        """Restart the server (same ports) if it stopped answering /v2/health/ready within
+        ``within_s``; returns what was wrong (with the log) when it had to, else None."""
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            if self.is_running() and self._get_status("/v2/health/ready") == 200:
+                return None
+            time.sleep(0.2)
+        why = (f"tritonserver (pid {self.pid}, running={self.is_running()}) did not answer "
+               f"/v2/health/ready for {within_s:.0f} s; restarted on the same ports"
+               + self._failure_report())
+        self.stop()
+        self.start(keep_ports=True)
+        return why
+
     def is_running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
