@@ -3,7 +3,8 @@
 1. In-process, per call (µs): the ``fault`` filter on NON-canary calls while an experiment runs,
    against the same chain without the filter (the aim: nothing measurable against noise).
 2. End to end, in one run, interleaved: primary latency of a route mirrored at 100 %, the same
-   route mirrored at 0 %, and a route with no filter at all (in-process ONNX Runtime, the demo
+   route mirrored at 0 %, a route whose ``fault`` filter runs an experiment (the calls are not
+   canary), and a route with no filter at all (in-process ONNX Runtime, the demo
    CLIP model, gRPC; the canary is the same model on the same backend, so it competes for the
    same two cores — the honest worst case for a sidecar).
 
@@ -76,7 +77,11 @@ def end_to_end(requests: int) -> dict[str, list[float]]:
     tmp = Path(tempfile.mkdtemp(prefix="mmguard-bench-shadow-"))
     ensure_clip_demo(tmp)
     cfg = {"backends": [{"kind": "onnxruntime", "name": "ort", "model_dir": str(tmp),
-                         "threads": 2}],
+                         "threads": 2},
+                        # a canary elsewhere (here: nothing listens, each copy fails at once):
+                        # what the mirroring itself costs, without the canary's inference
+                        {"kind": "triton_grpc", "name": "elsewhere", "url": "127.0.0.1:1",
+                         "timeout_s": 1}],
            "models": [
                {"name": "mirror100", "backend": "ort", "backend_model": "clip_demo",
                 "filters": [{"shadow": {"canary": "canary", "queue_size": 16,
@@ -87,22 +92,38 @@ def end_to_end(requests: int) -> dict[str, list[float]]:
                 "filters": [{"shadow": {"canary": "canary", "percent": 0}}]},
                {"name": "direct", "backend": "ort", "backend_model": "clip_demo",
                 "filters": []},
+               # the fault filter with an experiment running, on non-canary traffic
+               {"name": "faulted", "backend": "ort", "backend_model": "clip_demo",
+                "filters": [{"fault": {"experiments": [{
+                    "name": "noise", "actions": [{"kind": "gaussian_noise"}],
+                    "stop": {"max_error_rate": None, "max_p99_ms": None}}]}}]},
                {"name": "canary", "backend": "ort", "backend_model": "clip_demo",
+                "filters": []},
+               {"name": "mirror_out", "backend": "ort", "backend_model": "clip_demo",
+                "filters": [{"shadow": {"canary": "canary_out", "queue_size": 16,
+                                        "on_abort": {"stop_mirroring": False}}}]},
+               {"name": "canary_out", "backend": "elsewhere", "backend_model": "clip_demo",
                 "filters": []}]}
-    bodies = {m: [body(m, i % 16) for i in range(16)] for m in ("mirror100", "mirror0", "direct")}
+    bodies = {m: [body(m, i % 16) for i in range(16)]
+              for m in ("mirror100", "mirror_out", "mirror0", "faulted", "direct")}
     lat: dict[str, list[float]] = {m: [] for m in bodies}
     with RunningMmguard(cfg) as m:
-        m.wait_ready()
+        assert m.server is not None
+        runtime = m.server.plane.runtime
+        deadline = time.monotonic() + 60  # the ORT routes (the "elsewhere" canary never is)
+        while any(r not in runtime.contracts for r in (*bodies, "canary")):
+            assert time.monotonic() < deadline, "the ONNX Runtime routes did not come up"
+            time.sleep(0.05)
         for i in range(requests + 30):
-            for name in random.Random(i).sample(list(bodies), 3):  # interleaved, shuffled
+            for name in random.Random(i).sample(list(bodies), len(bodies)):  # interleaved
                 start = time.perf_counter()
                 grpc_infer_raw(m.grpc_url, bodies[name][i % 16])
                 if i >= 30:  # warm-up
                     lat[name].append((time.perf_counter() - start) * 1000)
-        assert m.server is not None
-        shadow = m.server.plane.runtime.admin["shadows"]["mirror100"].snapshot()
-        print(f"  mirror100: mirrored {shadow['mirrored']}, dropped {shadow['dropped']} "
-              f"(queue full), compared {shadow['compared']}, verdict {shadow['state']}")
+        for route in ("mirror100", "mirror_out"):
+            shadow = runtime.admin["shadows"][route].snapshot()
+            print(f"  {route}: mirrored {shadow['mirrored']}, dropped {shadow['dropped']} "
+                  f"(queue full), compared {shadow['compared']}, verdict {shadow['state']}")
     return lat
 
 
