@@ -702,14 +702,16 @@ def _perturb_tensors(call: Call, a: InputAction, seed: int) -> str:
             call.set_inputs(out)
             return (f"patch mask {a.ratio:g} on '{images[0].name}' and '{ids.name}' "
                     f"(patch {a.patch}, one seed)")
-    if isinstance(a, TokenDropout):
-        for t in _targets(call, a, lambda t: t.datatype in INT_TYPES):
-            _replace(out, t, perturb.token_dropout(t.numpy(), a.p, rng, pad_id=a.pad_id,
-                                                   keep_first=a.keep_first))
-            touched.append(t.name)
-        for t in _targets(call, a, lambda t: t.datatype == "BYTES") if not a.inputs else []:
-            texts = [x.decode("utf-8", "replace") for x in _bytes_items(t)]
-            _replace_bytes(out, t, [perturb.word_dropout(x, a.p, rng) for x in texts])
+    if isinstance(a, TokenDropout):  # token ids lose tokens; text loses words
+        for t in _targets(call, a, lambda t: t.datatype in (*INT_TYPES, "BYTES")):
+            if t.datatype in INT_TYPES:
+                _replace(out, t, perturb.token_dropout(t.numpy(), a.p, rng, pad_id=a.pad_id,
+                                                       keep_first=a.keep_first))
+            elif t.datatype == "BYTES":
+                texts = [x.decode("utf-8", "replace") for x in _bytes_items(t)]
+                _replace_bytes(out, t, [perturb.word_dropout(x, a.p, rng) for x in texts])
+            else:
+                continue
             touched.append(t.name)
     elif isinstance(a, TextCorrupt):
         for t in _targets(call, a, lambda t: t.datatype == "BYTES"):
