@@ -200,7 +200,8 @@ class Shadow:
     def _ensure_workers(self) -> None:
         if self.queue is None:
             self.queue = asyncio.Queue(self.cfg.queue_size)
-        if not self.workers:
+        if not self.workers or self.workers[0].done():
+            # none yet, or cancelled by a reload that then failed: this filter still serves
             self.workers = [asyncio.create_task(self._work(), name=f"shadow {self.ctx.route}")
                             for _ in range(self.cfg.workers)]
 
