@@ -20,13 +20,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import weakref
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field
 
 from filters.modality_router import Confidence, confidence_of
-from filters.quality_drift import DriftConfig, DriftGauges, DriftMonitor
+from filters.quality_drift import DriftConfig, DriftGauges, DriftMonitor, drift_gauges
 from proxy.call import Call, Reply, Result
 from proxy.chain import FilterContext, Next
 
@@ -42,20 +41,10 @@ class OutputDriftConfig(BaseModel):
     drift: DriftConfig = DriftConfig()
 
 
-_GAUGES: weakref.WeakKeyDictionary[CollectorRegistry, DriftGauges] = weakref.WeakKeyDictionary()
-
-
 def output_gauges(registry: CollectorRegistry) -> DriftGauges:
-    found = _GAUGES.get(registry)
-    if found is None:
-        labels = ["model", "output", "signal"]
-        found = _GAUGES[registry] = DriftGauges(
-            Gauge("mmguard_output_drift", "Wasserstein distance between an output's recent "
-                  "confidence (or cross-entropy) and its baseline.", labels, registry=registry),
-            Gauge("mmguard_output_drift_ks", "Kolmogorov-Smirnov statistic between an output's "
-                  "recent confidence (or cross-entropy) and its baseline.", labels,
-                  registry=registry))
-    return found
+    return drift_gauges(registry, "mmguard_output_drift",
+                        "an output's recent confidence (or cross-entropy)",
+                        ("model", "output", "signal"))
 
 
 class OutputDrift:

@@ -105,19 +105,23 @@ class DriftGauges:
     ks: Any
 
 
-_GAUGES: weakref.WeakKeyDictionary[CollectorRegistry, DriftGauges] = weakref.WeakKeyDictionary()
+_GAUGES: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, DriftGauges]] = (
+    weakref.WeakKeyDictionary())
 
 
-def drift_gauges(registry: CollectorRegistry) -> DriftGauges:
-    """The registry's one set of drift gauges (prometheus-client refuses a second)."""
-    found = _GAUGES.get(registry)
+def drift_gauges(registry: CollectorRegistry, name: str = "mmguard_input_drift",
+                 what: str = "a quality signal's recent window (scores in [0,1])",
+                 labels: tuple[str, str, str] = ("model", "modality", "signal")) -> DriftGauges:
+    """The registry's one pair of gauges ``<name>`` (Wasserstein) and ``<name>_ks`` for a
+    family of series (prometheus-client refuses a second registration)."""
+    per_registry = _GAUGES.setdefault(registry, {})
+    found = per_registry.get(name)
     if found is None:
-        labels = ["model", "modality", "signal"]
-        found = _GAUGES[registry] = DriftGauges(
-            Gauge("mmguard_input_drift", "Wasserstein distance between a quality signal's "
-                  "recent window and its baseline (scores in [0,1]).", labels, registry=registry),
-            Gauge("mmguard_input_drift_ks", "Kolmogorov-Smirnov statistic between a quality "
-                  "signal's recent window and its baseline.", labels, registry=registry))
+        found = per_registry[name] = DriftGauges(
+            Gauge(name, f"Wasserstein distance between {what} and its baseline.", list(labels),
+                  registry=registry),
+            Gauge(f"{name}_ks", f"Kolmogorov-Smirnov statistic between {what} and its "
+                  "baseline.", list(labels), registry=registry))
     return found
 
 
