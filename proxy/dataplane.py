@@ -98,9 +98,7 @@ class DataPlane:
             self.telemetry.count_request(m, model, backend, call.front, code)
             self.telemetry.observe_latency(m, elapsed / 1e9)
             if route is not None:
-                st = self.stats.setdefault(call.model, ModelStats())
-                st.fail_count += 1
-                st.fail_ns += elapsed
+                self._account(call, None, elapsed)
             raise
         finally:
             m.in_flight.dec()
@@ -118,8 +116,9 @@ class DataPlane:
                     observe(call, reply, elapsed / 1e9)
         return reply
 
-    def _account(self, call: Call, reply: Reply, elapsed_ns: int) -> None:
-        """The per-model statistics the v2 statistics endpoints report."""
+    def _account(self, call: Call, reply: Reply | None, elapsed_ns: int) -> None:
+        """The per-model statistics the v2 statistics endpoints report (no reply: the call
+        was cancelled, a failure)."""
         st = self.stats.setdefault(call.model, ModelStats())
         if isinstance(reply, Result):
             st.success_count += 1

@@ -38,6 +38,30 @@ def tracing_on() -> bool:
     return not isinstance(provider, (trace.NoOpTracerProvider, trace.ProxyTracerProvider))
 
 
+class Jitter:
+    """The response jitter coefficient (std / mean) over a model's last JITTER_WINDOW
+    latencies, recomputed every JITTER_EVERY requests once the window is full."""
+
+    __slots__ = ("gauge", "recent", "since")
+
+    def __init__(self, gauge: Any) -> None:
+        self.gauge = gauge
+        self.recent: deque[float] = deque(maxlen=JITTER_WINDOW)
+        self.since = 0
+
+    def observe(self, seconds: float) -> None:
+        self.recent.append(seconds)
+        self.since += 1
+        if len(self.recent) < JITTER_WINDOW or self.since < JITTER_EVERY:
+            return
+        self.since = 0
+        n = len(self.recent)
+        mean = sum(self.recent) / n
+        if mean > 0:
+            var = sum((x - mean) ** 2 for x in self.recent) / n
+            self.gauge.set(var ** 0.5 / mean)
+
+
 class RequestMetrics(NamedTuple):
     """The label children of one (model, backend, front), looked up once, not per request."""
 
@@ -45,16 +69,14 @@ class RequestMetrics(NamedTuple):
     in_flight: Any
     request_bytes: Any
     codes: dict[str, Any]
-    recent: deque[float]
-    """The last JITTER_WINDOW latencies (seconds), for the jitter coefficient."""
-    jitter: Any
+    jitter: Jitter
+    """The model's latency window (shared by its fronts and backends)."""
 
 
 class Telemetry:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self._request_metrics: dict[tuple[str, str, str], RequestMetrics] = {}
-        self._recent: dict[str, deque[float]] = {}  # per model, shared by its fronts/backends
-        self._since: dict[int, int] = {}
+        self._jitter: dict[str, Jitter] = {}  # per model, shared by its fronts/backends
         self._extra: dict[str, Any] = {}
         r = self.registry = registry or CollectorRegistry()
         self.requests = Counter("mmguard_requests_total", "Requests answered, by outcome code.",
@@ -111,23 +133,13 @@ class Telemetry:
             found = self._request_metrics[key] = RequestMetrics(
                 self.latency.labels(model, backend, front), self.in_flight.labels(model, front),
                 self.request_bytes.labels(model, front), {},
-                self._recent.setdefault(model, deque(maxlen=JITTER_WINDOW)),
-                self.jitter.labels(model))
+                self._jitter.get(model) or self._jitter.setdefault(
+                    model, Jitter(self.jitter.labels(model))))
         return found
 
     def observe_latency(self, m: RequestMetrics, seconds: float) -> None:
         m.latency.observe(seconds)
-        recent = m.recent
-        recent.append(seconds)
-        if len(recent) == JITTER_WINDOW and self._since.get(id(recent), 0) + 1 >= JITTER_EVERY:
-            self._since[id(recent)] = 0
-            n = len(recent)
-            mean = sum(recent) / n
-            if mean > 0:
-                var = sum((x - mean) ** 2 for x in recent) / n
-                m.jitter.set(var ** 0.5 / mean)
-        else:
-            self._since[id(recent)] = self._since.get(id(recent), 0) + 1
+        m.jitter.observe(seconds)
 
     def count_request(self, m: RequestMetrics, model: str, backend: str, front: str,
                       code: str) -> None:

@@ -31,4 +31,4 @@ def test_jitter_is_std_over_mean_of_the_last_window() -> None:
         t.observe_latency(steady, 0.02)
     assert gauge(t, "steady") is not None and gauge(t, "steady") < 1e-9  # type: ignore[operator]
     other = t.request_metrics("clip", "ort", "http")
-    assert other.recent is m.recent
+    assert other.jitter is m.jitter
