@@ -172,12 +172,20 @@ _INT_RANGES = {dt: (int(np.iinfo(t).min), int(np.iinfo(t).max)) for dt, t in (
 
 
 def _check_int_range(t: Tensor) -> None:
-    """numpy 1.x wraps an out-of-range integer (256 → 0 for UINT8) with only a warning: the
-    model would get another value than the client sent. Refuse it instead."""
+    """numpy 1.x wraps an out-of-range integer (256 → 0 for UINT8) with only a warning, and cuts
+    1.5 to 1: the model would get another value than the client sent. Refuse both instead."""
     lo, hi = _INT_RANGES[t.datatype]
     arr = np.asarray(t.data)
-    if arr.dtype.kind in "iu" and arr.size:
-        low, high = int(arr.min()), int(arr.max())
+    if arr.dtype.kind == "f" and not np.all(np.isfinite(arr) & (arr == np.floor(arr))):
+        raise ValueError("a number that is not a whole number")  # numpy would cut 1.5 to 1
+    values = arr.reshape(-1).tolist() if arr.dtype.kind not in "iuf" else None
+    if values is not None:  # an object array: nulls, strings, bools, or ints past 64 bits
+        for x in values:
+            if not isinstance(x, int) or isinstance(x, bool):
+                raise ValueError(f"{x!r} is not an integer")
+    if arr.size:
+        low, high = (min(values), max(values)) if values is not None else (
+            int(arr.min()), int(arr.max()))
         if low < lo or high > hi:
             raise ValueError(f"{low if low < lo else high} is outside [{lo}, {hi}]")
 
