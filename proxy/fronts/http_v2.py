@@ -8,6 +8,7 @@ Bodies over the listener's limit are refused with 413 before they are read. Erro
 from __future__ import annotations
 
 import gzip
+import math
 import time
 import zlib
 from collections.abc import Awaitable, Callable
@@ -160,7 +161,7 @@ def _positive_ms(value: str) -> float:
         ms = float(value)
     except ValueError:
         ms = -1
-    if ms <= 0:
+    if not math.isfinite(ms) or ms <= 0:  # nan compares false both ways; inf never expires
         raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                          f"{TIMEOUT_HEADER} must be a positive number of milliseconds, got "
                          f"{value!r}")

@@ -1,0 +1,132 @@
+"""The adversarial tier's harness: a real ``mmguard serve`` process, a probe client that sends a
+good request every 100 ms while an attack runs, and the process's resident memory.
+
+An attack test asserts three things: the attack's own answer (status and message), that every
+probe was answered correctly and none waited longer than the liveness bound, and how far the
+process's RSS moved. Bounds are generous (a busy 2-core CI machine runs these): they catch a
+stalled event loop (seconds) or a gigabyte held, never a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.support.process import MmguardProcess
+
+PROBE_BODY = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2],
+                                     "data": [1.0, 2.0]}]}).encode()
+PROBE_PATH = "/v2/models/identity_fp32/infer"
+PROBE_WAIT_S = 1.0
+"""A probe that waits longer than this saw a stalled proxy (the issue's bound)."""
+
+
+def rss_mib(pid: int) -> float:
+    """Resident set size of a process, in MiB (from /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def http_call(port: int, method: str, path: str, body: bytes | None = None,
+              headers: dict[str, str] | None = None,
+              timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
+    finally:
+        conn.close()
+
+
+@dataclass
+class ProbeRecord:
+    sent: float
+    waited: float
+    status: int | None
+    error: str = ""
+
+
+@dataclass
+class Prober:
+    """Sends ``PROBE_BODY`` to ``PROBE_PATH`` every ``interval`` seconds from its own thread,
+    on a fresh connection each time (a stalled proxy then shows as a slow connect or answer)."""
+
+    port: int
+    interval: float = 0.1
+    path: str = PROBE_PATH
+    body: bytes = PROBE_BODY
+    records: list[ProbeRecord] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Prober:
+        self._thread = threading.Thread(target=self._run, name="prober", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                status, _, body = http_call(self.port, "POST", self.path, self.body, timeout=30)
+                ok = status == 200 and json.loads(body)["outputs"][0]["data"] == [1.0, 2.0]
+                err = "" if ok else f"answer {status}: {body[:200]!r}"
+            except Exception as exc:  # a refused or dropped connection is what we look for
+                status, err = None, f"{type(exc).__name__}: {exc}"
+            self.records.append(ProbeRecord(t0, time.monotonic() - t0, status, err))
+            self._stop.wait(max(0.0, self.interval - (time.monotonic() - t0)))
+
+    def assert_served(self, max_wait: float = PROBE_WAIT_S, minimum: int = 3) -> None:
+        """Every probe answered correctly, none waited longer than ``max_wait``."""
+        assert len(self.records) >= minimum, f"only {len(self.records)} probes were sent"
+        bad = [r for r in self.records if r.error]
+        assert not bad, f"{len(bad)}/{len(self.records)} probes failed, first: {bad[0].error}"
+        worst = max(r.waited for r in self.records)
+        assert worst <= max_wait, (f"a probe waited {worst:.2f} s (bound {max_wait} s) of "
+                                   f"{len(self.records)} probes")
+
+
+def write_config(path: Path, config: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+@contextmanager
+def serve(tmp_path: Path, config: dict[str, Any], ready_timeout: float = 90,
+          args: tuple[str, ...] = ()) -> Iterator[MmguardProcess]:
+    """``mmguard serve --config`` as a real process on free ports, ready before it is yielded.
+    The process is stopped (SIGTERM, then SIGKILL) afterwards; its log stays in ``tmp_path``."""
+    cfg = write_config(tmp_path / "mmguard.yaml", config)
+    proc = MmguardProcess(["--config", str(cfg), *args], tmp_path / "mmguard.log")
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            try:
+                if http_call(proc.ports["http"], "GET", "/v2/health/ready", timeout=5)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline or proc.proc.poll() is not None:
+                raise RuntimeError("mmguard never became ready:\n"
+                                   + proc.log_path.read_text()[-3000:])
+            time.sleep(0.1)
+        yield proc
+    finally:
+        proc.stop()
