@@ -47,6 +47,8 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     onnx_path = ensure_clip_demo(root / "onnx")
     repo = write_model_repository(root / "repo", onnx_path)
     with TritonServer(repo, root / "work") as server:
+        for failure in server.start_failures:
+            _TRITON_REPORTS.append(f"SHARED TRITON START RETRIED ({server.log_path}): {failure}")
         _SESSION_TRITON.append(server)
         yield server
         _SESSION_TRITON.clear()

@@ -245,6 +245,7 @@ _MODELS: tuple[_Model, ...] = (
 )
 
 MODEL_NAMES: tuple[str, ...] = tuple(m.name for m in _MODELS)
+DECOUPLED_MODELS: frozenset[str] = frozenset(m.name for m in _MODELS if m.decoupled)
 
 
 def write_model_repository(dst: Path, onnx_demo_path: Path) -> Path:
@@ -399,6 +400,7 @@ class TritonServer:
         self._log_file: BinaryIO | None = None
         self.start_seconds: float | None = None
         self.stop_seconds: float | None = None
+        self.start_failures: list[str] = []  # starts that died before ready and were retried
 
     # -- addresses -------------------------------------------------------------------------
 
@@ -454,7 +456,7 @@ class TritonServer:
         backends = self._prepare_backends(paths)
         began = time.monotonic()
         reuse = keep_ports and self.grpc_port is not None and self.http_port is not None
-        attempts = 1 if reuse else 3
+        attempts = 3
         for attempt in range(1, attempts + 1):
             if not reuse:
                 ports = free_ports(3 if self.metrics else 2)
@@ -463,11 +465,18 @@ class TritonServer:
             self._spawn(paths, backends)
             try:
                 self._wait_ready()
-            except RuntimeError:
+            except RuntimeError as exc:
                 tail = self.log_tail(40)
+                died = self.process is not None and self.process.poll() is not None
                 self.stop()
                 port_clash = "already in use" in tail.lower() or "failed to bind" in tail.lower()
-                if port_clash and attempt < attempts:
+                # A Triton that dies while starting on a busy machine (seen: boost::interprocess
+                # lock_exception, exit -6) is started again; the log file is appended to, so
+                # every attempt's output stays in it.
+                if (port_clash or died) and attempt < attempts:
+                    self.start_failures.append(f"attempt {attempt}: {str(exc).splitlines()[0]}")
+                    self._log_note(f"mmguard test fixture: start attempt {attempt} failed "
+                                   f"({'port clash' if port_clash else 'died'}); retrying")
                     continue
                 raise
             self.start_seconds = time.monotonic() - began
@@ -660,6 +669,10 @@ class TritonServer:
         if setpriv is None or threading.current_thread() is not threading.main_thread():
             return []
         return [setpriv, "--pdeathsig", "TERM", "--"]
+
+    def _log_note(self, text: str) -> None:
+        with open(self.log_path, "a") as log:
+            log.write(text + "\n")
 
     def _log_file_close(self) -> None:
         if self._log_file is not None:
