@@ -14,6 +14,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from proxy import pbwire, typed_contents
+from proxy.answers import answer_error, output_problem
 from proxy.call import Call, Decoded, RequestedOutput, Result, Wire
 from proxy.errors import ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
@@ -159,44 +160,66 @@ def encode_request(call: Call, model: str, version: str) -> bytes:
             body += _string_field(2, version)
         return body
     req = pb.ModelInferRequest(model_name=model, model_version=version, id=call.id)
-    params_to_pb(req.parameters, call.parameters)
+    params_to_pb(req.parameters, _without(call.parameters, HTTP_ONLY_PARAMETERS))
     for t in call.inputs:
         inp = req.inputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
-        params_to_pb(inp.parameters, {k: v for k, v in t.parameters.items()
-                                      if k != "binary_data_size"})
+        params_to_pb(inp.parameters, _without(t.parameters, HTTP_ONLY_PARAMETERS))
         req.raw_input_contents.append(bytes(t.raw_bytes()))
     for o in call.outputs:
+        # Everything else crosses: ``classification`` (the extension), custom parameters.
         out = req.outputs.add(name=o.name)
-        params_to_pb(out.parameters, {k: v for k, v in o.parameters.items()
-                                      if k not in ("binary_data", "classification")})
+        params_to_pb(out.parameters, _without(o.parameters, HTTP_ONLY_PARAMETERS))
     return bytes(req.SerializeToString())
 
 
+HTTP_ONLY_PARAMETERS = frozenset({"binary_data", "binary_data_output", "binary_data_size"})
+"""Parameters of the HTTP binary tensor extension: they say how the HTTP body is laid out, so
+they do not cross to gRPC (where every tensor is raw); the HTTP front answers in the form the
+client asked for from the call's own parameters."""
+
+
+def _without(params: dict[str, Any], names: frozenset[str]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if k not in names}
+
+
 def decode_response(body: bytes, source: str = "backend") -> Result:
-    """The answer as a lazily decoded ``Result``: its framing is checked now (cheap, no copy),
-    its fields are parsed only if someone reads them. ``source`` names the sender in errors
-    (e.g. "backend 'triton' (model 'clip')")."""
+    """The answer as a ``Result`` that keeps its wire form. The small head (everything but the
+    tensor bytes) is parsed now, so every output's length is checked against its shape before
+    the answer goes anywhere (``proxy.answers``); the tensor bytes are neither parsed nor copied.
+    ``source`` names the sender in errors (``backend 'triton' for model 'clip'``)."""
+    resp = pb.ModelInferResponse()
     try:
         head, raws = pbwire.split(body, _RAW_OUTPUTS)
-    except pbwire.WireError as exc:
+        resp.ParseFromString(head)
+    except (DecodeError, pbwire.WireError) as exc:
         raise ProxyError(ErrorKind.INTERNAL, f"{source} sent a malformed ModelInferResponse: "
                          f"{exc}", origin="backend") from None
-
-    def decode() -> Decoded:
-        resp = pb.ModelInferResponse()
-        try:
-            resp.ParseFromString(head)
-        except DecodeError as exc:
-            raise ProxyError(ErrorKind.INTERNAL,
-                             f"{source} sent a malformed ModelInferResponse: {exc}",
-                             origin="backend") from None
-        return _decoded(resp, raws)
-
-    return Result(wire=Wire("grpc", body), decode=decode)
+    _check_response(resp, raws, source)
+    return Result(wire=Wire("grpc", body), decode=lambda: _decoded(resp, raws))
 
 
-def result_from_pb(resp: pb.ModelInferResponse, wire: Wire | None) -> Result:
-    return Result(wire=wire, decode=lambda: _decoded(resp, list(resp.raw_output_contents)))
+def result_from_pb(resp: pb.ModelInferResponse, wire: Wire | None,
+                   source: str = "backend") -> Result:
+    raws: list[Any] = list(resp.raw_output_contents)
+    _check_response(resp, raws, source)
+    return Result(wire=wire, decode=lambda: _decoded(resp, raws))
+
+
+def _check_response(resp: pb.ModelInferResponse, raws: list[Any], source: str) -> None:
+    if raws and len(raws) != len(resp.outputs):
+        raise answer_error(source, f"{len(resp.outputs)} outputs but {len(raws)} "
+                           "raw_output_contents; they must match one to one")
+    for i, o in enumerate(resp.outputs):
+        if i < len(raws):
+            problem = output_problem(o.name, o.datatype, tuple(o.shape), raws[i])
+        else:  # typed contents (no server we know sends them): checked after conversion
+            try:
+                problem = output_problem(o.name, o.datatype, tuple(o.shape),
+                                         _contents_to_raw(o))
+            except ProxyError as err:
+                problem = err.message.replace("input", "output", 1)
+        if problem is not None:
+            raise answer_error(source, problem)
 
 
 def _decoded(resp: pb.ModelInferResponse, raws: list[Any]) -> Decoded:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from proxy.answers import answer_error, output_problem
 from proxy.call import Call, Decoded, RequestedOutput, Result, Wire
 from proxy.errors import ErrorKind, ProxyError
 from proxy.tensor import (
@@ -275,28 +276,29 @@ def encode_request(call: Call) -> tuple[list[Payload], int | None, bool]:
 
 def decode_response(body: bytes, header_length: str | None, wire_valid: bool,
                     source: str = "backend") -> Result:
+    """The answer as a ``Result``; ``wire_valid``: it is already in the form the client asked
+    for, so it may go back as it came. Its JSON head is parsed now and every output is checked
+    against its shape (``proxy.answers``) before the answer goes anywhere; binary tensors stay
+    slices of the body."""
     try:
         doc, hlen = split_body(body, header_length, "response")
     except ProxyError as err:
         raise ProxyError(ErrorKind.INTERNAL, f"{source} sent a malformed v2 response: {err}",
                          origin="backend") from None
     view = memoryview(body)
+    entries = _response_outputs(doc, hlen, view, source)
 
     def decode() -> Decoded:
         return Decoded(str(doc.get("model_name", "")), str(doc.get("model_version", "")),
                        str(doc.get("id", "")), dict(doc.get("parameters") or {}), outputs())
 
     def outputs() -> list[Tensor]:
-        offset = hlen or 0
         out = []
-        for o in doc.get("outputs") or []:
-            params = dict(o.get("parameters") or {})
-            size = params.pop("binary_data_size", None)
-            shape = tuple(o.get("shape") or ())
+        for o, params, start, size in entries:
+            shape = tuple(o["shape"])
             if size is not None:
                 out.append(Tensor(o["name"], o["datatype"], shape,
-                                  raw=view[offset:offset + size], parameters=params))
-                offset += size
+                                  raw=view[start:start + size], parameters=params))
             else:
                 t = Tensor(o["name"], o["datatype"], shape, data=o.get("data", []),
                            parameters=params)
@@ -306,6 +308,53 @@ def decode_response(body: bytes, header_length: str | None, wire_valid: bool,
 
     wire = Wire("http", body, hlen) if wire_valid else None
     return Result(wire=wire, decode=decode)
+
+
+_Entry = tuple[dict[str, Any], dict[str, Any], int, int | None]
+
+
+def _response_outputs(doc: dict[str, Any], hlen: int | None, view: memoryview,
+                      source: str) -> list[_Entry]:
+    """Each output with its parameters and where its binary bytes lie; refuses (INTERNAL) an
+    output whose bytes do not fit its shape, or a binary part that does not add up."""
+    body_size = len(view)
+    raw_outputs = doc.get("outputs") or []
+    if not isinstance(raw_outputs, list):
+        raise answer_error(source, f"'outputs' is a {type(raw_outputs).__name__}, not a list")
+    offset = hlen or 0
+    entries: list[_Entry] = []
+    for i, o in enumerate(raw_outputs):
+        if not (isinstance(o, dict) and isinstance(o.get("name"), str)
+                and isinstance(o.get("datatype"), str) and isinstance(o.get("shape"), list)
+                and all(type(d) is int for d in o["shape"])):
+            raise answer_error(source, f"outputs[{i}] is not an object with a name, a "
+                               "datatype and a list of integer dims")
+        params = dict(o.get("parameters") or {})
+        size = params.pop("binary_data_size", None)
+        shape = tuple(o["shape"])
+        if size is not None:
+            if hlen is None:
+                raise answer_error(source, f"output '{o['name']}' has binary_data_size but the "
+                                   f"answer has no {HEADER_LENGTH} header")
+            if type(size) is not int or size < 0 or offset + size > body_size:
+                raise answer_error(source, f"output '{o['name']}': binary_data_size {size!r} "
+                                   f"runs past the end of the body ({body_size - offset} bytes "
+                                   "left)")
+            problem = output_problem(o["name"], o["datatype"], shape,
+                                     view[offset:offset + size])
+        else:
+            data = o.get("data", [])
+            problem = (f"output '{o['name']}': 'data' is a {type(data).__name__}, not a list"
+                       if not isinstance(data, list)
+                       else output_problem(o["name"], o["datatype"], shape, None, data))
+        if problem is not None:
+            raise answer_error(source, problem)
+        entries.append((o, params, offset, size))
+        offset += size or 0
+    if hlen is not None and offset != body_size:
+        raise answer_error(source, f"the binary part has {body_size - hlen} bytes but the "
+                           f"outputs declare {offset - hlen} (binary_data_size)")
+    return entries
 
 
 def encode_response(call: Call, result: Result) -> tuple[bytes, int | None]:

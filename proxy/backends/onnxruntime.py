@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from proxy.answers import answer_source, check_outputs
 from proxy.backends.base import Backend
 from proxy.call import Call, Result, Target
 from proxy.config import OnnxRuntimeBackend as OrtConfig
@@ -175,6 +176,7 @@ class OnnxRuntimeBackend(Backend):
         except TimeoutError:
             raise self.deadline_error(target, timeout) from None
         outputs = [_to_tensor(n, a, m.output_types[n]) for n, a in zip(names, arrays, strict=True)]
+        check_outputs(outputs, answer_source(self.name, target.model))
         return Result(target.model, m.contract.versions[0], call.id, outputs)
 
     async def close(self) -> None:

@@ -13,14 +13,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 
 from proxy import codec_grpc
+from proxy.answers import answer_source
 from proxy.backends.base import Backend
 from proxy.backends.propagation import forward_metadata
 from proxy.call import Call, LocalReply, Result, StreamItem, Target, Wire
 from proxy.config import TritonGrpcBackend as GrpcConfig
-from proxy.contract import ModelContract, TensorSpec, fingerprint
+from proxy.contract import ModelContract, TensorSpec, config_from_pb, fingerprint
 from proxy.errors import ErrorKind, ProxyError, kind_from_grpc
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.pb import grpc_service_pb2_grpc as pb_grpc
@@ -91,11 +91,13 @@ class TritonGrpcBackend(Backend):
                                          timeout=self.timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc, model) from None
-        config = json_format.MessageToDict(cfg.config, preserving_proto_field_name=True)
+        # Our ModelConfig keeps the fields it does not know as unknown fields, so these bytes
+        # are the whole config Triton sent; the full schema renders it for HTTP clients.
+        raw = cfg.config.SerializeToString()
         return contract_from_triton(meta.name, list(meta.versions), meta.platform,
                                     [(t.name, t.datatype, tuple(t.shape)) for t in meta.inputs],
                                     [(t.name, t.datatype, tuple(t.shape)) for t in meta.outputs],
-                                    _int_dims(config))
+                                    config_from_pb(raw), raw)
 
     async def infer(self, call: Call, target: Target) -> Result:
         body = codec_grpc.encode_request(call, target.model, target.version)
@@ -108,7 +110,7 @@ class TritonGrpcBackend(Backend):
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise self.deadline_error(target, timeout) from None
             raise self._error(exc, target.model) from None
-        return codec_grpc.decode_response(resp, f"backend '{self.name}' (model '{target.model}')")
+        return codec_grpc.decode_response(resp, answer_source(self.name, target.model))
 
     async def stream(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
         # One backend stream per request: the request is written and the stream half-closed,
@@ -127,7 +129,8 @@ class TritonGrpcBackend(Backend):
                 else:
                     yield codec_grpc.result_from_pb(
                         msg.infer_response,
-                        Wire("grpc", msg.infer_response.SerializeToString()))
+                        Wire("grpc", msg.infer_response.SerializeToString()),
+                        answer_source(self.name, target.model))
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise self.deadline_error(target, timeout) from None
@@ -152,7 +155,7 @@ class TritonGrpcBackend(Backend):
 def contract_from_triton(name: str, versions: list[str], platform: str,
                          inputs: list[tuple[str, str, tuple[int, ...]]],
                          outputs: list[tuple[str, str, tuple[int, ...]]],
-                         config: dict[str, Any]) -> ModelContract:
+                         config: dict[str, Any], config_pb: bytes = b"") -> ModelContract:
     """Build the contract from Triton's metadata (shapes) and config (batching, optional,
     decoupled). With max_batch_size >= 1 the metadata's leading -1 is the batch dimension."""
     optional = {i["name"] for i in config.get("input", []) if i.get("optional")}
@@ -165,14 +168,6 @@ def contract_from_triton(name: str, versions: list[str], platform: str,
         decoupled=bool(policy.get("decoupled", False)),
         fingerprint=fingerprint(config, versions),
         config=config,
+        config_pb=config_pb,
     )
 
-
-def _int_dims(config: dict[str, Any]) -> dict[str, Any]:
-    # proto3 JSON writes int64 as strings; Triton's HTTP config has numbers. Use numbers.
-    for key in ("input", "output"):
-        for t in config.get(key, []):
-            t["dims"] = [int(d) for d in t.get("dims", [])]
-    if "max_batch_size" in config:
-        config["max_batch_size"] = int(config["max_batch_size"])
-    return config

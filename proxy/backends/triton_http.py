@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 
 from proxy import codec_http
+from proxy.answers import answer_source
 from proxy.backends.http_base import HttpBackend
 from proxy.backends.propagation import forward_headers
 from proxy.backends.triton_grpc import contract_from_triton
@@ -74,7 +75,7 @@ class TritonHttpBackend(HttpBackend):
                         raise self._status_error(r.status, data)
                     return codec_http.decode_response(
                         data, r.headers.get(codec_http.HEADER_LENGTH), forwarded,
-                        f"backend '{self.name}' (model '{target.model}')")
+                        answer_source(self.name, target.model))
         except TimeoutError:
             raise self.deadline_error(target, timeout) from None
         except aiohttp.ClientError as exc:

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from proxy import codec_grpc
@@ -110,10 +109,11 @@ class GrpcFront:
         return resp
 
     async def model_config(self, req: pb.ModelConfigRequest, ctx: Any) -> pb.ModelConfigResponse:
-        cfg = dict(self.plane.contract(req.name).config_json())
-        cfg["name"] = req.name
+        # The whole config as Triton's ModelConfig bytes: fields proxy/pb does not declare stay
+        # unknown fields and go out intact.
         resp = pb.ModelConfigResponse()
-        json_format.ParseDict(cfg, resp.config, ignore_unknown_fields=True)
+        resp.config.MergeFromString(self.plane.contract(req.name).config_bytes())
+        resp.config.name = req.name
         return resp
 
     async def model_statistics(self, req: pb.ModelStatisticsRequest,

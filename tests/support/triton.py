@@ -57,6 +57,8 @@ clip_demo           pixel_values FP32 [3,224,224],              image_embeds FP3
 slow_fp32           x FP32 [-1], delay_ms INT32 [1] (optional)  y FP32 [-1] = x                 8
 fail_fp32           x FP32 [-1]                                 y FP32 [-1] (never sent)        8
 decoupled_counter   count INT32 [1]                             value INT32 [1] (decoupled)     0
+classify_fp32       x FP32 [10]                                 probs FP32 [10] (labels.txt)    0
+echo_params         INPUT0 FP32 [-1]                            OUTPUT0 = INPUT0, PARAMS BYTES  0
 ==================  ==========================================  ==============================  ===
 
 (Shapes above are config dims; with max_batch_size 8 the wire shapes get a leading batch dim.)
@@ -76,6 +78,9 @@ decoupled_counter   count INT32 [1]                             value INT32 [1] 
   One instance, so concurrent requests queue behind each other.
 * fail_fp32: every request gets ``TritonError("deliberate failure from fail_fp32")`` (INTERNAL:
   gRPC ``StatusCode.INTERNAL``, HTTP 500).
+* classify_fp32: probs = x, emitted as [1, 10, 1, 1] (``reshape``), clients see [10]; the
+  output's ``label_filename`` gives the classification extension its labels.
+* echo_params: PARAMS = [the request's parameters as the model sees them, JSON text].
 * decoupled_counter: ``count`` responses ``value = [i]`` for i in 0..count-1, 10 ms apart, then an
   empty response flagged FINAL. Negative count -> one error response.
 """
@@ -124,6 +129,7 @@ class _Tensor:
     dims: tuple[int, ...]
     optional: bool = False
     reshape: tuple[int, ...] | None = None
+    label_filename: str | None = None  # classification labels, a file beside config.pbtxt
 
     def pbtxt(self) -> str:
         lines = [
@@ -135,6 +141,8 @@ class _Tensor:
             lines.append(f"    reshape: {{ shape: [ {', '.join(str(d) for d in self.reshape)} ] }}")
         if self.optional:
             lines.append("    optional: true")
+        if self.label_filename is not None:
+            lines.append(f'    label_filename: "{self.label_filename}"')
         return "  {\n" + "\n".join(lines) + "\n  }"
 
 
@@ -147,6 +155,7 @@ class _Model:
     max_batch_size: int = 8
     decoupled: bool = False
     parameters: tuple[tuple[str, str], ...] = ()
+    files: tuple[tuple[str, str], ...] = ()  # (name beside config.pbtxt, file in triton_models/)
 
     def pbtxt(self, extra_parameters: dict[str, str] | None = None) -> str:
         params = dict(self.parameters)
@@ -242,6 +251,22 @@ _MODELS: tuple[_Model, ...] = (
         max_batch_size=0,
         decoupled=True,
     ),
+    _Model(  # classification extension with labels; no batching; int64 reshape in the config
+        "classify_fp32",
+        "classify.py",
+        (_Tensor("x", "TYPE_FP32", (10,)),),
+        (_Tensor("probs", "TYPE_FP32", (10,), reshape=(1, 10, 1, 1),
+                 label_filename="labels.txt"),),
+        max_batch_size=0,
+        files=(("labels.txt", "classify_labels.txt"),),
+    ),
+    _Model(  # what the model sees of a request's parameters, as JSON text in PARAMS
+        "echo_params",
+        "echo_params.py",
+        (_Tensor("INPUT0", "TYPE_FP32", (-1,)),),
+        (_Tensor("OUTPUT0", "TYPE_FP32", (-1,)), _Tensor("PARAMS", "TYPE_STRING", (1,))),
+        max_batch_size=0,
+    ),
 )
 
 MODEL_NAMES: tuple[str, ...] = tuple(m.name for m in _MODELS)
@@ -266,6 +291,8 @@ def write_model_repository(dst: Path, onnx_demo_path: Path) -> Path:
                  if model.name == "clip_demo" else None)
         (dst / model.name / "config.pbtxt").write_text(model.pbtxt(extra))
         shutil.copyfile(_SOURCES / model.source, version_dir / "model.py")
+        for name, source in model.files:
+            shutil.copyfile(_SOURCES / source, dst / model.name / name)
     return dst
 
 

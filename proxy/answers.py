@@ -1,0 +1,97 @@
+"""Is a backend's answer readable? Every output's bytes must fit its shape and datatype.
+
+A backend that sends an FP32 [256] output as 1020 bytes, or BYTES elements whose length prefixes
+run past the payload, has sent an answer no client can read correctly; forwarded as a 200 it
+becomes a silent wrong answer (a client's ``as_numpy`` reads garbage or fails far from the
+cause). So every answer is checked where it is decoded, on every path — gRPC and HTTP backends,
+binary and JSON tensors, forwarded unchanged or re-encoded, ONNX Runtime too — before any filter
+or front sees it. The check reads lengths only: no tensor is copied or converted.
+
+A failed check is ``INTERNAL`` with ``origin="backend"``, naming the backend, the model and the
+output, so the fallback filter counts it as the backend failing and moves to its next level.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from typing import Any
+
+from proxy.errors import ErrorKind, ProxyError
+from proxy.tensor import DATATYPES, Payload, Tensor, element_count, itemsize
+
+_PREFIX = struct.Struct("<I")
+
+
+def answer_source(backend: str, model: str) -> str:
+    """Who sent an answer, as the errors about it name them."""
+    return f"backend '{backend}' for model '{model}'"
+
+
+def answer_error(source: str, message: str) -> ProxyError:
+    """``source`` names the sender: ``backend 'triton' for model 'clip'``."""
+    return ProxyError(ErrorKind.INTERNAL, f"{source} answered outside its contract: {message}",
+                      origin="backend")
+
+
+def check_outputs(outputs: Iterable[Tensor], source: str) -> None:
+    """Raise INTERNAL unless every output's payload matches its shape × datatype."""
+    for t in outputs:
+        problem = output_problem(t.name, t.datatype, t.shape, t.raw, t.data)
+        if problem is not None:
+            raise answer_error(source, problem)
+
+
+def output_problem(name: str, datatype: str, shape: tuple[int, ...], raw: Payload | None,
+                   data: list[Any] | None = None) -> str | None:
+    """Why this output cannot be read, or None when it fits."""
+    where = f"output '{name}'"
+    if datatype not in DATATYPES:
+        return f"{where} has unknown datatype {datatype!r}"
+    if any(d < 0 for d in shape):
+        return f"{where} has shape {list(shape)} with a negative dim"
+    elements = element_count(shape)
+    if raw is None:
+        count = _leaves(data or [])
+        if count != elements:
+            return (f"{where}: {datatype} shape {list(shape)} needs {elements} elements, "
+                    f"the JSON data has {count}")
+        return None
+    size = itemsize(datatype)
+    if size is not None:
+        if len(raw) != elements * size:
+            return (f"{where}: {datatype} shape {list(shape)} needs {elements * size} bytes, "
+                    f"got {len(raw)}")
+        return None
+    return _bytes_problem(where, shape, raw, elements)
+
+
+def _bytes_problem(where: str, shape: tuple[int, ...], raw: Payload,
+                   elements: int) -> str | None:
+    """BYTES framing: ``elements`` length-prefixed items that end exactly at the end."""
+    view = memoryview(raw).cast("B") if isinstance(raw, memoryview) else raw
+    end, pos, count = len(view), 0, 0
+    while pos < end:
+        if pos + 4 > end:
+            return f"{where}: BYTES element {count} has a cut length prefix"
+        (n,) = _PREFIX.unpack_from(view, pos)
+        pos += 4 + n
+        if pos > end:
+            return (f"{where}: BYTES element {count} declares {n} bytes, only "
+                    f"{end - (pos - n)} remain")
+        count += 1
+    if count != elements:
+        return f"{where}: BYTES shape {list(shape)} needs {elements} elements, got {count}"
+    return None
+
+
+def _leaves(data: list[Any]) -> int:
+    """Elements of a (possibly nested) JSON list, without building a flat copy."""
+    count, stack = 0, [data]
+    while stack:
+        for x in stack.pop():
+            if isinstance(x, list):
+                stack.append(x)
+            else:
+                count += 1
+    return count
