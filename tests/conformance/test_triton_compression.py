@@ -10,6 +10,7 @@ import gzip
 import http.client
 import json
 import zlib
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,8 +22,8 @@ from tests.conformance.conftest import Target
 CODINGS = [None, "gzip", "deflate"]
 
 
-def _infer(url: str, data: np.ndarray, binary: bool, request: str | None,
-           response: str | None) -> np.ndarray:
+def _infer(url: str, data: np.ndarray[Any, Any], binary: bool, request: str | None,
+           response: str | None) -> np.ndarray[Any, Any]:
     client = httpclient.InferenceServerClient(url)
     try:
         tensor = httpclient.InferInput("INPUT0", list(data.shape), "FP32")
@@ -31,7 +32,7 @@ def _infer(url: str, data: np.ndarray, binary: bool, request: str | None,
         result = client.infer("identity_fp32", [tensor], outputs=[out],
                               request_compression_algorithm=request,
                               response_compression_algorithm=response)
-        got = result.as_numpy("OUTPUT0")
+        got: np.ndarray[Any, Any] | None = result.as_numpy("OUTPUT0")
         assert got is not None
         return got
     finally:
