@@ -348,6 +348,10 @@ class Experiment:
         }
 
 
+STOP_CAUSES = ("operator", "duration", "slo", "config", "action-failed", "canary-abort")
+"""Every ``cause`` label of mmguard_experiment_stops_total."""
+
+
 class ExperimentRegistry:
     """Every experiment of the process (it outlives config reloads), by name."""
 
@@ -372,6 +376,8 @@ class ExperimentRegistry:
                          started_wall=self.clock.wall())
         self.experiments[cfg.name] = exp
         self.m_state.labels(cfg.name, route).set(1)
+        for cause in STOP_CAUSES:  # at 0 from the start: a single stop must show in increase()
+            self.m_stops.labels(cfg.name, route, cause)
         log.warning("experiment %r started on route %r (%s): %s", cfg.name, route, source,
                     ", ".join(a.label for a in cfg.actions),
                     extra={"fields": {"experiment": cfg.name, "route": route}})

@@ -24,6 +24,7 @@ from proxy.contract import ModelContract, TensorSpec, fingerprint
 from proxy.errors import ErrorKind, ProxyError, kind_from_grpc
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.pb import grpc_service_pb2_grpc as pb_grpc
+from proxy.telemetry import backend_span
 from proxy.tls import grpc_channel_credentials
 
 _SERVICE = "/inference.GRPCInferenceService/"
@@ -98,6 +99,10 @@ class TritonGrpcBackend(Backend):
                                     _int_dims(config))
 
     async def infer(self, call: Call, target: Target) -> Result:
+        with backend_span(call, "grpc", self.name, target.model, self.cfg.url):
+            return await self._infer_once(call, target)
+
+    async def _infer_once(self, call: Call, target: Target) -> Result:
         body = codec_grpc.encode_request(call, target.model, target.version)
         timeout = self.timeout_for(call)
         i = next(self._next)

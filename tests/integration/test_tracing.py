@@ -60,10 +60,25 @@ def test_trace_context_reaches_backend_on_both_protocols(
     assert seen["traceparent"] != PARENT  # with mmguard's span as the parent
     assert seen["x-tenant"] == "blue"  # client metadata propagated
     spans = exporter.get_finished_spans()
-    root = next(s for s in spans if s.name == "mmguard grpc infer")
+    root = next(s for s in spans if s.kind == trace.SpanKind.SERVER)
+    # OpenTelemetry's RPC conventions: the client called gRPC ModelInfer
+    assert root.name == "inference.GRPCInferenceService/ModelInfer"
+    assert root.attributes is not None and root.attributes["rpc.system"] == "grpc"
+    assert root.attributes["rpc.grpc.status_code"] == 0
     assert format(root.context.trace_id, "032x") == TRACE_ID
     step = next(s for s in spans if s.name == "filter limits")  # every route has limits
     assert step.parent is not None and step.parent.span_id == root.context.span_id
+    # the hop to the backend is a CLIENT span, and the backend's parent is that span
+    hop = next(s for s in spans if s.kind == trace.SpanKind.CLIENT)
+    assert hop.parent is not None and hop.parent.span_id == step.context.span_id
+    assert seen["traceparent"].split("-")[2] == format(hop.context.span_id, "016x")
+    assert hop.attributes is not None and hop.attributes["server.address"] == "127.0.0.1"
+    assert hop.attributes["server.port"] in (fake.grpc_port, fake.http_port)
+    if route == "via_grpc":
+        assert hop.name == "inference.GRPCInferenceService/ModelInfer"
+        assert hop.attributes["rpc.method"] == "ModelInfer"
+    else:
+        assert hop.attributes["url.path"] == "/v2/models/echo/infer"
 
 
 def test_decision_is_a_span_event(setup: tuple[RunningMmguard, FakeV2],
@@ -79,3 +94,10 @@ def test_decision_is_a_span_event(setup: tuple[RunningMmguard, FakeV2],
     event = span.events[0]
     assert event.name == "limits.reject-batch"
     assert event.attributes is not None and event.attributes["mmguard.model"] == "via_grpc"
+    # the HTTP server span follows OpenTelemetry's HTTP conventions
+    root = next(s for s in exporter.get_finished_spans() if s.kind == trace.SpanKind.SERVER)
+    assert root.name == "POST /v2/models/{model_name}/infer"
+    assert root.attributes is not None
+    assert root.attributes["url.path"] == "/v2/models/via_grpc/infer"
+    assert root.attributes["http.response.status_code"] == 413
+    assert root.attributes["error.type"] == "too_large"
