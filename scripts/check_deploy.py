@@ -1,0 +1,198 @@
+"""Checks of deploy/ that need more than a YAML parser, for scripts/ci_ops.sh.
+
+    python scripts/check_deploy.py rules deploy/prometheus/alerts.yaml OUT.yaml
+        the PrometheusRule's spec as a plain Prometheus rules file (for promtool)
+    python scripts/check_deploy.py fleet-promql OUT.yaml
+        the PromQL of deploy/fleet/*, template variables filled in, as recording rules, so
+        `promtool check rules` parses every query
+    python scripts/check_deploy.py crds OUT.json FILE...
+        every custom resource in FILEs: PodMonitor, PrometheusRule and AnalysisTemplate go to
+        OUT.json for the CRD-schema validator (scripts/crd/validate.mjs); Flagger's MetricTemplate
+        and Canary and KServe's InferenceService, for which no registry package ships a schema,
+        are checked here structurally (known fields only, the required ones present, Knative's
+        Serverless restrictions). Exit 1 on any finding.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+FOR_NODE = {("monitoring.coreos.com/v1", "PodMonitor"),
+            ("monitoring.coreos.com/v1", "PrometheusRule"),
+            ("argoproj.io/v1alpha1", "AnalysisTemplate")}
+
+# Flagger's CRD fields (flagger.app/v1beta1), the ones its openAPIV3Schema declares for these
+# parts; anything else is a typo Flagger would drop or refuse.
+_METRIC_TEMPLATE_SPEC = {"provider", "query"}
+_PROVIDER = {"type", "address", "secretRef", "insecureSkipVerify", "region"}
+_PROVIDER_TYPES = {"prometheus", "influxdb", "datadog", "cloudwatch", "newrelic", "graphite",
+                   "dynatrace", "stackdriver", "keptn", "splunk"}
+_CANARY_SPEC = {"provider", "metricsServer", "targetRef", "autoscalerRef", "ingressRef",
+                "routeRef", "upstreamRef", "service", "skipAnalysis", "analysis",
+                "progressDeadlineSeconds", "revertOnDeletion", "suspend"}
+_ANALYSIS = {"interval", "iterations", "mirror", "mirrorWeight", "maxWeight", "stepWeight",
+             "stepWeights", "stepWeightPromotion", "threshold", "primaryReadyThreshold",
+             "canaryReadyThreshold", "alerts", "metrics", "webhooks", "match", "sessionAffinity"}
+_CANARY_METRIC = {"name", "interval", "threshold", "thresholdRange", "query", "templateRef",
+                  "templateVariables"}
+_INTERVAL = re.compile(r"^[0-9]+(m|s|h)$")
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
+
+
+def _unknown(where: str, got: dict[str, Any], known: set[str]) -> list[str]:
+    return [f"{where}: unknown field {k!r}" for k in sorted(set(got) - known)]
+
+
+def check_metric_template(doc: dict[str, Any]) -> list[str]:
+    where = f"MetricTemplate {doc['metadata']['name']}"
+    spec = doc.get("spec") or {}
+    out = _unknown(where + " spec", spec, _METRIC_TEMPLATE_SPEC)
+    provider = spec.get("provider") or {}
+    out += _unknown(where + " spec.provider", provider, _PROVIDER)
+    if provider.get("type") not in _PROVIDER_TYPES:
+        out.append(f"{where}: spec.provider.type {provider.get('type')!r} is not a Flagger "
+                   "provider")
+    if not isinstance(spec.get("query"), str) or not spec["query"].strip():
+        out.append(f"{where}: spec.query must be a non-empty string")
+    return out
+
+
+def check_canary(doc: dict[str, Any]) -> list[str]:
+    where = f"Canary {doc['metadata']['name']}"
+    spec = doc.get("spec") or {}
+    out = _unknown(where + " spec", spec, _CANARY_SPEC)
+    for key in ("targetRef", "service", "analysis"):
+        if key not in spec:
+            out.append(f"{where}: spec.{key} is required")
+    analysis = spec.get("analysis") or {}
+    out += _unknown(where + " spec.analysis", analysis, _ANALYSIS)
+    for i, m in enumerate(analysis.get("metrics") or []):
+        out += _unknown(f"{where} spec.analysis.metrics[{i}]", m, _CANARY_METRIC)
+        if "name" not in m:
+            out.append(f"{where}: spec.analysis.metrics[{i}].name is required")
+        if "interval" in m and not _INTERVAL.match(str(m["interval"])):
+            out.append(f"{where}: metrics[{i}].interval {m['interval']!r} is not a duration")
+        out += _unknown(f"{where} metrics[{i}].thresholdRange", m.get("thresholdRange") or {},
+                        {"min", "max"})
+    return out
+
+
+def check_inference_service(doc: dict[str, Any]) -> list[str]:
+    """KServe v1beta1: a predictor with containers; in Serverless mode, what Knative's webhook
+    refuses (container lifecycle hooks, a pod-level terminationGracePeriodSeconds, more than
+    one serving port, probes on another port than the serving one)."""
+    meta = doc["metadata"]
+    where = f"InferenceService {meta['name']}"
+    mode = (meta.get("annotations") or {}).get("serving.kserve.io/deploymentMode", "Serverless")
+    predictor = (doc.get("spec") or {}).get("predictor") or {}
+    containers = predictor.get("containers") or []
+    out = [] if containers else [f"{where}: spec.predictor.containers is empty"]
+    if not any(c.get("name") == "kserve-container" for c in containers):
+        out.append(f"{where}: no container named kserve-container (KServe's predictor)")
+    if mode != "Serverless":
+        return out
+    if "terminationGracePeriodSeconds" in predictor:
+        out.append(f"{where}: Serverless: Knative rejects a pod-level "
+                   "terminationGracePeriodSeconds")
+    ports = [p for c in containers for p in c.get("ports") or []]
+    if len(ports) > 1:
+        out.append(f"{where}: Serverless: Knative allows one serving port, found {len(ports)}")
+    for c in containers:
+        if "lifecycle" in c:
+            out.append(f"{where}: Serverless: container {c['name']} has lifecycle hooks")
+        for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+            port = ((c.get(probe) or {}).get("httpGet") or {}).get("port")
+            serving = {p.get("containerPort") for p in c.get("ports") or []} | \
+                {p.get("name") for p in c.get("ports") or []}
+            if port is not None and port not in serving:
+                out.append(f"{where}: Serverless: {c['name']}.{probe} probes port {port}, not "
+                           "the serving port")
+    return out
+
+
+_CHECKS = {("flagger.app/v1beta1", "MetricTemplate"): check_metric_template,
+           ("flagger.app/v1beta1", "Canary"): check_canary,
+           ("serving.kserve.io/v1beta1", "InferenceService"): check_inference_service}
+
+
+def crds(out_json: Path, files: list[Path]) -> int:
+    for_node: list[dict[str, Any]] = []
+    findings: list[str] = []
+    for path in files:
+        for doc in _docs(path):
+            key = (doc.get("apiVersion", ""), doc.get("kind", ""))
+            if key in FOR_NODE:
+                for_node.append(doc)
+            elif key in _CHECKS:
+                found = _CHECKS[key](doc)
+                findings += [f"{path}: {f}" for f in found]
+                if not found:
+                    print(f"{path}: {key[1]} {doc['metadata']['name']}: ok (structural)")
+    out_json.write_text(json.dumps(for_node))
+    for f in findings:
+        print(f)
+    return 1 if findings else 0
+
+
+def rules(alerts: Path, out: Path) -> int:
+    (rule,) = [d for d in _docs(alerts) if d.get("kind") == "PrometheusRule"]
+    out.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}, sort_keys=False))
+    return 0
+
+
+_FILL = {"{{ namespace }}": "ml", "{{ target }}": "mmguard-clip", "{{ interval }}": "5m",
+         "{{ variables.canary_route }}": "clip_canary", "{{args.namespace}}": "ml",
+         "{{args.canary-hash}}": "abc123", "{{args.canary-route}}": "clip_canary"}
+
+
+def fleet_queries() -> dict[str, str]:
+    """Every PromQL query in deploy/fleet, by a name saying where it is from."""
+    found: dict[str, str] = {}
+    for path in sorted((ROOT / "deploy" / "fleet").glob("*.yaml")):
+        for doc in _docs(path):
+            if doc.get("kind") == "MetricTemplate":
+                found[f"flagger_{doc['metadata']['name']}"] = doc["spec"]["query"]
+            elif doc.get("kind") == "AnalysisTemplate":
+                for m in doc["spec"]["metrics"]:
+                    found[f"argo_{doc['metadata']['name']}_{m['name']}"] = \
+                        m["provider"]["prometheus"]["query"]
+    return found
+
+
+def fleet_promql(out: Path) -> int:
+    rules_ = []
+    for name, query in fleet_queries().items():
+        for k, v in _FILL.items():
+            query = query.replace(k, v)
+        if "{{" in query:
+            print(f"{name}: a template variable is not filled in: {query}")
+            return 1
+        rules_.append({"record": "fleet:" + re.sub(r"[^a-z0-9_]", "_", name.lower()),
+                       "expr": query})
+    out.write_text(yaml.safe_dump({"groups": [{"name": "fleet", "rules": rules_}]}))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["rules"] and len(argv) == 3:
+        return rules(Path(argv[1]), Path(argv[2]))
+    if argv[:1] == ["fleet-promql"] and len(argv) == 2:
+        return fleet_promql(Path(argv[1]))
+    if argv[:1] == ["crds"] and len(argv) >= 3:
+        return crds(Path(argv[1]), [Path(a) for a in argv[2:]])
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
