@@ -348,7 +348,8 @@ class Experiment:
         }
 
 
-STOP_CAUSES = ("operator", "duration", "slo", "config", "action-failed", "canary-abort")
+STOP_CAUSES = ("operator", "duration", "slo", "config", "action-failed", "canary-abort",
+               "shutdown")
 """Every ``cause`` label of mmguard_experiment_stops_total."""
 
 
