@@ -14,10 +14,11 @@ import logging
 import random
 import sys
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from prometheus_client import (
     CollectorRegistry,
@@ -333,6 +334,12 @@ def backend_span(call: Call, protocol: str, backend: str, model: str, address: s
     tracing is off (no span costs nothing)."""
     if not tracing_on():
         return _NO_SPAN
+    name, attrs = _client_span(call, protocol, backend, model, address)
+    return _tracer.start_as_current_span(name, kind=trace.SpanKind.CLIENT, attributes=attrs)
+
+
+def _client_span(call: Call, protocol: str, backend: str, model: str,
+                 address: str) -> tuple[str, dict[str, Any]]:
     parts = urlsplit(address if "://" in address else f"//{address}")
     attrs: dict[str, Any] = {"mmguard.backend": backend,
                              "server.address": parts.hostname or address}
@@ -342,20 +349,58 @@ def backend_span(call: Call, protocol: str, backend: str, model: str, address: s
     if protocol == "grpc":
         method = "ModelStreamInfer" if call.streaming else "ModelInfer"
         attrs.update({"rpc.system": "grpc", "rpc.service": GRPC_SERVICE, "rpc.method": method})
-        name = f"{GRPC_SERVICE}/{method}"
-    elif protocol == "openai":
+        return f"{GRPC_SERVICE}/{method}", attrs
+    if protocol == "openai":
         op = _GEN_AI_OPERATION.get(call.endpoint, "chat")
         attrs.update({"gen_ai.operation.name": op, "gen_ai.system": "openai",
                       "gen_ai.request.model": model, "http.request.method": "POST",
                       "url.path": call.endpoint})
-        name = f"{op} {model}"
-    elif protocol == "http":
+        return f"{op} {model}", attrs
+    if protocol == "http":
         attrs.update({"http.request.method": "POST", "url.path": f"/v2/models/{model}/infer"})
-        name = "POST"
-    else:  # in-process: no network hop, but the model's time is still its own span
-        attrs["mmguard.runtime"] = protocol
-        name = f"{protocol} {model}"
-    return _tracer.start_as_current_span(name, kind=trace.SpanKind.CLIENT, attributes=attrs)
+        return "POST", attrs
+    attrs["mmguard.runtime"] = protocol  # in-process: no network hop
+    return f"{protocol} {model}", attrs
+
+
+def traced_stream(call: Call, protocol: str, backend: str, model: str, address: str,
+                  inner: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A backend stream inside its CLIENT span: the span is current only while the stream is
+    being read (each step attaches and detaches it, so no context leaks across the caller's
+    awaits), and ends with the stream. With tracing off, the stream itself."""
+    if not tracing_on():
+        return inner
+    name, attrs = _client_span(call, protocol, backend, model, address)
+    return _traced(_tracer.start_span(name, kind=trace.SpanKind.CLIENT, attributes=attrs), inner)
+
+
+async def _traced(span: Any, inner: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    from proxy.call import SseEvent
+
+    ctx = trace.set_span_in_context(span)
+    try:
+        while True:
+            token = otel_context.attach(ctx)
+            try:
+                item = await anext(inner)
+            except StopAsyncIteration:
+                return
+            except Exception as exc:
+                span.record_exception(exc)
+                span.set_status(trace.StatusCode.ERROR, str(exc))
+                raise
+            finally:
+                otel_context.detach(token)
+            if isinstance(item, SseEvent) and (b'"usage"' in item.raw
+                                               or b'"finish_reason":"' in item.raw
+                                               or b'"finish_reason": "' in item.raw):
+                gen_ai_usage(span, item.json())
+            yield item
+    finally:
+        aclose = getattr(inner, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        span.end()
 
 
 def gen_ai_usage(span: Any, doc: dict[str, Any] | None) -> None:

@@ -23,7 +23,7 @@ from proxy.call import Call, LocalReply, Result, SseEvent, StreamItem, Target, W
 from proxy.config import VllmBackend as VllmConfig
 from proxy.contract import ModelContract, fingerprint
 from proxy.errors import ErrorKind, ProxyError
-from proxy.telemetry import backend_span, gen_ai_usage
+from proxy.telemetry import backend_span, gen_ai_usage, traced_stream
 
 # A 28 × 28 grey PNG: the smallest image the tiny test models and real ones all accept.
 _PROBE_PNG = base64.b64encode(bytes.fromhex(
@@ -133,7 +133,11 @@ class VllmBackend(HttpBackend):
             raise self._transport_error(exc, target.model) from None
         return Result(target.model, wire=Wire("openai", data))
 
-    async def stream(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
+    def stream(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
+        return traced_stream(call, "openai", self.name, target.model, self.base,
+                             self._stream_once(call, target))
+
+    async def _stream_once(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
         url, body, headers = self._request(call, target)
         timeout = self.timeout_for(call)
         try:

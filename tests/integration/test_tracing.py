@@ -3,7 +3,7 @@ makes one span per request and one per filter, and a filter's decision is a span
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import numpy as np
 import pytest
@@ -101,3 +101,47 @@ def test_decision_is_a_span_event(setup: tuple[RunningMmguard, FakeV2],
     assert root.attributes["url.path"] == "/v2/models/via_grpc/infer"
     assert root.attributes["http.response.status_code"] == 413
     assert root.attributes["error.type"] == "too_large"
+
+
+def test_a_backend_stream_is_one_client_span_with_gen_ai_usage(
+        exporter: InMemorySpanExporter) -> None:
+    """traced_stream (the vLLM and Triton gRPC streams): the CLIENT span is current while the
+    backend stream is read (so its headers name it), ends with the stream, and carries the
+    usage and finish reasons of the last events."""
+    import asyncio
+
+    from proxy.call import Call, SseEvent
+    from proxy.telemetry import traced_stream
+
+    seen: list[int] = []
+
+    async def backend() -> AsyncIterator[SseEvent]:
+        for raw in (b'data: {"choices":[{"delta":{"content":"hi"},"finish_reason":null}]}\n\n',
+                    b'data: {"model":"tiny","choices":[{"finish_reason":"length"}],'
+                    b'"usage":{"prompt_tokens":5,"completion_tokens":2}}\n\n',
+                    b"data: [DONE]\n\n"):
+            seen.append(trace.get_current_span().get_span_context().span_id)
+            yield SseEvent(raw)
+
+    async def read() -> int:
+        call = Call(model="tiny", version="", inputs=[], front="openai", streaming=True,
+                    endpoint="/v1/chat/completions")
+        tracer = trace.get_tracer("test")
+        with tracer.start_as_current_span("outer") as outer:
+            items = [i async for i in traced_stream(call, "openai", "v", "tiny",
+                                                    "http://127.0.0.1:8000", backend())]
+            assert len(items) == 3
+            # after the stream, the caller's span is current again
+            assert trace.get_current_span() is outer
+            return outer.get_span_context().span_id
+
+    exporter.clear()
+    outer_id = asyncio.run(read())
+    (hop,) = [s for s in exporter.get_finished_spans() if s.kind == trace.SpanKind.CLIENT]
+    assert hop.name == "chat tiny" and hop.parent is not None and hop.parent.span_id == outer_id
+    assert set(seen) == {hop.context.span_id}
+    assert hop.attributes is not None
+    assert hop.attributes["gen_ai.usage.input_tokens"] == 5
+    assert hop.attributes["gen_ai.usage.output_tokens"] == 2
+    assert tuple(hop.attributes["gen_ai.response.finish_reasons"]) == ("length",)
+    assert hop.attributes["server.port"] == 8000
