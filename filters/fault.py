@@ -481,6 +481,8 @@ class Fault:
             old = self.registry.experiments.get(exp.name)
             if old is None or old.cfg != exp or old.route != ctx.route:
                 self.registry.start(exp, ctx.route, "config")
+            for action in exp.actions:  # at 0 from the start, so increase() sees the first
+                self.m_injected.labels(ctx.route, exp.name, action.label)
         ctx.admin.setdefault("fault_routes", set()).add(ctx.route)
 
     async def __call__(self, call: Call, next: Next) -> Reply:

@@ -532,3 +532,21 @@ def test_the_metrics_page_has_process_metrics_zeroes_and_no_created_series(
     states = re.findall(r'mmguard_breaker_status\{level="clip_b",model="guarded",'
                         r'state="(\w+)"\} ([01])\.0', text)
     assert len(states) == 5 and [s for s, v in states if v == "1"] == ["closed"]
+
+
+def test_every_alert_has_a_promtool_case_that_fires_and_one_that_stays_quiet() -> None:
+    """deploy/prometheus/tests: scripts/ci_ops.sh runs them with `promtool test rules`; this
+    keeps them complete as alerts are added."""
+    rule = find("PrometheusRule", DEPLOY / "prometheus" / "alerts.yaml")
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    fires: set[str] = set()
+    quiet: set[str] = set()
+    for path in sorted(PROMTOOL_TESTS.glob("*_test.yaml")):
+        suite = yaml.safe_load(path.read_text())
+        assert suite["rule_files"] == ["mmguard-rules.yaml"]
+        for case in suite["tests"]:
+            for t in case.get("alert_rule_test", []):
+                (fires if t["exp_alerts"] else quiet).add(t["alertname"])
+    assert alerts - fires == set(), "no promtool case where these fire"
+    assert alerts - quiet == set(), "no promtool case where these stay quiet"
+    assert (fires | quiet) <= alerts
