@@ -5,6 +5,8 @@
     python scripts/check_deploy.py fleet-promql OUT.yaml
         the PromQL of deploy/fleet/*, template variables filled in, as recording rules, so
         `promtool check rules` parses every query
+    python scripts/check_deploy.py known-fields CRS.json scripts/crd/node_modules
+        no unknown field in those kinds (their .d.ts declarations name every field)
     python scripts/check_deploy.py crds OUT.json FILE...
         every custom resource in FILEs: PodMonitor, PrometheusRule and AnalysisTemplate go to
         OUT.json for the CRD-schema validator (scripts/crd/validate.mjs); KServe's
@@ -178,7 +180,8 @@ class KserveSchema:
             if not isinstance(value, dict):
                 return [f"{where}: expected a mapping"]
             return [f for k, v in value.items() for f in self.check(v, inner, f"{where}.{k}")]
-        simple = {"str": str, "int": int, "bool": bool, "float": (int, float)}
+        simple: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "bool": bool,
+                                                      "float": (int, float)}
         if type_ in simple:
             ok = isinstance(value, simple[type_]) and not (type_ == "int"
                                                           and isinstance(value, bool))
@@ -201,7 +204,7 @@ class KserveSchema:
         return self._core(value, type_, where)
 
     def _core(self, value: Any, type_: str, where: str) -> list[str]:
-        import jsonschema
+        import jsonschema  # type: ignore[import-untyped]  # kubernetes-validate's dependency
 
         name = type_[2:] if type_.startswith("V1") else type_
         candidates = [k for k in self.core["$defs"] if k.endswith(f".v1.{name}")]
@@ -256,6 +259,81 @@ def crds(out_json: Path, files: list[Path]) -> int:
     return 1 if findings else 0
 
 
+# --- unknown fields in the operators' kinds ------------------------------------------------
+# The npm validators (scripts/crd/validate.mjs) check types and required fields but let unknown
+# fields through; the same packages' type declarations (.d.ts, generated from the same Go types)
+# name every field, so a typo (`podMetricEndpoints`) is caught here.
+
+_ROOTS = {"PodMonitor": "IPodMonitor", "PrometheusRule": "IPrometheusRule",
+          "AnalysisTemplate": "IAnalysisTemplate"}
+_INTERFACE = re.compile(r"^export interface (I\w+)(?: extends ([\w, ]+))? \{$(.*?)^\}",
+                        re.M | re.S)
+_PROP = re.compile(r'^    "(\w+)"\??: (.+?);?$', re.M)  # "x": {  opens a map type
+_ALIAS = re.compile(r"export type \{ (I\w+) as (I\w+)")
+
+
+def _declarations(node_modules: Path) -> tuple[dict[str, tuple[list[str], dict[str, str]]],
+                                                dict[str, str]]:
+    interfaces: dict[str, tuple[list[str], dict[str, str]]] = {}
+    aliases: dict[str, str] = {}
+    for path in node_modules.rglob("*.d.ts"):
+        text = path.read_text()
+        for name, bases, body in _INTERFACE.findall(text):
+            props = dict(_PROP.findall(body))
+            interfaces[name] = ([b.strip() for b in bases.split(",") if b.strip()], props)
+        for real, alias in _ALIAS.findall(text):
+            aliases[alias] = real
+    return interfaces, aliases
+
+
+class KnownFields:
+    def __init__(self, node_modules: Path) -> None:
+        self.interfaces, self.aliases = _declarations(node_modules)
+
+    def fields(self, name: str) -> dict[str, str] | None:
+        name = self.aliases.get(name, name)
+        found = self.interfaces.get(name)
+        if found is None:
+            return None
+        bases, props = found
+        out: dict[str, str] = {"apiVersion": "string", "kind": "string"} if "TypeMeta" in bases \
+            else {}
+        for base in bases:
+            out.update(self.fields(base) or {})
+        out.update(props)
+        return out
+
+    def check(self, value: Any, type_: str, where: str) -> list[str]:
+        type_ = type_.replace(" | null", "").strip()
+        if type_.startswith("Array<") and type_.endswith(">"):
+            return [f for i, v in enumerate(value if isinstance(value, list) else [])
+                    for f in self.check(v, type_[6:-1], f"{where}[{i}]")]
+        fields = self.fields(type_) if re.fullmatch(r"I\w+", type_) else None
+        if fields is None or not isinstance(value, dict):
+            return []  # a scalar, a union or a map: the schema validator judged it
+        out = [f"{where}: unknown field {k!r}" for k in value if k not in fields]
+        for k, v in value.items():
+            if k in fields:
+                out += self.check(v, fields[k], f"{where}.{k}")
+        return out
+
+
+def known_fields(crs_json: Path, node_modules: Path) -> int:
+    checker = KnownFields(node_modules)
+    missing = [r for r in _ROOTS.values() if checker.fields(r) is None]
+    if missing:
+        print(f"no type declarations for {missing} under {node_modules}")
+        return 1
+    findings = []
+    for doc in json.loads(crs_json.read_text()):
+        where = f"{doc['kind']} {doc['metadata']['name']}"
+        findings += checker.check(doc, _ROOTS[doc["kind"]], where)
+    for f in findings:
+        print(f)
+    print(f"known fields: {len(findings)} findings")
+    return 1 if findings else 0
+
+
 def rules(alerts: Path, out: Path) -> int:
     (rule,) = [d for d in _docs(alerts) if d.get("kind") == "PrometheusRule"]
     out.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}, sort_keys=False))
@@ -300,6 +378,8 @@ def main(argv: list[str]) -> int:
         return rules(Path(argv[1]), Path(argv[2]))
     if argv[:1] == ["fleet-promql"] and len(argv) == 2:
         return fleet_promql(Path(argv[1]))
+    if argv[:1] == ["known-fields"] and len(argv) == 3:
+        return known_fields(Path(argv[1]), Path(argv[2]))
     if argv[:1] == ["crds"] and len(argv) >= 3:
         return crds(Path(argv[1]), [Path(a) for a in argv[2:]])
     print(__doc__, file=sys.stderr)

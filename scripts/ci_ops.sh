@@ -2,7 +2,8 @@
 # Operability checks of deploy/ (issue 19), failing on any finding:
 #   kubectl kustomize of every overlay | kubernetes-validate --strict
 #   CRD schemas: PodMonitor, PrometheusRule, AnalysisTemplate (npm @kubernetes-models, generated
-#     from the operators' Go types); InferenceService against KServe's API types (pip kserve's
+#     from the operators' Go types: the validators for types and required fields, the .d.ts
+#     declarations for unknown fields); InferenceService against KServe's API types (pip kserve's
 #     generated models) and the strict core schemas, with Knative's Serverless restrictions;
 #     Flagger checked structurally (no registry ships its schema)
 #   promtool check rules (alerts, and every PromQL query of deploy/fleet) and promtool test rules
@@ -60,6 +61,7 @@ done
 echo "== CRD schemas"
 "$py" scripts/check_deploy.py crds "$work/crs.json" "${rendered[@]}" deploy/fleet/*.yaml deploy/kserve/*.yaml
 node scripts/crd/validate.mjs "$work/crs.json"
+"$py" scripts/check_deploy.py known-fields "$work/crs.json" scripts/crd/node_modules
 
 echo "== promtool check rules / test rules"
 "$py" scripts/check_deploy.py rules deploy/prometheus/alerts.yaml "$work/mmguard-rules.yaml"
