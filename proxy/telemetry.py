@@ -272,6 +272,7 @@ class JsonFormatter(logging.Formatter):
         span = trace.get_current_span().get_span_context()
         if span.is_valid:
             out["trace_id"] = format(span.trace_id, "032x")
+            out["span_id"] = format(span.span_id, "016x")
         fields = getattr(record, "fields", None)
         if fields:
             out.update(fields)
