@@ -32,12 +32,13 @@ FOR_NODE = {("monitoring.coreos.com/v1", "PodMonitor"),
             ("monitoring.coreos.com/v1", "PrometheusRule"),
             ("argoproj.io/v1alpha1", "AnalysisTemplate")}
 
-# Flagger's CRD fields (flagger.app/v1beta1), the ones its openAPIV3Schema declares for these
-# parts; anything else is a typo Flagger would drop or refuse.
+# Flagger's CRD fields (flagger.app/v1beta1), as its openAPIV3Schema (artifacts/flagger/crd.yaml
+# in Flagger's repository) declares them for these parts; anything else is a typo Flagger would
+# drop or refuse.
 _METRIC_TEMPLATE_SPEC = {"provider", "query"}
-_PROVIDER = {"type", "address", "secretRef", "insecureSkipVerify", "region"}
-_PROVIDER_TYPES = {"prometheus", "influxdb", "datadog", "cloudwatch", "newrelic", "graphite",
-                   "dynatrace", "stackdriver", "keptn", "splunk"}
+_PROVIDER = {"type", "address", "secretRef", "insecureSkipVerify", "region", "headers"}
+_PROVIDER_TYPES = {"prometheus", "influxdb", "datadog", "externalmetrics", "stackdriver",
+                   "cloudwatch", "newrelic", "graphite", "dynatrace", "keptn", "splunk"}
 _CANARY_SPEC = {"provider", "metricsServer", "targetRef", "autoscalerRef", "ingressRef",
                 "routeRef", "upstreamRef", "service", "skipAnalysis", "analysis",
                 "progressDeadlineSeconds", "revertOnDeletion", "suspend"}
@@ -46,7 +47,7 @@ _ANALYSIS = {"interval", "iterations", "mirror", "mirrorWeight", "maxWeight", "s
              "canaryReadyThreshold", "alerts", "metrics", "webhooks", "match", "sessionAffinity"}
 _CANARY_METRIC = {"name", "interval", "threshold", "thresholdRange", "query", "templateRef",
                   "templateVariables"}
-_INTERVAL = re.compile(r"^[0-9]+(m|s|h)$")
+_INTERVAL = re.compile(r"^[0-9]+(m|s)")
 
 
 def _docs(path: Path) -> list[dict[str, Any]]:
@@ -75,7 +76,7 @@ def check_canary(doc: dict[str, Any]) -> list[str]:
     where = f"Canary {doc['metadata']['name']}"
     spec = doc.get("spec") or {}
     out = _unknown(where + " spec", spec, _CANARY_SPEC)
-    for key in ("targetRef", "service", "analysis"):
+    for key in ("targetRef", "analysis"):
         if key not in spec:
             out.append(f"{where}: spec.{key} is required")
     analysis = spec.get("analysis") or {}
