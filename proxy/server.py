@@ -65,6 +65,7 @@ class Server:
         self._ports = ports
         self.clock = clock or SystemClock()
         self.telemetry = telemetry or Telemetry()
+        self.telemetry.configure(config.telemetry)
         self.plane = DataPlane(Runtime.build(config, self.telemetry, self.clock), self.telemetry)
         self.health = health.aio.HealthServicer()
         self._grpc: grpc.aio.Server | None = None
@@ -183,6 +184,7 @@ class Server:
                             "answer UNAVAILABLE until they have", slow)
             self.plane.runtime = new
             self.config = config
+            self.telemetry.configure(config.telemetry)
             self._reload_listeners(config.listeners)
             self.telemetry.config_reloads.labels("applied").inc()
             log.info("config reloaded from %s", self.config_path)

@@ -24,6 +24,7 @@ from proxy.contract import ModelContract, TensorSpec, config_from_pb, fingerprin
 from proxy.errors import ErrorKind, ProxyError, kind_from_grpc
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.pb import grpc_service_pb2_grpc as pb_grpc
+from proxy.telemetry import backend_span, traced_stream
 from proxy.tls import grpc_channel_credentials
 
 _SERVICE = "/inference.GRPCInferenceService/"
@@ -100,6 +101,10 @@ class TritonGrpcBackend(Backend):
                                     config_from_pb(raw), raw)
 
     async def infer(self, call: Call, target: Target) -> Result:
+        with backend_span(call, "grpc", self.name, target.model, self.cfg.url):
+            return await self._infer_once(call, target)
+
+    async def _infer_once(self, call: Call, target: Target) -> Result:
         body = codec_grpc.encode_request(call, target.model, target.version)
         timeout = self.timeout_for(call)
         i = next(self._next)
@@ -112,7 +117,11 @@ class TritonGrpcBackend(Backend):
             raise self._error(exc, target.model) from None
         return codec_grpc.decode_response(resp, answer_source(self.name, target.model))
 
-    async def stream(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
+    def stream(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
+        return traced_stream(call, "grpc", self.name, target.model, self.cfg.url,
+                             self._stream_once(call, target))
+
+    async def _stream_once(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
         # One backend stream per request: the request is written and the stream half-closed,
         # so Triton ends it once the model has sent its last response.
         body = codec_grpc.encode_request(call, target.model, target.version)

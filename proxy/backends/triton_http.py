@@ -17,6 +17,7 @@ from proxy.backends.triton_grpc import contract_from_triton
 from proxy.call import Call, Result, Target
 from proxy.config import TritonHttpBackend as HttpConfig
 from proxy.contract import ModelContract
+from proxy.telemetry import backend_span
 
 _STREAM_ABOVE = 512 * 1024
 
@@ -52,6 +53,10 @@ class TritonHttpBackend(HttpBackend):
             config)
 
     async def infer(self, call: Call, target: Target) -> Result:
+        with backend_span(call, "http", self.name, target.model, self.base):
+            return await self._infer_once(call, target)
+
+    async def _infer_once(self, call: Call, target: Target) -> Result:
         parts, hlen, forwarded = codec_http.encode_request(call)
         headers = forward_headers(call.headers)
         size = sum(len(p) for p in parts)
