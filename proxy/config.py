@@ -271,6 +271,26 @@ class TelemetryConfig(Strict):
     service_name: str = "mmguard"
 
 
+class SharedMemoryConfig(Strict):
+    """Triton's system shared memory extension on the v2 fronts (docs/shared-memory.md)."""
+
+    system: bool = False
+    """Serve system shared memory: clients on this host (loopback peers only) register regions of
+    /dev/shm and send/receive tensors in them. Off: the register/status/unregister calls and any
+    tensor in a region answer UNIMPLEMENTED / 501 saying how to turn it on."""
+    allowed_uids: tuple[int, ...] | None = None
+    """If set, only client processes running as one of these uids may use shared memory (the uid
+    is read from the kernel's socket table, never from the request)."""
+    max_regions_per_client: int = Field(64, ge=1)
+    """Regions one client uid may hold registered at once."""
+    max_region_bytes: int = Field(1024 * MiB, gt=0)
+    """The largest region a client may register (mmguard maps it whole)."""
+    copy_inputs: bool = False
+    """Copy input tensors out of the region when the request arrives (one copy) instead of reading
+    it in place: then a client that rewrites its region while its request is in flight cannot make
+    the backend see other bytes than the filters checked."""
+
+
 class Config(Strict):
     listeners: Listeners = Listeners()
     backends: tuple[BackendConfig, ...]
@@ -279,6 +299,7 @@ class Config(Strict):
     telemetry: TelemetryConfig = TelemetryConfig()
     openai: OpenAIConfig = OpenAIConfig()
     canary: CanaryConfig = CanaryConfig()
+    shared_memory: SharedMemoryConfig = SharedMemoryConfig()
     contract_refresh_s: float = Field(30.0, gt=0)
     """How often each backend's contract is re-read (a model reload is noticed within this)."""
     shutdown_grace_s: float = Field(10.0, ge=0)

@@ -1,0 +1,409 @@
+"""System shared memory for v2 clients: Triton's ``systemsharedmemory`` extension, in a sidecar.
+
+Guards against a sidecar that maps memory on a client's word becoming a confused deputy: one
+client reading or overwriting another's region, a key that walks out of /dev/shm, a read past a
+region's end. Seed scenario: a ``simple_grpc_shm_client``-style client registers "/input_simple"
+and "/output_simple", sends ModelInfer with both inputs in the first region and asks for its
+outputs in the second; through mmguard it gets the same answer, in the same place, as direct.
+
+What MUST hold (the security model, docs/shared-memory.md):
+
+- Off unless ``shared_memory.system`` is true; then only loopback peers may use it.
+- The client is the uid that owns its socket, read from the kernel's socket table
+  (/proc/net/tcp, tcp6), never from the request. Region names live in one namespace per uid:
+  status, use and unregister only ever see the caller's own regions.
+- A key names one file directly under /dev/shm (no "/", no ".."), opened without following a
+  symlink; it must be a regular file owned by the client's uid. mmguard opens on a client's behalf
+  only what that client's uid owns, so it grants nothing the kernel does not grant already.
+- Every bound is checked before a byte is read or written: at registration offset + byte_size
+  within the file, per tensor offset + byte_size within the region, and an input's byte_size
+  equal to shape × datatype.
+
+Inputs are read in place (a memoryview over the mapping; ``copy_inputs`` snapshots them) and
+forwarded inline; outputs are written into the client's regions after the backend answered, and
+the answer carries their name, datatype and shape but no bytes, as Triton's does.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import mmap
+import os
+import re
+import stat
+import struct
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from proxy.call import Call, CallKey, LocalReply, Reply, Result
+from proxy.config import SharedMemoryConfig
+from proxy.errors import ErrorKind, ProxyError
+from proxy.tensor import Tensor, itemsize
+
+log = logging.getLogger("mmguard.shm")
+
+REGION, OFFSET, BYTE_SIZE = ("shared_memory_region", "shared_memory_offset",
+                             "shared_memory_byte_size")
+SHM_PARAMS = frozenset((REGION, OFFSET, BYTE_SIZE))
+WRITTEN: CallKey[frozenset[str]] = CallKey("shm_written_outputs")
+"""Names of the outputs written into the client's regions: the HTTP encoder sends no bytes for
+them (the gRPC one sends empty raw contents, as Triton does)."""
+_KEY = re.compile(r"/?([A-Za-z0-9._-]{1,255})")
+_SOCKET_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
+_ESTABLISHED = "01"
+
+Peer = tuple[str, int]
+"""A client's socket address as the listener saw it: (host, port)."""
+UidLookup = Callable[[Peer], int | None]
+
+
+def grpc_peer(peer: str | None) -> Peer | None:
+    """``ipv4:127.0.0.1:5000`` / ``ipv6:[::1]:5000`` (grpc.aio's ``context.peer()``) → address."""
+    if not peer:
+        return None
+    scheme, _, rest = urllib.parse.unquote(peer).partition(":")
+    host, _, port = rest.rpartition(":")
+    if scheme not in ("ipv4", "ipv6") or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def peer_uid(peer: Peer, tables: tuple[Path, ...] = _SOCKET_TABLES) -> int | None:
+    """The uid owning the loopback socket at ``peer`` (the client's end), from the kernel."""
+    want = _kernel_address(*peer)
+    if want is None:
+        return None
+    for table in tables:
+        try:
+            lines = table.read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) > 7 and cols[1] in want and cols[3] == _ESTABLISHED:
+                return int(cols[7])
+    return None
+
+
+def _kernel_address(host: str, port: int) -> set[str] | None:
+    """How /proc/net/tcp[6] spells ``host:port``: each 32-bit word in host byte order, hex."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    words = struct.unpack(f"={len(ip.packed) // 4}I", ip.packed)
+    spelled = {"".join(f"{w:08X}" for w in words) + f":{port:04X}"}
+    if isinstance(ip, ipaddress.IPv4Address):  # a v4 client of a dual-stack socket: in tcp6
+        mapped = ipaddress.IPv6Address(f"::ffff:{ip}").packed
+        spelled.add("".join(f"{w:08X}" for w in struct.unpack("=4I", mapped)) + f":{port:04X}")
+    return spelled
+
+
+@dataclass(eq=False)
+class Region:
+    """One registered region: ``view`` covers exactly [offset, offset + byte_size) of the key."""
+
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    owner: int
+    mapping: mmap.mmap
+    view: memoryview
+    leases: int = 0
+    retired: bool = False
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "offset": self.offset,
+                "byte_size": self.byte_size}
+
+    def span(self, what: str, params: dict[str, Any]) -> memoryview:
+        """The bytes a tensor's parameters name, bounds-checked (nothing is read here)."""
+        offset, size = params.get(OFFSET, 0), params.get(BYTE_SIZE)
+        for key, value in ((OFFSET, offset), (BYTE_SIZE, size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                                 f"{what}: {key} must be a non-negative integer, got {value!r}")
+        assert isinstance(size, int) and isinstance(offset, int)
+        if offset + size > self.byte_size:
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             f"{what}: shared_memory_offset {offset} + shared_memory_byte_size "
+                             f"{size} runs past the end of region '{self.name}' "
+                             f"({self.byte_size} bytes)")
+        return self.view[offset:offset + size]
+
+    def close(self) -> None:
+        self.view.release()
+        try:
+            self.mapping.close()
+        except BufferError:  # a filter still holds a view: the mapping goes when it does
+            log.debug("region %s still viewed; unmapped when released", self.name)
+
+
+@dataclass
+class Lease:
+    """The regions one call uses, pinned until its answer is written (unregister waits)."""
+
+    regions: list[Region] = field(default_factory=list)
+    outputs: dict[str, tuple[Region, memoryview]] = field(default_factory=dict)
+
+    def pin(self, region: Region) -> None:
+        region.leases += 1
+        self.regions.append(region)
+
+    def release(self) -> None:
+        for view in (v for _, v in self.outputs.values()):
+            view.release()
+        for region in self.regions:
+            region.leases -= 1
+            if region.retired and region.leases == 0:
+                region.close()
+        self.regions.clear()
+        self.outputs.clear()
+
+
+def uses_shared_memory(call: Call) -> bool:
+    return (any(REGION in t.parameters for t in call.inputs)
+            or any(REGION in o.parameters for o in call.outputs))
+
+
+class SharedMemory:
+    """The registry of client regions for one mmguard process (both fronts share it)."""
+
+    def __init__(self, config: SharedMemoryConfig | None = None,
+                 directory: Path = Path("/dev/shm"), uid_of: UidLookup = peer_uid) -> None:
+        self.config = config or SharedMemoryConfig()
+        self.directory = directory
+        self._uid_of = uid_of
+        self._regions: dict[tuple[int, str], Region] = {}
+
+    # --- who is asking ----------------------------------------------------------------------
+
+    def client(self, peer: Peer | None) -> int:
+        """The caller's uid, or a refusal saying why it may not use shared memory."""
+        if not self.config.system:
+            raise ProxyError(ErrorKind.UNIMPLEMENTED,
+                             "system shared memory is off in this mmguard (set "
+                             "shared_memory.system: true; see docs/shared-memory.md); send "
+                             "tensors inline")
+        host = peer[0] if peer else "unknown"
+        if peer is None or not _loopback(host):
+            raise ProxyError(ErrorKind.PERMISSION_DENIED,
+                             f"system shared memory is only for clients on this host; peer "
+                             f"{host} is not a loopback address")
+        uid = self._uid_of(peer)
+        if uid is None:
+            raise ProxyError(ErrorKind.PERMISSION_DENIED,
+                             f"cannot tell which user owns the client socket {host}:{peer[1]} "
+                             "(not in the kernel's socket table), so no shared memory for it")
+        allowed = self.config.allowed_uids
+        if allowed is not None and uid not in allowed:
+            raise ProxyError(ErrorKind.PERMISSION_DENIED,
+                             f"uid {uid} may not use shared memory here "
+                             "(shared_memory.allowed_uids)")
+        return uid
+
+    # --- register / status / unregister -----------------------------------------------------
+
+    def register(self, owner: int, name: str, key: str, offset: int, byte_size: int) -> Region:
+        if not name:
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT, "a shared memory region needs a name")
+        if (owner, name) in self._regions:
+            raise ProxyError(ErrorKind.ALREADY_EXISTS,
+                             f"shared memory region '{name}' already in manager")
+        mine = sum(1 for o, _ in self._regions if o == owner)
+        if mine >= self.config.max_regions_per_client:
+            raise ProxyError(ErrorKind.OVERLOADED,
+                             f"uid {owner} already holds {mine} shared memory regions "
+                             f"(shared_memory.max_regions_per_client); unregister some first")
+        for field_name, value in (("offset", offset), ("byte_size", byte_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                                 f"region '{name}': {field_name} must be a non-negative integer, "
+                                 f"got {value!r}")
+        if byte_size == 0 or byte_size > self.config.max_region_bytes:
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             f"region '{name}': byte_size {byte_size} is outside 1.."
+                             f"{self.config.max_region_bytes} (shared_memory.max_region_bytes)")
+        mapping = self._map(owner, name, key, offset, byte_size)
+        region = Region(name, key, offset, byte_size, owner, mapping,
+                        memoryview(mapping)[offset:offset + byte_size])
+        self._regions[(owner, name)] = region
+        log.info("shared memory region registered",
+                 extra={"fields": {"region": name, "key": key, "offset": offset,
+                                   "byte_size": byte_size, "uid": owner}})
+        return region
+
+    def _map(self, owner: int, name: str, key: str, offset: int, byte_size: int) -> mmap.mmap:
+        match = _KEY.fullmatch(key)
+        if match is None or match.group(1) in (".", ".."):
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             f"region '{name}': key {key!r} must name one file of "
+                             f"{self.directory} (letters, digits, '.', '_', '-'; no '/')")
+        path = self.directory / match.group(1)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            # Triton answers INTERNAL for a key it cannot open; the same code, a clearer reason.
+            raise ProxyError(ErrorKind.INTERNAL,
+                             f"Unable to open shared memory region: '{key}' "
+                             f"({path}: {exc.strerror})") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                                 f"region '{name}': {path} is not a regular file")
+            if st.st_uid != owner:
+                raise ProxyError(ErrorKind.PERMISSION_DENIED,
+                                 f"region '{name}': {path} belongs to uid {st.st_uid}, not to "
+                                 f"the client's uid {owner}; a client may only register its own "
+                                 "shared memory")
+            if offset + byte_size > st.st_size:
+                raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                                 f"failed to register shared memory region '{name}': offset "
+                                 f"{offset} + byte_size {byte_size} is past the end of {key} "
+                                 f"({st.st_size} bytes)")
+            return mmap.mmap(fd, offset + byte_size, mmap.MAP_SHARED,
+                             mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+
+    def status(self, owner: int, name: str = "") -> list[Region]:
+        if name:
+            region = self._regions.get((owner, name))
+            if region is None:
+                raise ProxyError(ErrorKind.NOT_FOUND,
+                                 f"Unable to find system shared memory region: '{name}'")
+            return [region]
+        return [r for (o, _), r in self._regions.items() if o == owner]
+
+    def unregister(self, owner: int, name: str = "") -> None:
+        """Drop one region (or all of the caller's; an unknown name is not an error, as in
+        Triton). A region in use by a call in flight is unmapped when that call ends."""
+        names = [name] if name else [n for o, n in self._regions if o == owner]
+        for n in names:
+            region = self._regions.pop((owner, n), None)
+            if region is None:
+                continue
+            region.retired = True
+            if region.leases == 0:
+                region.close()
+            log.info("shared memory region unregistered",
+                     extra={"fields": {"region": n, "uid": owner, "in_use": region.leases}})
+
+    def close(self) -> None:
+        """Unmap everything (shutdown; calls have drained)."""
+        regions = list(self._regions.values())
+        self._regions.clear()
+        for region in regions:
+            region.retired = True
+            region.close()
+
+    # --- inference --------------------------------------------------------------------------
+
+    async def infer(self, call: Call, peer: Peer | None,
+                    infer: Callable[[Call], Awaitable[Reply]]) -> Reply:
+        """Run ``infer`` on a call whose tensors use regions: inputs read from them, outputs
+        written into them. Every refusal is a ``LocalReply`` the front encodes."""
+        try:
+            owner = self.client(peer)
+            lease = self._attach(owner, call)
+        except ProxyError as err:
+            return LocalReply.from_error(err)
+        try:
+            reply = await infer(call)
+            if isinstance(reply, Result) and lease.outputs:
+                _write_outputs(call, reply, lease)
+            return reply
+        except ProxyError as err:
+            return LocalReply.from_error(err)
+        finally:
+            lease.release()
+
+    def _find(self, owner: int, what: str, params: dict[str, Any]) -> Region:
+        name = params[REGION]
+        region = self._regions.get((owner, name)) if isinstance(name, str) else None
+        if region is None:
+            raise ProxyError(ErrorKind.NOT_FOUND,
+                             f"{what}: Unable to find shared memory region: '{name}' (none of "
+                             "that name is registered by this client)")
+        return region
+
+    def _attach(self, owner: int, call: Call) -> Lease:
+        lease = Lease()
+        try:
+            for t in call.inputs:
+                if REGION in t.parameters:
+                    self._attach_input(owner, call, t, lease)
+            for o in call.outputs:
+                if REGION not in o.parameters:
+                    continue
+                what = f"output '{o.name}'"
+                if o.parameters.get("binary_data"):
+                    raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                                     "Output can't set both 'shared_memory_region' and "
+                                     f"'binary_data' ({what})")
+                region = self._find(owner, what, o.parameters)
+                lease.outputs[o.name] = (region, region.span(what, o.parameters))
+                lease.pin(region)
+                o.parameters = {k: v for k, v in o.parameters.items() if k not in SHM_PARAMS}
+        except ProxyError:
+            lease.release()
+            raise
+        call.wire = None  # the backend gets the tensors inline, never the client's region names
+        return lease
+
+    def _attach_input(self, owner: int, call: Call, t: Tensor, lease: Lease) -> None:
+        what = f"input '{t.name}'"
+        region = self._find(owner, what, t.parameters)
+        view = region.span(what, t.parameters)
+        size = itemsize(t.datatype)
+        if size is not None and t.elements * size != len(view):
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             f"{what}: {t.datatype} shape {list(t.shape)} needs "
+                             f"{t.elements * size} bytes but shared_memory_byte_size is "
+                             f"{len(view)} (region '{region.name}')")
+        lease.pin(region)
+        t.raw = bytes(view) if self.config.copy_inputs else view
+        t.parameters = {k: v for k, v in t.parameters.items() if k not in SHM_PARAMS}
+        t.check_payload()
+
+
+def _write_outputs(call: Call, result: Result, lease: Lease) -> None:
+    written = set()
+    outputs = []
+    for t in result.outputs:
+        target = lease.outputs.get(t.name)
+        if target is None:
+            outputs.append(t)
+            continue
+        region, view = target
+        raw = memoryview(t.raw_bytes()).cast("B")
+        if len(raw) > len(view):
+            # Triton answers INTERNAL here too: the request was valid until the answer came.
+            raise ProxyError(ErrorKind.INTERNAL,
+                             f"shared memory size specified with the request for output "
+                             f"'{t.name}' ({len(view)} bytes, region '{region.name}') should be "
+                             f"at least {len(raw)} bytes to hold the results")
+        view[:len(raw)] = raw
+        written.add(t.name)
+        outputs.append(Tensor(t.name, t.datatype, t.shape, raw=b""))
+    result.set_outputs(outputs)
+    call.state[WRITTEN] = frozenset(written)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host == "localhost"
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
