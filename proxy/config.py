@@ -285,10 +285,12 @@ class SharedMemoryConfig(Strict):
     """Regions one client uid may hold registered at once."""
     max_region_bytes: int = Field(1024 * MiB, gt=0)
     """The largest region a client may register (mmguard maps it whole)."""
-    copy_inputs: bool = False
-    """Copy input tensors out of the region when the request arrives (one copy) instead of reading
-    it in place: then a client that rewrites its region while its request is in flight cannot make
-    the backend see other bytes than the filters checked."""
+    zero_copy: bool = False
+    """Map regions and read input tensors in place (a memoryview over the mapping) instead of one
+    pread per tensor. Only for clients trusted not to crash mmguard: a client that shrinks its
+    file while it is mapped makes the next read of it kill mmguard with SIGBUS, and one that
+    rewrites its region while its request is in flight can make the backend see other bytes than
+    the filters checked. Off: each tensor is copied once, and a shrunk file is a clear error."""
 
 
 class Config(Strict):

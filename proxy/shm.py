@@ -19,9 +19,12 @@ What MUST hold (the security model, docs/shared-memory.md):
   within the file, per tensor offset + byte_size within the region, and an input's byte_size
   equal to shape × datatype.
 
-Inputs are read in place (a memoryview over the mapping; ``copy_inputs`` snapshots them) and
-forwarded inline; outputs are written into the client's regions after the backend answered, and
-the answer carries their name, datatype and shape but no bytes, as Triton's does.
+Inputs are read with one ``pread`` each (``zero_copy``: a memoryview over a mapping, read in
+place) and forwarded inline; outputs are written into the client's regions after the backend
+answered, and the answer carries their name, datatype and shape but no bytes, as Triton's does.
+Why not map by default: the client owns the file, and one that shrinks it while mmguard has it
+mapped turns mmguard's next read into SIGBUS, which kills the process for every client; a pread
+of a shrunk file is a short read, answered as a clear error.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from typing import Any
 from proxy.call import Call, CallKey, LocalReply, Reply, Result
 from proxy.config import SharedMemoryConfig
 from proxy.errors import ErrorKind, ProxyError
-from proxy.tensor import Tensor, itemsize
+from proxy.tensor import Payload, Tensor, itemsize
 
 log = logging.getLogger("mmguard.shm")
 
@@ -107,15 +110,17 @@ def _kernel_address(host: str, port: int) -> set[str] | None:
 
 @dataclass(eq=False)
 class Region:
-    """One registered region: ``view`` covers exactly [offset, offset + byte_size) of the key."""
+    """One registered region: bytes [offset, offset + byte_size) of the file ``key``, read and
+    written through its open ``fd`` (or, with ``zero_copy``, through ``view`` over a mapping)."""
 
     name: str
     key: str
     offset: int
     byte_size: int
     owner: int
-    mapping: mmap.mmap
-    view: memoryview
+    fd: int
+    mapping: mmap.mmap | None = None
+    view: memoryview | None = None
     leases: int = 0
     retired: bool = False
 
@@ -123,8 +128,8 @@ class Region:
         return {"name": self.name, "key": self.key, "offset": self.offset,
                 "byte_size": self.byte_size}
 
-    def span(self, what: str, params: dict[str, Any]) -> memoryview:
-        """The bytes a tensor's parameters name, bounds-checked (nothing is read here)."""
+    def span(self, what: str, params: dict[str, Any]) -> tuple[int, int]:
+        """(offset, size) in the region that a tensor's parameters name, bounds-checked."""
         offset, size = params.get(OFFSET, 0), params.get(BYTE_SIZE)
         for key, value in ((OFFSET, offset), (BYTE_SIZE, size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -136,14 +141,34 @@ class Region:
                              f"{what}: shared_memory_offset {offset} + shared_memory_byte_size "
                              f"{size} runs past the end of region '{self.name}' "
                              f"({self.byte_size} bytes)")
-        return self.view[offset:offset + size]
+        return offset, size
+
+    def read(self, what: str, offset: int, size: int) -> Payload:
+        if self.view is not None:
+            return self.view[offset:offset + size]
+        data = os.pread(self.fd, size, self.offset + offset)
+        if len(data) != size:  # the client shrank its file after registering it
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             f"{what}: region '{self.name}' ({self.key}) ends after "
+                             f"{self.offset + offset + len(data)} bytes now; it was cut after "
+                             "registration")
+        return data
+
+    def write(self, offset: int, data: memoryview) -> None:
+        if self.view is not None:
+            self.view[offset:offset + len(data)] = data
+        else:  # never past the region's bounds: span() checked them against byte_size
+            os.pwrite(self.fd, data, self.offset + offset)
 
     def close(self) -> None:
-        self.view.release()
-        try:
-            self.mapping.close()
-        except BufferError:  # a filter still holds a view: the mapping goes when it does
-            log.debug("region %s still viewed; unmapped when released", self.name)
+        if self.view is not None:
+            self.view.release()
+        if self.mapping is not None:
+            try:
+                self.mapping.close()
+            except BufferError:  # a filter still holds a view: the mapping goes when it does
+                log.debug("region %s still viewed; unmapped when released", self.name)
+        os.close(self.fd)
 
 
 @dataclass
@@ -151,15 +176,13 @@ class Lease:
     """The regions one call uses, pinned until its answer is written (unregister waits)."""
 
     regions: list[Region] = field(default_factory=list)
-    outputs: dict[str, tuple[Region, memoryview]] = field(default_factory=dict)
+    outputs: dict[str, tuple[Region, int, int]] = field(default_factory=dict)
 
     def pin(self, region: Region) -> None:
         region.leases += 1
         self.regions.append(region)
 
     def release(self) -> None:
-        for view in (v for _, v in self.outputs.values()):
-            view.release()
         for region in self.regions:
             region.leases -= 1
             if region.retired and region.leases == 0:
@@ -231,16 +254,14 @@ class SharedMemory:
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                              f"region '{name}': byte_size {byte_size} is outside 1.."
                              f"{self.config.max_region_bytes} (shared_memory.max_region_bytes)")
-        mapping = self._map(owner, name, key, offset, byte_size)
-        region = Region(name, key, offset, byte_size, owner, mapping,
-                        memoryview(mapping)[offset:offset + byte_size])
+        region = self._open(owner, name, key, offset, byte_size)
         self._regions[(owner, name)] = region
         log.info("shared memory region registered",
                  extra={"fields": {"region": name, "key": key, "offset": offset,
                                    "byte_size": byte_size, "uid": owner}})
         return region
 
-    def _map(self, owner: int, name: str, key: str, offset: int, byte_size: int) -> mmap.mmap:
+    def _open(self, owner: int, name: str, key: str, offset: int, byte_size: int) -> Region:
         match = _KEY.fullmatch(key)
         if match is None or match.group(1) in (".", ".."):
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
@@ -248,31 +269,23 @@ class SharedMemory:
                              f"{self.directory} (letters, digits, '.', '_', '-'; no '/')")
         path = self.directory / match.group(1)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError as exc:
             # Triton answers INTERNAL for a key it cannot open; the same code, a clearer reason.
             raise ProxyError(ErrorKind.INTERNAL,
                              f"Unable to open shared memory region: '{key}' "
                              f"({path}: {exc.strerror})") from None
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                                 f"region '{name}': {path} is not a regular file")
-            if st.st_uid != owner:
-                raise ProxyError(ErrorKind.PERMISSION_DENIED,
-                                 f"region '{name}': {path} belongs to uid {st.st_uid}, not to "
-                                 f"the client's uid {owner}; a client may only register its own "
-                                 "shared memory")
-            if offset + byte_size > st.st_size:
-                raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                                 f"failed to register shared memory region '{name}': offset "
-                                 f"{offset} + byte_size {byte_size} is past the end of {key} "
-                                 f"({st.st_size} bytes)")
-            return mmap.mmap(fd, offset + byte_size, mmap.MAP_SHARED,
-                             mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
+            _check_file(os.fstat(fd), name, key, owner, offset + byte_size)
+            region = Region(name, key, offset, byte_size, owner, fd)
+            if self.config.zero_copy:
+                region.mapping = mmap.mmap(fd, offset + byte_size, mmap.MAP_SHARED,
+                                           mmap.PROT_READ | mmap.PROT_WRITE)
+                region.view = memoryview(region.mapping)[offset:offset + byte_size]
+            return region
+        except BaseException:
             os.close(fd)
+            raise
 
     def status(self, owner: int, name: str = "") -> list[Region]:
         if name:
@@ -350,7 +363,7 @@ class SharedMemory:
                                      "Output can't set both 'shared_memory_region' and "
                                      f"'binary_data' ({what})")
                 region = self._find(owner, what, o.parameters)
-                lease.outputs[o.name] = (region, region.span(what, o.parameters))
+                lease.outputs[o.name] = (region, *region.span(what, o.parameters))
                 lease.pin(region)
                 o.parameters = {k: v for k, v in o.parameters.items() if k not in SHM_PARAMS}
         except ProxyError:
@@ -362,15 +375,15 @@ class SharedMemory:
     def _attach_input(self, owner: int, call: Call, t: Tensor, lease: Lease) -> None:
         what = f"input '{t.name}'"
         region = self._find(owner, what, t.parameters)
-        view = region.span(what, t.parameters)
-        size = itemsize(t.datatype)
-        if size is not None and t.elements * size != len(view):
+        offset, size = region.span(what, t.parameters)
+        width = itemsize(t.datatype)
+        if width is not None and t.elements * width != size:
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                              f"{what}: {t.datatype} shape {list(t.shape)} needs "
-                             f"{t.elements * size} bytes but shared_memory_byte_size is "
-                             f"{len(view)} (region '{region.name}')")
+                             f"{t.elements * width} bytes but shared_memory_byte_size is "
+                             f"{size} (region '{region.name}')")
+        t.raw = region.read(what, offset, size)
         lease.pin(region)
-        t.raw = bytes(view) if self.config.copy_inputs else view
         t.parameters = {k: v for k, v in t.parameters.items() if k not in SHM_PARAMS}
         t.check_payload()
 
@@ -383,19 +396,34 @@ def _write_outputs(call: Call, result: Result, lease: Lease) -> None:
         if target is None:
             outputs.append(t)
             continue
-        region, view = target
+        region, offset, size = target
         raw = memoryview(t.raw_bytes()).cast("B")
-        if len(raw) > len(view):
+        if len(raw) > size:
             # Triton answers INTERNAL here too: the request was valid until the answer came.
             raise ProxyError(ErrorKind.INTERNAL,
                              f"shared memory size specified with the request for output "
-                             f"'{t.name}' ({len(view)} bytes, region '{region.name}') should be "
+                             f"'{t.name}' ({size} bytes, region '{region.name}') should be "
                              f"at least {len(raw)} bytes to hold the results")
-        view[:len(raw)] = raw
+        region.write(offset, raw)
         written.add(t.name)
         outputs.append(Tensor(t.name, t.datatype, t.shape, raw=b""))
     result.set_outputs(outputs)
     call.state[WRITTEN] = frozenset(written)
+
+
+def _check_file(st: os.stat_result, name: str, key: str, owner: int, end: int) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                         f"region '{name}': {key} is not a regular file")
+    if st.st_uid != owner:
+        raise ProxyError(ErrorKind.PERMISSION_DENIED,
+                         f"region '{name}': {key} belongs to uid {st.st_uid}, not to the "
+                         f"client's uid {owner}; a client may only register its own shared "
+                         "memory")
+    if end > st.st_size:
+        raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                         f"failed to register shared memory region '{name}': offset + "
+                         f"byte_size ({end}) is past the end of {key} ({st.st_size} bytes)")
 
 
 def _loopback(host: str) -> bool:
