@@ -67,7 +67,7 @@ _FROM_GRPC: dict[grpc.StatusCode, ErrorKind] = {
     grpc.StatusCode.UNAUTHENTICATED: ErrorKind.UNAUTHENTICATED,
     grpc.StatusCode.PERMISSION_DENIED: ErrorKind.PERMISSION_DENIED,
     grpc.StatusCode.OUT_OF_RANGE: ErrorKind.INVALID_ARGUMENT,
-    grpc.StatusCode.ALREADY_EXISTS: ErrorKind.INVALID_ARGUMENT,
+    grpc.StatusCode.ALREADY_EXISTS: ErrorKind.ALREADY_EXISTS,
 }
 # 400 reads back as INVALID_ARGUMENT, never as ALREADY_EXISTS, which shares it.
 _FROM_HTTP: dict[int, ErrorKind] = {s.http: k for k, s in STATUS.items()

@@ -80,6 +80,7 @@ def peer_uid(peer: Peer, tables: tuple[Path, ...] = _SOCKET_TABLES) -> int | Non
     want = _kernel_address(*peer)
     if want is None:
         return None
+    uids = set()
     for table in tables:
         try:
             lines = table.read_text().splitlines()[1:]
@@ -88,8 +89,9 @@ def peer_uid(peer: Peer, tables: tuple[Path, ...] = _SOCKET_TABLES) -> int | Non
         for line in lines:
             cols = line.split()
             if len(cols) > 7 and cols[1] in want and cols[3] == _ESTABLISHED:
-                return int(cols[7])
-    return None
+                uids.add(int(cols[7]))
+    # Two owners of one connected address (only SO_REUSEPORT tricks make that): trust neither.
+    return uids.pop() if len(uids) == 1 else None
 
 
 def _kernel_address(host: str, port: int) -> set[str] | None:
@@ -166,8 +168,9 @@ class Region:
         if self.mapping is not None:
             try:
                 self.mapping.close()
-            except BufferError:  # a filter still holds a view: the mapping goes when it does
+            except BufferError:  # a tensor still views it: unmapped when the last view goes
                 log.debug("region %s still viewed; unmapped when released", self.name)
+            self.mapping = None
         os.close(self.fd)
 
 
