@@ -69,7 +69,7 @@ class Server:
         self.plane = DataPlane(Runtime.build(config, self.telemetry, self.clock), self.telemetry)
         self.health = health.aio.HealthServicer()
         # Read at start only: a reload keeps the regions and this setting (docs/shared-memory.md).
-        self.shm = SharedMemory(config.shared_memory)
+        self.shm = SharedMemory(config.shared_memory, telemetry=self.telemetry)
         self._grpc: grpc.aio.Server | None = None
         self._runners: list[web.AppRunner] = []
         self.http_port = self.grpc_port = self.admin_port = 0

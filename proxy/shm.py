@@ -42,9 +42,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import Counter, Gauge
+
 from proxy.call import Call, CallKey, LocalReply, Reply, Result
 from proxy.config import SharedMemoryConfig
 from proxy.errors import ErrorKind, ProxyError
+from proxy.telemetry import Telemetry
 from proxy.tensor import Payload, Tensor, itemsize
 
 log = logging.getLogger("mmguard.shm")
@@ -203,11 +206,31 @@ class SharedMemory:
     """The registry of client regions for one mmguard process (both fronts share it)."""
 
     def __init__(self, config: SharedMemoryConfig | None = None,
-                 directory: Path = Path("/dev/shm"), uid_of: UidLookup = peer_uid) -> None:
+                 directory: Path = Path("/dev/shm"), uid_of: UidLookup = peer_uid,
+                 telemetry: Telemetry | None = None) -> None:
         self.config = config or SharedMemoryConfig()
         self.directory = directory
         self._uid_of = uid_of
         self._regions: dict[tuple[int, str], Region] = {}
+        self._gauge: Any = None
+        self._refusals: Any = None
+        if telemetry is not None:
+            self._gauge = telemetry.metric(Gauge, "mmguard_shm_regions",
+                                           "System shared memory regions registered.", [])
+            self._refusals = telemetry.metric(
+                Counter, "mmguard_shm_refusals_total",
+                "Shared memory calls and tensors refused, by operation and error kind.",
+                ["operation", "kind"])
+
+    def refused(self, operation: str, err: ProxyError) -> None:
+        """Count a refusal (register, status, unregister, infer); the client got its reason."""
+        if self._refusals is not None:
+            self._refusals.labels(operation, err.kind.value).inc()
+        log.debug("shared memory %s refused: %s", operation, err.message)
+
+    def _count(self) -> None:
+        if self._gauge is not None:
+            self._gauge.set(len(self._regions))
 
     # --- who is asking ----------------------------------------------------------------------
 
@@ -259,7 +282,8 @@ class SharedMemory:
                              f"{self.config.max_region_bytes} (shared_memory.max_region_bytes)")
         region = self._open(owner, name, key, offset, byte_size)
         self._regions[(owner, name)] = region
-        log.info("shared memory region registered",
+        self._count()
+        log.debug("shared memory region registered",
                  extra={"fields": {"region": name, "key": key, "offset": offset,
                                    "byte_size": byte_size, "uid": owner}})
         return region
@@ -310,13 +334,15 @@ class SharedMemory:
             region.retired = True
             if region.leases == 0:
                 region.close()
-            log.info("shared memory region unregistered",
+            self._count()
+            log.debug("shared memory region unregistered",
                      extra={"fields": {"region": n, "uid": owner, "in_use": region.leases}})
 
     def close(self) -> None:
         """Unmap everything (shutdown; calls have drained)."""
         regions = list(self._regions.values())
         self._regions.clear()
+        self._count()
         for region in regions:
             region.retired = True
             region.close()
@@ -331,6 +357,7 @@ class SharedMemory:
             owner = self.client(peer)
             lease = self._attach(owner, call)
         except ProxyError as err:
+            self.refused("infer", err)
             return LocalReply.from_error(err)
         try:
             reply = await infer(call)
@@ -338,6 +365,7 @@ class SharedMemory:
                 _write_outputs(call, reply, lease)
             return reply
         except ProxyError as err:
+            self.refused("infer", err)
             return LocalReply.from_error(err)
         finally:
             lease.release()

@@ -21,6 +21,7 @@ from proxy.errors import STATUS, ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.shm import Peer, SharedMemory, grpc_peer
 
+HttpHandler = Callable[[web.Request], Awaitable[web.Response]]
 _CUDA_WHY = ("CUDA shared memory is not supported by mmguard: it opens no CUDA context, so it "
              "cannot map a client's CUDA IPC handle (and this host may have no CUDA device); "
              "use system shared memory or send tensors inline")
@@ -80,16 +81,20 @@ def grpc_methods(shm: SharedMemory) -> dict[str, grpc.RpcMethodHandler]:
         "CudaSharedMemoryUnregister": (cuda_unregister, pb.CudaSharedMemoryUnregisterRequest),
     }
     return {name: grpc.unary_unary_rpc_method_handler(
-                _refusals(fn), request_deserializer=req_type.FromString,
+                _refusals(shm, name, fn), request_deserializer=req_type.FromString,
                 response_serializer=lambda m: m.SerializeToString())
             for name, (fn, req_type) in typed.items()}
 
 
-def _refusals(fn: Callable[[Any, Any], Awaitable[Message]]) -> Callable[..., Awaitable[Message]]:
+def _refusals(shm: SharedMemory, rpc: str,
+              fn: Callable[[Any, Any], Awaitable[Message]]) -> Callable[..., Awaitable[Message]]:
+    operation = ("cuda_" if rpc.startswith("Cuda") else "") + rpc.rsplit("Memory", 1)[1].lower()
+
     async def handler(req: Any, context: grpc.aio.ServicerContext) -> Message:
         try:
             return await fn(req, context)
         except ProxyError as err:
+            shm.refused(operation, err)
             context.set_trailing_metadata((("mmguard-error-origin", err.origin),))
             await context.abort(STATUS[err.kind].grpc, err.message)
             raise  # unreachable: abort raises
@@ -125,11 +130,21 @@ def add_http_routes(router: web.UrlDispatcher, shm: SharedMemory) -> None:
         shm.unregister(shm.client(http_peer(request)), request.match_info.get("name", ""))
         return web.Response()
 
-    router.add_post(base + "/region/{name}/register", register)
-    router.add_get(base + "/status", status)
-    router.add_get(base + "/region/{name}/status", status)
-    router.add_post(base + "/unregister", unregister)
-    router.add_post(base + "/region/{name}/unregister", unregister)
+    def counted(operation: str, handler: HttpHandler) -> HttpHandler:
+        async def run(request: web.Request) -> web.Response:
+            try:
+                return await handler(request)
+            except ProxyError as err:
+                shm.refused(operation, err)
+                raise
+
+        return run
+
+    router.add_post(base + "/region/{name}/register", counted("register", register))
+    router.add_get(base + "/status", counted("status", status))
+    router.add_get(base + "/region/{name}/status", counted("status", status))
+    router.add_post(base + "/unregister", counted("unregister", unregister))
+    router.add_post(base + "/region/{name}/unregister", counted("unregister", unregister))
     router.add_post("/v2/cudasharedmemory/region/{name}/register", _cuda_register)
     router.add_get("/v2/cudasharedmemory/status", _cuda_status)
     router.add_get("/v2/cudasharedmemory/region/{name}/status", _cuda_status)

@@ -23,6 +23,7 @@ from proxy.config import SharedMemoryConfig
 from proxy.errors import ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.shm import WRITTEN, SharedMemory, grpc_peer, peer_uid, uses_shared_memory
+from proxy.telemetry import Telemetry
 from proxy.tensor import Tensor
 
 ME = os.getuid()
@@ -371,3 +372,20 @@ def test_http_decoder_refuses_a_region_input_with_data_too() -> None:
     assert "send it one way" in refused(ErrorKind.INVALID_ARGUMENT, codec_http.decode_request,
                                         body, None, "m", "", None, True)
     refused(ErrorKind.UNIMPLEMENTED, codec_http.decode_request, body, None, "m", "")
+
+
+def test_regions_and_refusals_are_metrics(shm_dir: Path) -> None:
+    region_file(shm_dir, "k", X.tobytes())
+    telemetry = Telemetry()
+    s = SharedMemory(SharedMemoryConfig(system=True), directory=shm_dir, uid_of=lambda p: ME,
+                     telemetry=telemetry)
+    s.register(ME, "r", "/k", 0, 16)
+    reply = asyncio.run(s.infer(shm_call([in_region("x", "r", 16, offset=4)]),
+                                ("127.0.0.1", 1), doubler))
+    assert isinstance(reply, LocalReply)
+    value = telemetry.registry.get_sample_value
+    assert value("mmguard_shm_regions") == 1
+    assert value("mmguard_shm_refusals_total",
+                 {"operation": "infer", "kind": "invalid_argument"}) == 1
+    s.close()
+    assert value("mmguard_shm_regions") == 0
