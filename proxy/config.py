@@ -140,6 +140,25 @@ class Listeners(Strict):
     admin: AdminListener = AdminListener()
 
 
+class SharedMemoryHandoff(Strict):
+    """Slots mmguard registers with a co-located Triton (``shared_memory: system``)."""
+
+    slots: int = Field(16, ge=1, le=1024)
+    """Calls that can be in a slot at once; a call that finds none free goes inline."""
+    max_slot_bytes: int = Field(64 * MiB, gt=0)
+    """A slot is sized from the live contracts (largest fixed-size request + answer), up to
+    this; a call that does not fit goes inline."""
+
+
+def _check_colocated(url: str, shared_memory: str) -> None:
+    if shared_memory == "off":
+        return
+    host = url.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    if host not in ("localhost", "127.0.0.1", "::1"):
+        raise ValueError(f"shared_memory: {shared_memory} needs Triton beside mmguard (a "
+                         f"loopback url, sharing /dev/shm), not {url!r}")
+
+
 class TritonGrpcBackend(Strict):
     kind: Literal["triton_grpc"]
     name: str
@@ -151,9 +170,14 @@ class TritonGrpcBackend(Strict):
     max_message_bytes: int = Field(256 * MiB, gt=0)
     tls: TlsClient | None = None
     """TLS to Triton (mutual with ``cert_file``/``key_file``); plaintext when absent."""
+    shared_memory: Literal["off", "system"] = "off"
+    """``system``: input tensors (and outputs of known size) cross to Triton in mmguard's own
+    /dev/shm regions instead of the message (docs/shared-memory.md)."""
+    shared_memory_pool: SharedMemoryHandoff = SharedMemoryHandoff()
 
     @model_validator(mode="after")
     def _verify(self) -> TritonGrpcBackend:
+        _check_colocated(self.url, self.shared_memory)
         if self.tls is not None and self.tls.insecure_skip_verify:
             raise ValueError("tls.insecure_skip_verify is not available for triton_grpc "
                              "(grpcio always verifies); give tls.ca_file instead")
