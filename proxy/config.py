@@ -194,10 +194,15 @@ class TritonHttpBackend(Strict):
     """Keep-alive connections kept open to the server."""
     tls: TlsClient | None = None
     """TLS to Triton; an ``https://`` url without it uses the system's trust store."""
+    shared_memory: Literal["off", "system"] = "off"
+    """``system``: input tensors (and outputs of known size) cross to Triton in mmguard's own
+    /dev/shm regions instead of the body (docs/shared-memory.md)."""
+    shared_memory_pool: SharedMemoryHandoff = SharedMemoryHandoff()
 
     @model_validator(mode="after")
     def _scheme(self) -> TritonHttpBackend:
         _check_scheme(self.url, self.tls)
+        _check_colocated(self.url, self.shared_memory)
         return self
 
 

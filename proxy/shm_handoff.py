@@ -22,6 +22,7 @@ What MUST hold:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import mmap
 import os
@@ -33,7 +34,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from proxy import codec_grpc, pbwire
+from proxy import codec_grpc, codec_http, pbwire
 from proxy.call import Call, Result, Target
 from proxy.contract import ModelContract, TensorSpec
 from proxy.errors import ErrorKind, ProxyError
@@ -269,10 +270,9 @@ def _grpc_request(call: Call, target: Target, plan: Plan) -> bytes:
     for name, (offset, size) in plan.outputs.items():
         out = req.outputs.add(name=name)
         codec_grpc.params_to_pb(out.parameters, _region(plan, offset, size))
-    for name, params in plan.inline_outputs:
+    for name, params in plan.inline_outputs:  # e.g. classification: Triton's answer, inline
         out = req.outputs.add(name=name)
-        codec_grpc.params_to_pb(out.parameters, {k: v for k, v in params.items()
-                                                 if k != "classification"})
+        codec_grpc.params_to_pb(out.parameters, params)
     return bytes(req.SerializeToString())
 
 
@@ -310,3 +310,79 @@ def _grpc_result(pool: HandoffPool, plan: Plan, answer: bytes, source: str) -> R
         outputs.append(t)
     return Result(resp.model_name, resp.model_version, resp.id, outputs,
                   parameters=codec_grpc.params_from_pb(resp.parameters))
+
+
+# --- Triton over HTTP -----------------------------------------------------------------------------
+
+PostInfer = Callable[[bytes, int | None], Awaitable[tuple[bytes, str | None]]]
+
+
+async def http_infer(pool: HandoffPool, call: Call, target: Target, post: PostInfer,
+                     register: Register) -> Result | None:
+    """As ``grpc_infer``, over Triton's HTTP API (a JSON-only request: no tensor bytes)."""
+    if not await pool.ensure(register):
+        return None
+    plan = pool.plan(call, target.model)
+    if plan is None:
+        return None
+    try:
+        try:
+            body, hlen = await post(_http_request(call, plan), None)
+        except ProxyError as err:
+            if plan.slot.name in err.message:
+                pool.forget()
+                return None
+            raise
+        return _http_result(pool, plan, body, hlen, f"backend '{pool.backend}' (model "
+                                                    f"'{target.model}')")
+    finally:
+        pool.release(plan)
+
+
+def _http_request(call: Call, plan: Plan) -> bytes:
+    head: dict[str, Any] = {"inputs": [], "outputs": []}
+    if call.id:
+        head["id"] = call.id
+    params = {k: v for k, v in call.parameters.items() if k != "binary_data_output"}
+    if params:
+        head["parameters"] = params
+    for t in call.inputs:
+        offset, size = plan.inputs[t.name]
+        own = {k: v for k, v in t.parameters.items() if k != "binary_data_size"}
+        head["inputs"].append({"name": t.name, "datatype": t.datatype, "shape": list(t.shape),
+                               "parameters": {**own, **_region(plan, offset, size)}})
+    for name, (offset, size) in plan.outputs.items():
+        head["outputs"].append({"name": name, "parameters": _region(plan, offset, size)})
+    for name, out_params in plan.inline_outputs:
+        head["outputs"].append({"name": name, "parameters": {**out_params, "binary_data": True}})
+    return json.dumps(head, separators=(",", ":")).encode()
+
+
+def _http_result(pool: HandoffPool, plan: Plan, body: bytes, header_length: str | None,
+                 source: str) -> Result:
+    try:
+        doc, hlen = codec_http.split_body(body, header_length, "response")
+    except ProxyError as err:
+        raise ProxyError(ErrorKind.INTERNAL, f"{source} sent a malformed v2 response: {err}",
+                         origin="backend") from None
+    view, offset, outputs = memoryview(body), hlen or 0, []
+    for o in doc.get("outputs") or []:
+        params = dict(o.get("parameters") or {})
+        size = params.pop("binary_data_size", None)
+        t = Tensor(o["name"], o["datatype"], tuple(o.get("shape") or ()), raw=b"",
+                   parameters=params)
+        if o["name"] in plan.outputs:
+            try:
+                t.raw = pool.read(plan, t.name, t.elements * (itemsize(t.datatype) or 0))
+            except ValueError as exc:
+                raise ProxyError(ErrorKind.INTERNAL, f"{source}: {exc}",
+                                 origin="backend") from None
+        elif size is not None:
+            t.raw = view[offset:offset + size]
+            offset += size
+        else:
+            t.raw, t.data = None, o.get("data", [])
+            t.raw = t.to_raw()
+        outputs.append(t)
+    return Result(str(doc.get("model_name", "")), str(doc.get("model_version", "")),
+                  str(doc.get("id", "")), outputs, parameters=dict(doc.get("parameters") or {}))

@@ -15,6 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from proxy.backends.triton_grpc import TritonGrpcBackend
+from proxy.backends.triton_http import TritonHttpBackend
 from proxy.demo_model import ensure_clip_demo
 from proxy.shm_handoff import HandoffPool
 from tests.support.mmguard import RunningMmguard
@@ -32,8 +33,14 @@ def own_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServe
         yield server
 
 
-def handoff_config(triton: TritonServer, **pool: Any) -> dict[str, Any]:
-    return {"backends": [{"kind": "triton_grpc", "name": "triton", "url": triton.grpc_url,
+@pytest.fixture(params=["triton_grpc", "triton_http"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def handoff_config(triton: TritonServer, kind: str, **pool: Any) -> dict[str, Any]:
+    url = triton.grpc_url if kind == "triton_grpc" else triton.http_url
+    return {"backends": [{"kind": kind, "name": "triton", "url": url,
                           "shared_memory": "system", "shared_memory_pool": pool}],
             "models": [{"name": m, "backend": "triton"} for m in MODELS]}
 
@@ -41,7 +48,8 @@ def handoff_config(triton: TritonServer, **pool: Any) -> dict[str, Any]:
 def pool_of(proxy: RunningMmguard) -> HandoffPool:
     assert proxy.server is not None
     backend = proxy.server.plane.runtime.backends["triton"]
-    assert isinstance(backend, TritonGrpcBackend) and backend.handoff is not None
+    assert isinstance(backend, TritonGrpcBackend | TritonHttpBackend)
+    assert backend.handoff is not None
     return backend.handoff
 
 
@@ -87,8 +95,8 @@ def infer(url: str, model: str, inputs: dict[str, np.ndarray[Any, Any]],
         client.close()
 
 
-def test_same_answers_as_direct_through_slots(own_triton: TritonServer) -> None:
-    with RunningMmguard(handoff_config(own_triton)) as proxy:
+def test_same_answers_as_direct_through_slots(own_triton: TritonServer, kind: str) -> None:
+    with RunningMmguard(handoff_config(own_triton, kind)) as proxy:
         proxy.wait_ready()
         for model, inputs, outputs in CASES:
             direct = infer(own_triton.grpc_url, model, inputs, outputs)
@@ -112,8 +120,8 @@ def test_same_answers_as_direct_through_slots(own_triton: TritonServer) -> None:
     assert not any(f.exists() for f in files)
 
 
-def test_a_call_that_does_not_fit_goes_inline(own_triton: TritonServer) -> None:
-    with RunningMmguard(handoff_config(own_triton, slots=2,
+def test_a_call_that_does_not_fit_goes_inline(own_triton: TritonServer, kind: str) -> None:
+    with RunningMmguard(handoff_config(own_triton, kind, slots=2,
                                        max_slot_bytes=64 * 1024)) as proxy:
         proxy.wait_ready()
         big = {"INPUT0": np.arange(40_000, dtype=np.float32).reshape(1, -1)}  # 160 KB > 64 KB
@@ -123,9 +131,10 @@ def test_a_call_that_does_not_fit_goes_inline(own_triton: TritonServer) -> None:
         assert stats.get("inline_too_big") == 1 and "shm" not in stats
 
 
-def test_slots_are_registered_again_after_triton_restarts(own_triton: TritonServer) -> None:
+def test_slots_are_registered_again_after_triton_restarts(own_triton: TritonServer,
+                                                          kind: str) -> None:
     case = CASES[0]
-    with RunningMmguard(handoff_config(own_triton, slots=2)) as proxy:
+    with RunningMmguard(handoff_config(own_triton, kind, slots=2)) as proxy:
         proxy.wait_ready()
         want = infer(own_triton.grpc_url, *case)
         assert infer(proxy.grpc_url, *case) == want
@@ -138,3 +147,25 @@ def test_slots_are_registered_again_after_triton_restarts(own_triton: TritonServ
         pool = pool_of(proxy)
         assert pool.stats.get("reregister") == 1 and pool.stats.get("shm") == 3, pool.stats
         assert len(triton_regions(own_triton)) == 2
+
+
+def test_classification_is_answered_inline_as_direct(own_triton: TritonServer,
+                                                     kind: str) -> None:
+    x = np.array([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]], np.float32)
+
+    def top3(url: str) -> list[bytes]:
+        client = grpcclient.InferenceServerClient(url)
+        inp = grpcclient.InferInput("x", [1, 16], "FP32")
+        inp.set_data_from_numpy(x)
+        out = grpcclient.InferRequestedOutput("y", class_count=3)
+        try:
+            return list(client.infer("small_fp32", [inp], outputs=[out]).as_numpy("y")[0])
+        finally:
+            client.close()
+
+    with RunningMmguard(handoff_config(own_triton, kind)) as proxy:
+        proxy.wait_ready()
+        direct = top3(own_triton.grpc_url)
+        assert len(direct) == 3 and direct[0].startswith(b"18")  # 2 × 9, "score:index"
+        assert top3(proxy.grpc_url) == direct
+        assert pool_of(proxy).stats.get("shm") == 1  # the input still went through a slot
