@@ -309,7 +309,7 @@ class SharedMemoryConfig(Strict):
     tensor in a region answer UNIMPLEMENTED / 501 saying how to turn it on."""
     allowed_uids: tuple[int, ...] | None = None
     """If set, only client processes running as one of these uids may use shared memory (the uid
-    is read from the kernel's socket table, never from the request)."""
+    is asked of the kernel for the client's socket, never read from the request)."""
     max_regions_per_client: int = Field(64, ge=1)
     """Regions one client uid may hold registered at once."""
     max_region_bytes: int = Field(1024 * MiB, gt=0)

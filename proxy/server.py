@@ -104,6 +104,7 @@ class Server:
                           self._grpc.add_secure_port(address, grpc_tls.grpc_credentials()))
         if self.grpc_port == 0:
             raise OSError(f"cannot bind gRPC port {lc.grpc.host}:{lc.grpc.port}")
+        self.shm.grpc_port = self.grpc_port  # grpc.aio tells a handler its peer, not its port
         await self._grpc.start()
         self._health_task = asyncio.create_task(self._track_health())
         log.info("mmguard serving: http %d, grpc %d, admin %d", self.http_port, self.grpc_port,

@@ -9,8 +9,8 @@ outputs in the second; through mmguard it gets the same answer, in the same plac
 What MUST hold (the security model, docs/shared-memory.md):
 
 - Off unless ``shared_memory.system`` is true; then only loopback peers may use it.
-- The client is the uid that owns its socket, read from the kernel's socket table
-  (/proc/net/tcp, tcp6), never from the request. Region names live in one namespace per uid:
+- The client is the uid that owns its socket, asked of the kernel (sock_diag, an exact lookup
+  of the connection), never taken from the request. Region names live in one namespace per uid:
   status, use and unregister only ever see the caller's own regions.
 - A key names one file directly under /dev/shm (no "/", no ".."), opened without following a
   symlink; it must be a regular file owned by the client's uid. mmguard opens on a client's behalf
@@ -34,6 +34,7 @@ import logging
 import mmap
 import os
 import re
+import socket
 import stat
 import struct
 import urllib.parse
@@ -59,12 +60,20 @@ WRITTEN: CallKey[frozenset[str]] = CallKey("shm_written_outputs")
 """Names of the outputs written into the client's regions: the HTTP encoder sends no bytes for
 them (the gRPC one sends empty raw contents, as Triton does)."""
 _KEY = re.compile(r"/?([A-Za-z0-9._-]{1,255})")
-_SOCKET_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
-_ESTABLISHED = "01"
 
 Peer = tuple[str, int]
-"""A client's socket address as the listener saw it: (host, port)."""
-UidLookup = Callable[[Peer], int | None]
+"""A socket address: (host, port)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """A client's connection: its address, and mmguard's end (host "" where the listener does
+    not know it: then the usual loopback addresses are tried)."""
+
+    peer: Peer | None
+    local: Peer = ("", 0)
+
+UidLookup = Callable[[Peer, Peer], int | None]
 
 
 def grpc_peer(peer: str | None) -> Peer | None:
@@ -78,39 +87,61 @@ def grpc_peer(peer: str | None) -> Peer | None:
     return host.strip("[]"), int(port)
 
 
-def peer_uid(peer: Peer, tables: tuple[Path, ...] = _SOCKET_TABLES) -> int | None:
-    """The uid owning the loopback socket at ``peer`` (the client's end), from the kernel."""
-    want = _kernel_address(*peer)
-    if want is None:
-        return None
-    uids = set()
-    for table in tables:
-        try:
-            lines = table.read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            cols = line.split()
-            if len(cols) > 7 and cols[1] in want and cols[3] == _ESTABLISHED:
-                uids.add(int(cols[7]))
-    # Two owners of one connected address (only SO_REUSEPORT tricks make that): trust neither.
-    return uids.pop() if len(uids) == 1 else None
-
-
-def _kernel_address(host: str, port: int) -> set[str] | None:
-    """How /proc/net/tcp[6] spells ``host:port``: each 32-bit word in host byte order, hex."""
+def peer_uid(peer: Peer, local: Peer) -> int | None:
+    """The uid owning the client's end (``peer``) of a loopback TCP connection to ``local``,
+    asked of the kernel (sock_diag: one exact lookup, not a scan of every socket). ``local``'s
+    host may be "" when the listener does not know it: then the usual loopback addresses are
+    tried."""
     try:
-        ip = ipaddress.ip_address(host)
+        ip = _unmapped(ipaddress.ip_address(peer[0].split("%", 1)[0]))
     except ValueError:
         return None
+    candidates = [local[0]] if local[0] else [str(ip), "127.0.0.1", "::1"]
+    for host in candidates:
+        try:
+            there = _unmapped(ipaddress.ip_address(host.split("%", 1)[0]))
+        except ValueError:
+            continue
+        if there.version == ip.version:
+            uid = _diag_uid(ip, peer[1], there, local[1])
+            if uid is not None:
+                return uid
+    return None
+
+
+def _unmapped(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> (
+        ipaddress.IPv4Address | ipaddress.IPv6Address):
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    words = struct.unpack(f"={len(ip.packed) // 4}I", ip.packed)
-    spelled = {"".join(f"{w:08X}" for w in words) + f":{port:04X}"}
-    if isinstance(ip, ipaddress.IPv4Address):  # a v4 client of a dual-stack socket: in tcp6
-        mapped = ipaddress.IPv6Address(f"::ffff:{ip}").packed
-        spelled.add("".join(f"{w:08X}" for w in struct.unpack("=4I", mapped)) + f":{port:04X}")
-    return spelled
+        return ip.ipv4_mapped
+    return ip
+
+
+_NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY, _NLMSG_ERROR = 4, 20, 2
+_NO_COOKIE = 0xFFFFFFFF
+_UID_AT = 16 + 4 + 48 + 12  # nlmsghdr, inet_diag_msg's 4 bytes and sockid, 3 u32s, then uid
+
+
+def _diag_uid(src: ipaddress.IPv4Address | ipaddress.IPv6Address, sport: int,
+              dst: ipaddress.IPv4Address | ipaddress.IPv6Address, dport: int) -> int | None:
+    family = socket.AF_INET if src.version == 4 else socket.AF_INET6
+    sockid = (struct.pack("!HH", sport, dport) + src.packed.ljust(16, b"\0")
+              + dst.packed.ljust(16, b"\0") + struct.pack("=III", 0, _NO_COOKIE, _NO_COOKIE))
+    request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
+    header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY, 1, 1, 0)
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
+            nl.settimeout(1.0)
+            nl.sendto(header + request, (0, 0))
+            answer = nl.recv(4096)
+    except OSError as exc:
+        log.debug("sock_diag lookup failed: %s", exc)
+        return None
+    if len(answer) < _UID_AT + 4:
+        return None
+    kind = struct.unpack_from("=H", answer, 4)[0]
+    if kind != _SOCK_DIAG_BY_FAMILY:  # _NLMSG_ERROR: no such connection
+        return None
+    return int(struct.unpack_from("=I", answer, _UID_AT)[0])
 
 
 @dataclass(eq=False)
@@ -212,6 +243,7 @@ class SharedMemory:
         self.directory = directory
         self._uid_of = uid_of
         self._regions: dict[tuple[int, str], Region] = {}
+        self.grpc_port = 0  # set by the server once it has bound the gRPC listener
         self._gauge: Any = None
         self._refusals: Any = None
         if telemetry is not None:
@@ -234,8 +266,13 @@ class SharedMemory:
 
     # --- who is asking ----------------------------------------------------------------------
 
-    def client(self, peer: Peer | None) -> int:
+    def grpc_connection(self, peer: str | None) -> Connection:
+        """A gRPC caller (grpc.aio tells the peer only; the port is the listener's)."""
+        return Connection(grpc_peer(peer), ("", self.grpc_port))
+
+    def client(self, connection: Connection) -> int:
         """The caller's uid, or a refusal saying why it may not use shared memory."""
+        peer = connection.peer
         if not self.config.system:
             raise ProxyError(ErrorKind.UNIMPLEMENTED,
                              "system shared memory is off in this mmguard (set "
@@ -246,11 +283,11 @@ class SharedMemory:
             raise ProxyError(ErrorKind.PERMISSION_DENIED,
                              f"system shared memory is only for clients on this host; peer "
                              f"{host} is not a loopback address")
-        uid = self._uid_of(peer)
+        uid = self._uid_of(peer, connection.local)
         if uid is None:
             raise ProxyError(ErrorKind.PERMISSION_DENIED,
                              f"cannot tell which user owns the client socket {host}:{peer[1]} "
-                             "(not in the kernel's socket table), so no shared memory for it")
+                             "(the kernel knows no such connection), so no shared memory for it")
         allowed = self.config.allowed_uids
         if allowed is not None and uid not in allowed:
             raise ProxyError(ErrorKind.PERMISSION_DENIED,
@@ -349,12 +386,12 @@ class SharedMemory:
 
     # --- inference --------------------------------------------------------------------------
 
-    async def infer(self, call: Call, peer: Peer | None,
+    async def infer(self, call: Call, connection: Connection,
                     infer: Callable[[Call], Awaitable[Reply]]) -> Reply:
         """Run ``infer`` on a call whose tensors use regions: inputs read from them, outputs
         written into them. Every refusal is a ``LocalReply`` the front encodes."""
         try:
-            owner = self.client(peer)
+            owner = self.client(connection)
             lease = self._attach(owner, call)
         except ProxyError as err:
             self.refused("infer", err)

@@ -19,7 +19,7 @@ from google.protobuf.message import Message
 
 from proxy.errors import STATUS, ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
-from proxy.shm import Peer, SharedMemory, grpc_peer
+from proxy.shm import Connection, Peer, SharedMemory
 
 HttpHandler = Callable[[web.Request], Awaitable[web.Response]]
 _CUDA_WHY = ("CUDA shared memory is not supported by mmguard: it opens no CUDA context, so it "
@@ -27,8 +27,14 @@ _CUDA_WHY = ("CUDA shared memory is not supported by mmguard: it opens no CUDA c
              "use system shared memory or send tensors inline")
 
 
-def http_peer(request: web.Request) -> Peer | None:
-    name = request.transport.get_extra_info("peername") if request.transport else None
+def http_connection(request: web.Request) -> Connection:
+    transport = request.transport
+    peer, local = (transport.get_extra_info(k) if transport else None
+                   for k in ("peername", "sockname"))
+    return Connection(_address(peer), _address(local) or ("", 0))
+
+
+def _address(name: object) -> Peer | None:
     if isinstance(name, tuple) and len(name) >= 2:
         return str(name[0]), int(name[1])
     return None
@@ -39,7 +45,7 @@ def http_peer(request: web.Request) -> Peer | None:
 
 def grpc_methods(shm: SharedMemory) -> dict[str, grpc.RpcMethodHandler]:
     def client(ctx: grpc.aio.ServicerContext) -> int:
-        return shm.client(grpc_peer(ctx.peer()))
+        return shm.client(shm.grpc_connection(ctx.peer()))
 
     async def register(req: pb.SystemSharedMemoryRegisterRequest,
                        ctx: Any) -> pb.SystemSharedMemoryRegisterResponse:
@@ -119,15 +125,17 @@ def add_http_routes(router: web.UrlDispatcher, shm: SharedMemory) -> None:
         if not isinstance(key, str):
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                              f"region '{name}': 'key' must be a string, got {key!r}")
-        shm.register(shm.client(http_peer(request)), name, key, offset, size)
+        shm.register(shm.client(http_connection(request)), name, key, offset, size)
         return web.Response()
 
     async def status(request: web.Request) -> web.Response:
-        regions = shm.status(shm.client(http_peer(request)), request.match_info.get("name", ""))
+        owner = shm.client(http_connection(request))
+        regions = shm.status(owner, request.match_info.get("name", ""))
         return web.json_response([r.status() for r in regions])
 
     async def unregister(request: web.Request) -> web.Response:
-        shm.unregister(shm.client(http_peer(request)), request.match_info.get("name", ""))
+        owner = shm.client(http_connection(request))
+        shm.unregister(owner, request.match_info.get("name", ""))
         return web.Response()
 
     def counted(operation: str, handler: HttpHandler) -> HttpHandler:

@@ -21,7 +21,7 @@ from proxy.call import Call, LocalReply, Result, StreamItem
 from proxy.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
-from proxy.shm import SharedMemory, grpc_peer, uses_shared_memory
+from proxy.shm import SharedMemory, uses_shared_memory
 
 SERVICE = "inference.GRPCInferenceService"
 _UNIMPLEMENTED = {
@@ -136,7 +136,8 @@ class GrpcFront:
         remaining = context.time_remaining()
         if remaining is not None:
             call.deadline = time.monotonic() + remaining
-        reply = await (self.shm.infer(call, grpc_peer(context.peer()), self.plane.infer)
+        reply = await (self.shm.infer(call, self.shm.grpc_connection(context.peer()),
+                                      self.plane.infer)
                        if uses_shared_memory(call) else self.plane.infer(call))
         if isinstance(reply, LocalReply):
             await abort(context, reply, call.decisions)

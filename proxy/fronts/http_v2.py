@@ -130,7 +130,8 @@ class HttpFront:
         timeout_ms = call.headers.get(TIMEOUT_HEADER)
         if timeout_ms is not None:
             call.deadline = time.monotonic() + _positive_ms(timeout_ms) / 1000
-        reply = await (self.shm.infer(call, shm_fronts.http_peer(request), self.plane.infer)
+        reply = await (self.shm.infer(call, shm_fronts.http_connection(request),
+                                      self.plane.infer)
                        if uses_shared_memory(call) else self.plane.infer(call))
         if isinstance(reply, LocalReply):
             if reply.reset:

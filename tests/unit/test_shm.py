@@ -22,11 +22,19 @@ from proxy.call import Call, LocalReply, RequestedOutput, Result
 from proxy.config import SharedMemoryConfig
 from proxy.errors import ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
-from proxy.shm import WRITTEN, SharedMemory, grpc_peer, peer_uid, uses_shared_memory
+from proxy.shm import (
+    WRITTEN,
+    Connection,
+    SharedMemory,
+    grpc_peer,
+    peer_uid,
+    uses_shared_memory,
+)
 from proxy.telemetry import Telemetry
 from proxy.tensor import Tensor
 
 ME = os.getuid()
+HERE = Connection(("127.0.0.1", 1), ("127.0.0.1", 2))
 X = np.arange(4, dtype=np.float32)
 
 
@@ -37,7 +45,7 @@ def shm_dir(tmp_path: Path) -> Path:
 
 def registry(shm_dir: Path, **config: Any) -> SharedMemory:
     return SharedMemory(SharedMemoryConfig(system=True, **config), directory=shm_dir,
-                        uid_of=lambda peer: ME)
+                        uid_of=lambda peer, local: ME)
 
 
 def region_file(shm_dir: Path, key: str, data: bytes) -> Path:
@@ -80,47 +88,43 @@ def test_grpc_peer_strings() -> None:
     assert grpc_peer("") is None and grpc_peer(None) is None
 
 
-def test_peer_uid_is_read_from_the_kernel_socket_table() -> None:
-    with socket.socket() as server, socket.socket() as client:
-        server.bind(("127.0.0.1", 0))
+@pytest.mark.parametrize("family,host", [(socket.AF_INET, "127.0.0.1"),
+                                         (socket.AF_INET6, "::1")])
+def test_peer_uid_is_asked_of_the_kernel(family: int, host: str) -> None:
+    with socket.socket(family) as server, socket.socket(family) as client:
+        server.bind((host, 0))
         server.listen()
-        client.connect(server.getsockname())
+        client.connect(server.getsockname()[:2])
         conn, peer = server.accept()
         with conn:
-            assert peer_uid((peer[0], peer[1])) == ME
-    with socket.socket() as gone:
-        gone.bind(("127.0.0.1", 0))
+            here = conn.getsockname()[:2]
+            assert peer_uid(peer[:2], here) == ME
+            assert peer_uid(peer[:2], ("", here[1])) == ME  # the listener knows its port only
+            # mmguard's own end is not the client's: the lookup is for the client's socket.
+            assert peer_uid(peer[:2], (host, here[1] + 1 if here[1] < 65535 else 1)) is None
+    with socket.socket(family) as gone:
+        gone.bind((host, 0))
         port = gone.getsockname()[1]
-    assert peer_uid(("127.0.0.1", port)) is None  # no connected socket there
-
-
-def test_peer_uid_ipv6_spelling(tmp_path: Path) -> None:
-    # /proc/net/tcp6 spells ::1 port 0x1234 as four host-order words (this is little-endian).
-    word = struct.unpack("=I", b"\x00\x00\x00\x01")[0]
-    table = tmp_path / "tcp6"
-    table.write_text("  sl  local_address rem_address st tx rx tr tm retrnsmt uid\n"
-                     f"   0: 000000000000000000000000{word:08X}:1234 0:0 01 0:0 0:0 0 4242 0 7\n")
-    assert peer_uid(("::1", 0x1234), (table,)) == 4242
-    assert peer_uid(("::1", 0x1235), (table,)) is None
+    assert peer_uid((host, port), (host, 9)) is None  # no such connection
 
 
 def test_client_refusals(shm_dir: Path) -> None:
-    off = SharedMemory(SharedMemoryConfig(), directory=shm_dir, uid_of=lambda p: ME)
-    assert "shared_memory.system" in refused(ErrorKind.UNIMPLEMENTED, off.client,
-                                             ("127.0.0.1", 1))
+    off = SharedMemory(SharedMemoryConfig(), directory=shm_dir, uid_of=lambda peer, local: ME)
+    assert "shared_memory.system" in refused(ErrorKind.UNIMPLEMENTED, off.client, HERE)
     on = registry(shm_dir)
-    assert on.client(("127.0.0.1", 1)) == ME and on.client(("::1", 1)) == ME
-    assert on.client(("::ffff:127.0.0.1", 1)) == ME
+    for host in ("127.0.0.1", "::1", "::ffff:127.0.0.1"):
+        assert on.client(Connection((host, 1))) == ME
     for host in ("0.0.0.0", "::", "not-an-address"):
-        assert "loopback" in refused(ErrorKind.PERMISSION_DENIED, on.client, (host, 1))
-    refused(ErrorKind.PERMISSION_DENIED, on.client, None)
+        assert "loopback" in refused(ErrorKind.PERMISSION_DENIED, on.client,
+                                     Connection((host, 1)))
+    refused(ErrorKind.PERMISSION_DENIED, on.client, Connection(None))
     unknown = SharedMemory(SharedMemoryConfig(system=True), directory=shm_dir,
-                           uid_of=lambda p: None)
-    assert "socket table" in refused(ErrorKind.PERMISSION_DENIED, unknown.client,
-                                     ("127.0.0.1", 1))
+                           uid_of=lambda peer, local: None)
+    assert "no such connection" in refused(ErrorKind.PERMISSION_DENIED, unknown.client, HERE)
     narrow = registry(shm_dir, allowed_uids=(ME + 1,))
-    assert "allowed_uids" in refused(ErrorKind.PERMISSION_DENIED, narrow.client,
-                                     ("127.0.0.1", 1))
+    assert "allowed_uids" in refused(ErrorKind.PERMISSION_DENIED, narrow.client, HERE)
+    on.grpc_port = 9001
+    assert on.grpc_connection("ipv6:[::1]:5000") == Connection(("::1", 5000), ("", 9001))
 
 
 # --- register / status / unregister ------------------------------------------------------------
@@ -173,7 +177,7 @@ def test_registration_bounds_and_limits(shm_dir: Path) -> None:
 
 def test_names_live_in_one_namespace_per_uid(shm_dir: Path) -> None:
     region_file(shm_dir, "k", b"\0" * 8)
-    s = SharedMemory(SharedMemoryConfig(system=True), directory=shm_dir, uid_of=lambda p: ME)
+    s = registry(shm_dir)
     s.register(ME, "same", "/k", 0, 8)
     other = ME + 1
     assert s.status(other) == []
@@ -182,13 +186,13 @@ def test_names_live_in_one_namespace_per_uid(shm_dir: Path) -> None:
     s.unregister(other, "same")
     assert [r.name for r in s.status(ME)] == ["same"]
     call = shm_call([in_region("x", "same", 8, shape=(2,))])
-    reply = asyncio.run(s.infer(call, ("127.0.0.1", 1), doubler))
+    reply = asyncio.run(s.infer(call, HERE, doubler))
     assert isinstance(reply, Result)
     s2 = SharedMemory(SharedMemoryConfig(system=True), directory=shm_dir,
-                      uid_of=lambda p: other)
+                      uid_of=lambda peer, local: other)
     s2._regions = s._regions  # the same registry seen by a client of another uid
     reply = asyncio.run(s2.infer(shm_call([in_region("x", "same", 8, shape=(2,))]),
-                                 ("127.0.0.1", 1), doubler))
+                                 HERE, doubler))
     assert isinstance(reply, LocalReply) and reply.kind is ErrorKind.NOT_FOUND
     assert "'same'" in reply.message
 
@@ -215,7 +219,7 @@ def test_inputs_read_and_outputs_written(shm_dir: Path) -> None:
                                            "shared_memory_byte_size": 16,
                                            "shared_memory_offset": 16})])
     assert uses_shared_memory(call)
-    reply = asyncio.run(s.infer(call, ("127.0.0.1", 1), backend))
+    reply = asyncio.run(s.infer(call, HERE, backend))
     assert isinstance(reply, Result)
     np.testing.assert_array_equal(seen[0], X)
     assert np.frombuffer(out.read_bytes()[16:], np.float32).tolist() == (X * 2).tolist()
@@ -237,7 +241,7 @@ def test_every_bound_is_checked_before_a_read(shm_dir: Path) -> None:
         return await doubler(call)
 
     def refusal(tensor: Tensor, outputs: list[RequestedOutput] | None = None) -> LocalReply:
-        reply = asyncio.run(s.infer(shm_call([tensor], outputs), ("127.0.0.1", 1), backend))
+        reply = asyncio.run(s.infer(shm_call([tensor], outputs), HERE, backend))
         assert isinstance(reply, LocalReply), reply
         return reply
 
@@ -270,7 +274,7 @@ def test_bytes_framing_in_a_region_is_checked(shm_dir: Path) -> None:
     s = registry(shm_dir)
     s.register(ME, "r", "/k", 0, 7)
     reply = asyncio.run(s.infer(shm_call([in_region("t", "r", 7, datatype="BYTES",
-                                                    shape=(1,))]), ("127.0.0.1", 1), doubler))
+                                                    shape=(1,))]), HERE, doubler))
     assert isinstance(reply, LocalReply) and reply.kind is ErrorKind.INVALID_ARGUMENT
     assert "declares 50 bytes" in reply.message
 
@@ -280,7 +284,7 @@ def test_a_file_cut_after_registration_is_an_error_not_a_crash(shm_dir: Path) ->
     s = registry(shm_dir)
     s.register(ME, "r", "/k", 0, 16)
     os.truncate(path, 4)
-    reply = asyncio.run(s.infer(shm_call([in_region("x", "r", 16)]), ("127.0.0.1", 1), doubler))
+    reply = asyncio.run(s.infer(shm_call([in_region("x", "r", 16)]), HERE, doubler))
     assert isinstance(reply, LocalReply) and reply.kind is ErrorKind.INVALID_ARGUMENT
     assert "cut after registration" in reply.message
 
@@ -296,7 +300,7 @@ def test_zero_copy_reads_in_place(shm_dir: Path) -> None:
         assert isinstance(raw, memoryview) and raw.obj is region.mapping
         return await doubler(c)
 
-    assert isinstance(asyncio.run(s.infer(call, ("127.0.0.1", 1), backend)), Result)
+    assert isinstance(asyncio.run(s.infer(call, HERE, backend)), Result)
 
 
 def mapped(path: Path) -> bool:
@@ -317,7 +321,7 @@ def test_unregister_in_use_waits_for_the_call(shm_dir: Path) -> None:
             return await doubler(call)
 
         task = asyncio.create_task(s.infer(shm_call([in_region("x", "r", 16)]),
-                                           ("127.0.0.1", 1), slow))
+                                           HERE, slow))
         await started.wait()
         s.unregister(ME)
         assert s.status(ME) == [] and mapped(path) and region.mapping is not None
@@ -377,11 +381,11 @@ def test_http_decoder_refuses_a_region_input_with_data_too() -> None:
 def test_regions_and_refusals_are_metrics(shm_dir: Path) -> None:
     region_file(shm_dir, "k", X.tobytes())
     telemetry = Telemetry()
-    s = SharedMemory(SharedMemoryConfig(system=True), directory=shm_dir, uid_of=lambda p: ME,
-                     telemetry=telemetry)
+    s = SharedMemory(SharedMemoryConfig(system=True), directory=shm_dir,
+                     uid_of=lambda peer, local: ME, telemetry=telemetry)
     s.register(ME, "r", "/k", 0, 16)
     reply = asyncio.run(s.infer(shm_call([in_region("x", "r", 16, offset=4)]),
-                                ("127.0.0.1", 1), doubler))
+                                HERE, doubler))
     assert isinstance(reply, LocalReply)
     value = telemetry.registry.get_sample_value
     assert value("mmguard_shm_regions") == 1
