@@ -17,13 +17,16 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
-from proxy.errors import MAX_MESSAGE_CHARS
+from proxy.errors import MAX_HEADER_CHARS, MAX_MESSAGE_CHARS
 from proxy.pb import grpc_service_pb2 as pb
-from tests.support.adversary import Prober, http_call, rss_mib
+from tests.conftest import ort_config
+from tests.support.adversary import Prober, http_call, rss_mib, serve
 from tests.support.process import MmguardProcess
 from tests.support.wire import INFER, http_binary_body
 
@@ -195,7 +198,7 @@ def _check_bounded(message: str) -> None:
     assert len(message) <= MAX_MESSAGE_CHARS, len(message)
     assert message.startswith("model 'identity_fp32' expects inputs ['INPUT0']; unknown: "
                               "['unknown_input_00000_"), message[:200]
-    assert message.endswith(", … and 3995 more]; missing: ['INPUT0']"), message[-200:]
+    assert message.endswith(", ... and 3995 more]; missing: ['INPUT0']"), message[-200:]
 
 
 def test_error_naming_thousands_of_inputs_is_bounded_over_grpc(served: MmguardProcess) -> None:
@@ -213,3 +216,31 @@ def test_error_naming_thousands_of_inputs_is_bounded_over_http(served: MmguardPr
     out = attack(served, http_infer("identity_fp32", body, hlen))
     assert out.answer.code == 400
     _check_bounded(out.answer.message)
+
+
+def test_shape_guard_refusal_of_thousands_of_inputs_fits_grpc_metadata(
+        ort_models: Path, tmp_path: Path) -> None:
+    # shape_guard joins one violation per unknown input into its message AND its decision
+    # trailer: both went out whole (the client saw RESOURCE_EXHAUSTED).
+    cfg = ort_config(ort_models)
+    cfg["models"] = [{"name": "guarded", "backend": "ort", "backend_model": "identity_fp32",
+                      "filters": [{"shape_guard": {}}]},
+                     {"name": "identity_fp32", "backend": "ort"}]
+    req = pb.ModelInferRequest(model_name="guarded")
+    for name, datatype, shape, raw in UNKNOWN:
+        req.inputs.add(name=name, datatype=datatype, shape=shape)
+        req.raw_input_contents.append(raw)
+    body = req.SerializeToString()
+    with serve(tmp_path, cfg) as proc:
+        channel = grpc.insecure_channel(f"127.0.0.1:{proc.ports['grpc']}")
+        with channel, pytest.raises(grpc.RpcError) as err:
+            channel.unary_unary(INFER).with_call(body, timeout=30)
+    rpc: Any = err.value
+    assert rpc.code() is grpc.StatusCode.INVALID_ARGUMENT, rpc.details()
+    details = rpc.details()
+    assert len(details) <= MAX_MESSAGE_CHARS
+    assert details.startswith("model 'identity_fp32' has no input 'unknown_input_00000_")
+    trailers = dict(rpc.trailing_metadata())
+    decision = trailers["mmguard-shape-unknown-input"]
+    assert decision.startswith("reject; model 'identity_fp32' has no input 'unknown_input_00000_")
+    assert len(decision) <= MAX_HEADER_CHARS

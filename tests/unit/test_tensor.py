@@ -114,14 +114,14 @@ def test_bounded_keeps_short_text_and_cuts_long_text_saying_how_much() -> None:
     long = "x" * 5000
     cut = bounded(long)
     assert len(cut) == MAX_MESSAGE_CHARS
-    assert cut.endswith(f" … [cut: {5000 - MAX_MESSAGE_CHARS} more characters]")
+    assert cut.endswith(f" ... [cut: {5000 - MAX_MESSAGE_CHARS} more characters]")
     assert bounded(long, 100).startswith("x" * 50) and len(bounded(long, 100)) == 100
 
 
 def test_name_list_shows_the_first_names_and_counts_the_rest() -> None:
     assert name_list(["a", "b"]) == "['a', 'b']"
     assert name_list([f"in{i}" for i in range(100_000)]) == (
-        "['in0', 'in1', 'in2', 'in3', 'in4', … and 99995 more]")
+        "['in0', 'in1', 'in2', 'in3', 'in4', ... and 99995 more]")
 
 
 def test_every_refusal_is_bounded_whoever_builds_it() -> None:
@@ -137,3 +137,24 @@ def test_bytes_elements_from_numpy_round_trip() -> None:
     arr = np.array([b"x", b"", b"yz"], dtype=object)
     t = Tensor.from_numpy("s", arr)
     assert t.datatype == "BYTES" and t.numpy().tolist() == [b"x", b"", b"yz"]
+
+
+def test_decision_header_values_are_bounded() -> None:
+    from proxy.call import Call
+    from proxy.errors import MAX_HEADER_CHARS
+    from proxy.telemetry import Telemetry
+
+    call = Call(model="m", version="", inputs=[])
+    detail = "; ".join(f"no input 'in{i}'" for i in range(10**4))
+    Telemetry().decide(call, "shape", "reject", detail, header="unknown-input")
+    value = call.decisions["mmguard-shape-unknown-input"]
+    assert len(value) == MAX_HEADER_CHARS
+    assert value.startswith("reject; no input 'in0'; no input 'in1'")
+    assert value.endswith(" more characters]")
+
+
+def test_header_values_are_printable_ascii() -> None:
+    from proxy.errors import header_value
+
+    assert header_value("reject; 6300×6300 image\n") == "reject; 6300\\xd76300 image\\x0a"
+    assert header_value("plain; ok") == "plain; ok"
