@@ -58,14 +58,15 @@ def decode_request(body: bytes) -> Call:
         t = Tensor(inp.name, inp.datatype, tuple(inp.shape), parameters=params)
         if raws:
             t.raw = raws[i]
+            t.check_payload()
         elif i in contents:
             t.check_shape()  # the element count the contents are held to must be a real one
+            # Counted against the shape while converted: the raw form fits it by construction.
             t.raw = typed_contents.contents_to_raw(t.name, t.datatype, t.shape, contents[i])
         else:
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                              f"input '{inp.name}' has no data (neither raw_input_contents nor "
                              "contents)")
-        t.check_payload()
         inputs.append(t)
     return Call(
         model=req.model_name, version=req.model_version, id=req.id, inputs=inputs,

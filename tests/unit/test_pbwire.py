@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from proxy import codec_grpc, pbwire
 from proxy.errors import ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
-from proxy.tensor import MAX_PARAMETERS, MAX_RANK, MAX_TENSORS
+from proxy.tensor import MAX_PARAMETERS, MAX_RANK, MAX_TENSORS, encode_bytes_elements
 
 raws = st.lists(st.binary(max_size=64), max_size=4)
 
@@ -178,3 +178,23 @@ def test_every_repeated_field_is_bounded_on_the_wire() -> None:
         assert err.value.message.startswith(f"the request has {says}; mmguard takes at most")
     with pytest.raises(ProxyError, match=f"more than {codec_grpc.MAX_FIELDS} protobuf fields"):
         codec_grpc.decode_request(b"\x1a\x00" * (codec_grpc.MAX_FIELDS + 1))
+
+
+@pytest.mark.parametrize("items", [
+    [b"ab"] * 5,  # equal lengths: framed by numpy at once
+    [b"ab", b"", b"xyz", b"\x42\x00"],  # short ones: one tight walk, framed by numpy
+    [b"a" * 200, b"b", b""],  # a length past one varint byte: the general walk
+])
+def test_bytes_contents_take_every_path_to_the_same_raw_form(items: list[bytes]) -> None:
+    (t,) = codec_grpc.decode_request(_typed("BYTES", "bytes_contents", items)).inputs
+    assert bytes(t.raw_bytes()) == encode_bytes_elements(items)
+    t.check_payload()
+    mixed = _typed("BYTES", "bytes_contents", items)
+    # an unknown field inside contents (proto3 keeps and ignores it) sends it the general way
+    tensor = pb.ModelInferRequest.FromString(mixed).inputs[0]
+    contents = tensor.contents.SerializeToString() + b"\x78\x01"  # field 15, varint 1
+    tensor.ClearField("contents")
+    body = pbwire.len_field(5, tensor.SerializeToString() + pbwire.len_field(5, contents))
+    (again,) = codec_grpc.decode_request(body).inputs
+    assert list(pb.ModelInferRequest.FromString(body).inputs[0].contents.bytes_contents) == items
+    assert bytes(again.raw_bytes()) == encode_bytes_elements(items)
