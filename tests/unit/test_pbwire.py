@@ -131,8 +131,8 @@ def test_unpacked_and_split_contents_merge_like_protobuf() -> None:
                                             "holds 1000"),
     ("FP32", "fp32_contents", [1.0, 2.0], "shape [1] needs 1 FP32 elements, fp32_contents "
                                           "holds 2"),
-    ("BYTES", "bytes_contents", [b""] * 1000, "shape [1] needs 1 BYTES elements, the typed "
-                                              "contents hold more than 65 fields"),
+    ("BYTES", "bytes_contents", [b"", b"a"] * 500, "shape [1] needs 1 BYTES elements, "
+                                                   "bytes_contents holds more than 1"),
     ("BYTES", "bytes_contents", [b"a", b"b"], "shape [1] needs 1 BYTES elements, bytes_contents "
                                               "holds 2"),
     ("INT8", "int_contents", [200], "int_contents holds 200, outside the INT8 range [-128, 127]"),
@@ -198,3 +198,28 @@ def test_bytes_contents_take_every_path_to_the_same_raw_form(items: list[bytes])
     (again,) = codec_grpc.decode_request(body).inputs
     assert list(pb.ModelInferRequest.FromString(body).inputs[0].contents.bytes_contents) == items
     assert bytes(again.raw_bytes()) == encode_bytes_elements(items)
+
+
+def _with_contents(datatype: str, shape: list[int], contents: bytes) -> bytes:
+    tensor = pb.ModelInferRequest.InferInputTensor(name="x", datatype=datatype, shape=shape)
+    return pbwire.len_field(5, tensor.SerializeToString() + pbwire.len_field(5, contents))
+
+
+def test_unpacked_fixed_width_contents_and_stray_fields() -> None:
+    unpacked = b"".join(b"\x35" + np.float32(v).tobytes() for v in (1.5, -2.0, 3.25))
+    (t,) = codec_grpc.decode_request(_with_contents("FP32", [3], unpacked)).inputs
+    assert t.numpy().tolist() == [1.5, -2.0, 3.25]
+    strays = b"\x78\x01" * 65  # an unknown field, 65 times: past the walk's slack
+    with pytest.raises(ProxyError, match="typed contents hold more than 64 fields besides "
+                                         "fp32_contents"):
+        codec_grpc.decode_request(_with_contents("FP32", [3], strays + unpacked))
+    with pytest.raises(ProxyError, match="fp32_contents runs past the end"):
+        codec_grpc.decode_request(_with_contents("FP32", [3], unpacked[:-1]))
+
+
+def test_unpacked_varints_far_past_the_shape_stop_at_the_first_extra() -> None:
+    many = b"\x18\x05" * 1_000_000  # int64_contents: 5, a million times, unpacked
+    with pytest.raises(ProxyError) as err:
+        codec_grpc.decode_request(_with_contents("INT64", [2], many))
+    assert err.value.message == ("input 'x': shape [2] needs 2 INT64 elements, int64_contents "
+                                 "holds more than 2")
