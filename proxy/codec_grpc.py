@@ -15,7 +15,7 @@ from google.protobuf.message import DecodeError
 
 from proxy import pbwire, typed_contents
 from proxy.call import Call, Decoded, RequestedOutput, Result, Wire
-from proxy.errors import ErrorKind, ProxyError
+from proxy.errors import ErrorKind, ProxyError, bounded
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.tensor import (
     MAX_PARAMETERS,
@@ -234,7 +234,7 @@ def stream_response(infer_response: bytes) -> bytes:
 
 
 def stream_error(message: str) -> bytes:
-    return bytes(pb.ModelStreamInferResponse(error_message=message).SerializeToString())
+    return bytes(pb.ModelStreamInferResponse(error_message=bounded(message)).SerializeToString())
 
 
 def params_from_pb(params: Any) -> dict[str, Any]:

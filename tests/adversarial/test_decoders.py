@@ -244,3 +244,12 @@ def test_shape_guard_refusal_of_thousands_of_inputs_fits_grpc_metadata(
     decision = trailers["mmguard-shape-unknown-input"]
     assert decision.startswith("reject; model 'identity_fp32' has no input 'unknown_input_00000_")
     assert len(decision) <= MAX_HEADER_CHARS
+
+
+def test_a_megabyte_model_name_is_not_sent_back_whole(served: MmguardProcess) -> None:
+    name = "m" * (1024 * 1024)
+    out = attack(served, grpc_infer(grpc_body("INPUT0", "FP32", [1], b"\0" * 4, model=name)))
+    assert out.answer.code == grpc.StatusCode.NOT_FOUND, out.answer
+    assert len(out.answer.message) <= MAX_MESSAGE_CHARS
+    assert out.answer.message.startswith("model 'mmmm")
+    assert out.answer.message.endswith(" more characters]")

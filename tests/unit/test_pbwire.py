@@ -223,3 +223,11 @@ def test_unpacked_varints_far_past_the_shape_stop_at_the_first_extra() -> None:
         codec_grpc.decode_request(_with_contents("INT64", [2], many))
     assert err.value.message == ("input 'x': shape [2] needs 2 INT64 elements, int64_contents "
                                  "holds more than 2")
+
+
+def test_stream_error_messages_are_bounded() -> None:
+    from proxy.errors import MAX_MESSAGE_CHARS
+
+    sent = pb.ModelStreamInferResponse.FromString(codec_grpc.stream_error("m" * 10**6))
+    assert len(sent.error_message) == MAX_MESSAGE_CHARS
+    assert sent.error_message.endswith(" more characters]")
