@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -88,7 +90,7 @@ TYPED = [  # datatype, contents field, values strategy, numpy dtype
 ]
 
 
-def _typed(datatype: str, field: str, values: list[object], shape: list[int] | None = None
+def _typed(datatype: str, field: str, values: Sequence[object], shape: list[int] | None = None
            ) -> bytes:
     req = pb.ModelInferRequest(model_name="m")
     tensor = req.inputs.add(name="x", datatype=datatype,
