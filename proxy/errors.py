@@ -47,7 +47,7 @@ def header_value(text: str) -> str:
 def name_list(names: Iterable[str], shown: int = SHOWN_NAMES) -> str:
     """``['a', 'b', ... and N more]``: the first few names of a list that may be huge."""
     items = list(names)
-    head = ", ".join(repr(bounded(n, 64)) for n in items[:shown])
+    head = ", ".join(repr(n if len(n) <= 64 else n[:61] + "...") for n in items[:shown])
     more = len(items) - shown
     return f"[{head}, ... and {more} more]" if more > 0 else f"[{head}]"
 

@@ -158,3 +158,7 @@ def test_header_values_are_printable_ascii() -> None:
 
     assert header_value("reject; 6300×6300 image\n") == "reject; 6300\\xd76300 image\\x0a"
     assert header_value("plain; ok") == "plain; ok"
+
+
+def test_name_list_cuts_long_names() -> None:
+    assert name_list(["n" * 100]) == "['" + "n" * 61 + "...']"
