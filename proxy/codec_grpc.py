@@ -16,7 +16,7 @@ from google.protobuf.message import DecodeError
 from proxy import pbwire, typed_contents
 from proxy.answers import answer_error, output_problem
 from proxy.call import Call, Decoded, RequestedOutput, Result, Wire
-from proxy.errors import ErrorKind, ProxyError
+from proxy.errors import ErrorKind, ProxyError, bounded
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.tensor import (
     MAX_PARAMETERS,
@@ -68,14 +68,15 @@ def decode_request(body: bytes, shared_memory: bool = False) -> Call:
         if raws:
             t.raw = raws[next_raw]
             next_raw += 1
+            t.check_payload()
         elif i in contents:
             t.check_shape()  # the element count the contents are held to must be a real one
+            # Counted against the shape while converted: the raw form fits it by construction.
             t.raw = typed_contents.contents_to_raw(t.name, t.datatype, t.shape, contents[i])
         else:
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                              f"input '{inp.name}' has no data (neither raw_input_contents nor "
                              "contents)")
-        t.check_payload()
         inputs.append(t)
     return Call(
         model=req.model_name, version=req.model_version, id=req.id, inputs=inputs,
@@ -265,7 +266,7 @@ def stream_response(infer_response: bytes) -> bytes:
 
 
 def stream_error(message: str) -> bytes:
-    return bytes(pb.ModelStreamInferResponse(error_message=message).SerializeToString())
+    return bytes(pb.ModelStreamInferResponse(error_message=bounded(message)).SerializeToString())
 
 
 def params_from_pb(params: Any) -> dict[str, Any]:

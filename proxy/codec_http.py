@@ -15,7 +15,7 @@ import numpy as np
 
 from proxy.answers import answer_error, output_problem
 from proxy.call import Call, Decoded, RequestedOutput, Result, Wire
-from proxy.errors import ErrorKind, ProxyError
+from proxy.errors import ErrorKind, ProxyError, bounded
 from proxy.shm import WRITTEN
 from proxy.tensor import (
     DATATYPES,
@@ -112,7 +112,8 @@ def _decode_input(i: int, item: Any, view: memoryview, offset: int,
         raise bad(f"inputs[{i}] needs a string 'name'")
     _check_text(name, f"inputs[{i}].name")
     if not isinstance(datatype, str) or datatype not in DATATYPES:
-        raise bad(f"input '{name}': unknown datatype {datatype!r}")
+        raise bad(f"input '{name}': unknown datatype {bounded(repr(datatype), 64)} (v2 "
+                  f"datatypes: {', '.join(sorted(DATATYPES))})")
     if isinstance(shape, list):
         _check_count(f"input '{name}': 'shape'", len(shape), MAX_RANK, "dims")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
@@ -241,8 +242,10 @@ def _check_int_range(t: Tensor) -> None:
     1.5 to 1: the model would get another value than the client sent. Refuse both instead."""
     lo, hi = _INT_RANGES[t.datatype]
     arr = np.asarray(t.data)
-    if arr.dtype.kind == "f" and not np.all(np.isfinite(arr) & (arr == np.floor(arr))):
-        raise ValueError("a number that is not a whole number")  # numpy would cut 1.5 to 1
+    if arr.dtype.kind == "f":
+        fractional = ~(np.isfinite(arr) & (arr == np.floor(arr)))
+        if fractional.any():  # numpy would cut 1.5 to 1
+            raise ValueError(f"{float(arr[fractional].flat[0])!r} is not a whole number")
     values = arr.reshape(-1).tolist() if arr.dtype.kind not in "iuf" else None
     if values is not None:  # an object array: nulls, strings, bools, or ints past 64 bits
         for x in values:

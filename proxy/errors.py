@@ -30,16 +30,26 @@ def bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     """``text`` cut to at most ``limit`` characters; a cut says how much was left out."""
     if len(text) <= limit:
         return text
-    tail = f" … [cut: {len(text) - limit} more characters]"
+    tail = f" ... [cut: {len(text) - limit} more characters]"
     return text[:max(0, limit - len(tail))] + tail
 
 
+def header_value(text: str) -> str:
+    """``text`` as an ``mmguard-*`` header / trailer value: printable ASCII only (gRPC refuses
+    any other byte in metadata with INTERNAL "Invalid metadata"; HTTP has no encoding for it),
+    escaped, then bounded to ``MAX_HEADER_CHARS``."""
+    if not (text.isascii() and text.isprintable()):
+        text = text.encode("ascii", "backslashreplace").decode()
+        text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
+    return bounded(text, MAX_HEADER_CHARS)
+
+
 def name_list(names: Iterable[str], shown: int = SHOWN_NAMES) -> str:
-    """``['a', 'b', …] and N more``: the first few names of a list that may be huge."""
+    """``['a', 'b', ... and N more]``: the first few names of a list that may be huge."""
     items = list(names)
-    head = ", ".join(repr(bounded(n, 64)) for n in items[:shown])
+    head = ", ".join(repr(n if len(n) <= 64 else n[:61] + "...") for n in items[:shown])
     more = len(items) - shown
-    return f"[{head}, … and {more} more]" if more > 0 else f"[{head}]"
+    return f"[{head}, ... and {more} more]" if more > 0 else f"[{head}]"
 
 
 class ErrorKind(enum.Enum):

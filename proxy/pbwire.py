@@ -22,7 +22,7 @@ class WireError(ValueError):
     pass
 
 
-def _varint(view: memoryview, pos: int) -> tuple[int, int]:
+def _varint(view: memoryview | bytes, pos: int) -> tuple[int, int]:
     result = shift = 0
     while True:
         if pos >= len(view):
@@ -67,26 +67,32 @@ def fields(view: memoryview, budget: Budget | None = None
     while pos < len(view):
         if budget is not None:
             budget.spend()
-        start = pos
-        key, pos = _varint(view, pos)
-        number, wire_type = key >> 3, key & 7
-        if number == 0:
-            raise WireError(f"field number 0 at byte {start}")
-        if wire_type == VARINT:
-            _, end = _varint(view, pos)
-        elif wire_type == LEN:
-            length, pos = _varint(view, pos)
-            end = pos + length
-        elif wire_type == I64:
-            end = pos + 8
-        elif wire_type == I32:
-            end = pos + 4
-        else:
-            raise WireError(f"unsupported wire type {wire_type} for field {number}")
-        if end > len(view):
-            raise WireError(f"field {number} runs past the end ({end} > {len(view)} bytes)")
-        yield number, start, pos, end
+        number, _, value, end = field_at(view, pos, len(view))
+        yield number, pos, value, end
         pos = end
+
+
+def field_at(data: memoryview | bytes, pos: int, limit: int) -> tuple[int, int, int, int]:
+    """(field number, wire type, start of the value, end) of the field whose tag starts at
+    ``pos``; it must end by ``limit``."""
+    key, value = _varint(data, pos)
+    number, wire_type = key >> 3, key & 7
+    if number == 0:
+        raise WireError(f"field number 0 at byte {pos}")
+    if wire_type == VARINT:
+        _, end = _varint(data, value)
+    elif wire_type == LEN:
+        length, value = _varint(data, value)
+        end = value + length
+    elif wire_type == I64:
+        end = value + 8
+    elif wire_type == I32:
+        end = value + 4
+    else:
+        raise WireError(f"unsupported wire type {wire_type} for field {number}")
+    if end > limit:
+        raise WireError(f"field {number} runs past the end ({end} > {limit} bytes)")
+    return number, wire_type, value, end
 
 
 def wire_type_at(view: memoryview, start: int) -> int:

@@ -31,7 +31,7 @@ from prometheus_client import (
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 
-from proxy.errors import MAX_HEADER_CHARS, bounded
+from proxy.errors import header_value
 
 if TYPE_CHECKING:
     from proxy.call import Call
@@ -231,7 +231,7 @@ class Telemetry:
         the counter's label is then ``<header>:<decision>``), a counter, a span event and a
         DEBUG log line (decisions are per request: at INFO they would be a log line per request;
         the sampled access log carries them at INFO when asked for)."""
-        value = bounded(f"{decision}; {detail}" if detail else decision, MAX_HEADER_CHARS)
+        value = header_value(f"{decision}; {detail}" if detail else decision)
         name = f"mmguard-{filter_name}" + (f"-{header}" if header else "")
         call.decisions[name] = value
         if header:

@@ -12,9 +12,11 @@ by numpy, straight to the raw bytes the rest of mmguard uses.
 
 from __future__ import annotations
 
+from array import array
 from typing import NamedTuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 from proxy import pbwire
 from proxy.errors import ErrorKind, ProxyError
@@ -44,7 +46,7 @@ FIELD_OF = {
 _WIDTH = {"fixed32": 4, "fixed64": 8}
 _SINGLE_WIRE = {"varint": pbwire.VARINT, "fixed32": pbwire.I32, "fixed64": pbwire.I64}
 _SLACK = 64
-"""Fields beyond the shape's count a walk visits before refusing (unknown or empty ones)."""
+"""Other fields (unknown ones, empty packed ones) a walk passes before refusing."""
 
 
 def contents_to_raw(name: str, datatype: str, shape: tuple[int, ...],
@@ -58,69 +60,163 @@ def contents_to_raw(name: str, datatype: str, shape: tuple[int, ...],
         raise _refuse(name, f"datatype {datatype} cannot be sent in typed contents; use "
                             "raw_input_contents")
     count = element_count(shape)
-    values = _values(name, datatype, shape, field, count, pieces)
-    held = sum(_count(name, field, wire, v) for wire, v in values)
-    if held != count:
-        raise _refuse(name, f"shape {list(shape)} needs {count} {datatype} elements, "
-                            f"{field.name} holds {held}")
-    return _convert(name, datatype, field, values)
-
-
-def _values(name: str, datatype: str, shape: tuple[int, ...], field: _Field, count: int,
-            pieces: list[memoryview]) -> list[tuple[int, memoryview]]:
-    """(wire type, value) of each occurrence of the datatype's field, in order."""
-    budget = pbwire.Budget(count + _SLACK)
-    found: list[tuple[int, memoryview]] = []
+    if field is _BYTES and len(pieces) == 1:
+        uniform = _uniform_bytes_contents(pieces[0], count)
+        if uniform is not None:
+            return uniform
+    data = pieces[0].tobytes() if len(pieces) == 1 else b"".join(p.tobytes() for p in pieces)
+    found = _Found(name, datatype, shape, field, count)
+    offset = 0
     try:
-        for piece in pieces:
-            for number, start, value, end in pbwire.fields(piece, budget):
-                wire = pbwire.wire_type_at(piece, start)
-                if number == field.number:
-                    found.append((wire, piece[value:end]))
-                elif number in _BY_NUMBER and (wire != pbwire.LEN or end > value):
-                    raise _refuse(name, f"a {datatype} tensor's typed contents go in "
-                                        f"{field.name}, not {_BY_NUMBER[number].name}")
-    except pbwire.FieldLimit:  # the walk stops here, not at the end of a huge field list
-        raise _refuse(name, f"shape {list(shape)} needs {count} {datatype} elements, the typed "
-                            f"contents hold more than {count + _SLACK} fields") from None
+        for i, piece in enumerate(pieces):
+            found.walk(data, offset, offset + len(piece), last=i == len(pieces) - 1)
+            offset += len(piece)
     except pbwire.WireError as exc:
         raise _refuse(name, f"malformed typed contents: {exc}") from None
-    return found
+    if found.held != count:
+        raise found.mismatch(str(found.held))
+    return found.convert(data)
 
 
-def _count(name: str, field: _Field, wire: int, value: memoryview) -> int:
-    if field.encoding == "bytes":
+_BYTES_TAG = (_BYTES.number << 3) | pbwire.LEN
+
+
+def _uniform_bytes_contents(piece: memoryview, count: int) -> bytes | None:
+    """The raw form of ``count`` equal-length (< 128 bytes) ``bytes_contents`` elements and
+    nothing else, framed by numpy in one pass; None for any other contents (then walked)."""
+    if count == 0 or len(piece) < 2 or piece[0] != _BYTES_TAG or piece[1] & 0x80:
+        return None
+    length = piece[1]
+    stride = 2 + length
+    if len(piece) != count * stride:
+        return None
+    fields = np.frombuffer(piece, dtype=np.uint8).reshape(count, stride)
+    if not (bool((fields[:, 0] == _BYTES_TAG).all()) and bool((fields[:, 1] == length).all())):
+        return None
+    framed = np.empty((count, 4 + length), dtype=np.uint8)
+    framed[:, :4] = np.frombuffer(length.to_bytes(4, "little"), dtype=np.uint8)
+    framed[:, 4:] = fields[:, 2:]
+    return framed.tobytes()
+
+
+class _Found:
+    """The value ranges of one datatype's field, collected by a walk that stops as soon as
+    they hold more elements than the shape (or too many other fields): its cost is bounded by
+    the shape, whatever the contents claim. Ranges are kept as machine integers (``array``),
+    never as one Python object per element."""
+
+    def __init__(self, name: str, datatype: str, shape: tuple[int, ...], field: _Field,
+                 count: int) -> None:
+        self.name, self.datatype, self.shape, self.field = name, datatype, shape, field
+        self.count = count
+        self.held = 0
+        self.others = 0
+        self.starts = array("q")
+        self.ends = array("q")
+        self.single_tag = (field.number << 3) | _SINGLE_WIRE.get(field.encoding, pbwire.LEN)
+
+    def walk(self, data: bytes, pos: int, limit: int, last: bool) -> None:
+        field, single_tag = self.field, self.single_tag
+        starts, ends = self.starts, self.ends
+        while pos < limit:
+            # The common shapes inline (a one-byte tag and a short length or a small varint);
+            # anything else through the general field reader.
+            if data[pos] == single_tag and pos + 1 < limit and data[pos + 1] < 0x80:
+                wire = single_tag & 7
+                if wire == pbwire.LEN:
+                    value, end = pos + 2, pos + 2 + data[pos + 1]
+                elif wire == pbwire.VARINT:
+                    value, end = pos + 1, pos + 2
+                else:
+                    value, end = pos + 1, pos + 1 + _WIDTH[field.encoding]
+                if end > limit:
+                    raise pbwire.WireError(f"{field.name} runs past the end")
+                number = field.number
+            else:
+                number, wire, value, end = pbwire.field_at(data, pos, limit)
+            if number == field.number:
+                self.held += self._elements(wire, data, value, end)
+                starts.append(value)
+                ends.append(end)
+                if self.held > self.count:  # exact when nothing follows (a packed field)
+                    exact = last and end == limit
+                    raise self.mismatch(str(self.held) if exact else f"more than {self.count}")
+            elif number in _BY_NUMBER and (wire != pbwire.LEN or end > value):
+                raise _refuse(self.name, f"a {self.datatype} tensor's typed contents go in "
+                                         f"{field.name}, not {_BY_NUMBER[number].name}")
+            else:
+                self.others += 1
+                if self.others > _SLACK:
+                    raise _refuse(self.name, f"typed contents hold more than {_SLACK} fields "
+                                             f"besides {field.name}")
+            pos = end
+
+    def _elements(self, wire: int, data: bytes, value: int, end: int) -> int:
+        encoding = self.field.encoding
+        if encoding == "bytes" or wire == _SINGLE_WIRE[encoding]:
+            if encoding == "bytes" and wire != pbwire.LEN:
+                raise _refuse(self.name, f"{self.field.name} has a field of wire type {wire}")
+            return 1
         if wire != pbwire.LEN:
-            raise _refuse(name, f"{field.name} has a field of wire type {wire}")
-        return 1
-    if wire == _SINGLE_WIRE[field.encoding]:
-        return 1
-    if wire != pbwire.LEN:
-        raise _refuse(name, f"{field.name} has a field of wire type {wire}")
-    if field.encoding == "varint":
+            raise _refuse(self.name, f"{self.field.name} has a field of wire type {wire}")
+        if encoding == "varint":
+            if end > value and data[end - 1] & 0x80:
+                raise _refuse(self.name, f"malformed {self.field.name}: a packed varint field "
+                                         "ends inside a varint")
+            run = data[value:end]
+            return sum(b < 0x80 for b in run) if len(run) < 64 else pbwire.count_varints(
+                memoryview(run))
+        width = _WIDTH[encoding]
+        if (end - value) % width:
+            raise _refuse(self.name, f"packed {self.field.name} has {end - value} bytes, not a "
+                                     f"multiple of {width}")
+        return (end - value) // width
+
+    def mismatch(self, held: str) -> ProxyError:
+        return _refuse(self.name, f"shape {list(self.shape)} needs {self.count} "
+                                  f"{self.datatype} elements, {self.field.name} holds {held}")
+
+    def convert(self, data: bytes) -> Payload:
+        begin = np.frombuffer(self.starts, dtype=np.int64)
+        lengths = np.frombuffer(self.ends, dtype=np.int64) - begin
+        source = np.frombuffer(data, dtype=np.uint8)
+        if self.field.encoding == "bytes":
+            return _framed(source, begin, lengths)
+        joined = _gathered(source, begin, lengths)
+        if self.field.encoding != "varint":  # fixed32 / fixed64: already the raw form
+            return joined.tobytes()
         try:
-            return pbwire.count_varints(value)
+            wide = pbwire.decode_varints(joined.data)
         except pbwire.WireError as exc:
-            raise _refuse(name, f"malformed {field.name}: {exc}") from None
-    width = _WIDTH[field.encoding]
-    if len(value) % width:
-        raise _refuse(name, f"packed {field.name} has {len(value)} bytes, not a multiple of "
-                            f"{width}")
-    return len(value) // width
+            raise _refuse(self.name, f"malformed {self.field.name}: {exc}") from None
+        return _narrowed(self.name, self.datatype, self.field, wide)
 
 
-def _convert(name: str, datatype: str, field: _Field,
-             values: list[tuple[int, memoryview]]) -> Payload:
-    if field.encoding == "bytes":
-        return b"".join(len(v).to_bytes(4, "little") + bytes(v) for _, v in values)
-    if field.encoding != "varint":  # fixed32 / fixed64 are already the little-endian raw form
-        return values[0][1] if len(values) == 1 else b"".join(bytes(v) for _, v in values)
-    # An unpacked varint's value bytes are a varint too: all of them in a row decode at once.
-    joined = values[0][1] if len(values) == 1 else b"".join(bytes(v) for _, v in values)
-    try:
-        wide = pbwire.decode_varints(joined)
-    except pbwire.WireError as exc:
-        raise _refuse(name, f"malformed {field.name}: {exc}") from None
+def _gathered(source: NDArray[np.uint8], begin: NDArray[np.int64],
+              lengths: NDArray[np.int64]) -> NDArray[np.uint8]:
+    """The bytes of every range, one after another (numpy fancy indexing, no Python loop)."""
+    if len(begin) == 1:
+        return source[int(begin[0]):int(begin[0] + lengths[0])]
+    within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    gathered: NDArray[np.uint8] = source[np.repeat(begin, lengths) + within]
+    return gathered
+
+
+def _framed(source: NDArray[np.uint8], begin: NDArray[np.int64],
+            lengths: NDArray[np.int64]) -> bytes:
+    """BYTES raw framing (a 4-byte little-endian length before each element) of the ranges."""
+    count = len(begin)
+    total = int(lengths.sum())
+    out_begin = 4 * np.arange(1, count + 1) + (np.cumsum(lengths) - lengths)
+    framed = np.empty(4 * count + total, dtype=np.uint8)
+    framed[(out_begin - 4)[:, None] + np.arange(4)] = (
+        lengths.astype("<u4").view(np.uint8).reshape(count, 4))
+    within = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    framed[np.repeat(out_begin, lengths) + within] = source[np.repeat(begin, lengths) + within]
+    return framed.tobytes()
+
+
+def _narrowed(name: str, datatype: str, field: _Field, wide: NDArray[np.uint64]) -> bytes:
     if datatype == "BOOL":
         return bytes((wide != 0).tobytes())
     target = numpy_dtype(datatype)

@@ -30,7 +30,7 @@ from proxy.backends.base import Backend
 from proxy.call import Call, Result, Target
 from proxy.config import OnnxRuntimeBackend as OrtConfig
 from proxy.contract import ModelContract, TensorSpec
-from proxy.errors import ErrorKind, ProxyError
+from proxy.errors import ErrorKind, ProxyError, name_list
 from proxy.tensor import Tensor
 
 log = logging.getLogger("mmguard.backend.onnxruntime")
@@ -163,17 +163,17 @@ class OnnxRuntimeBackend(Backend):
                    if n not in given and not spec.optional]
         if unknown_in or missing:
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                             f"model '{target.model}' expects inputs {list(expected)}; "
-                             + (f"unknown: {unknown_in}" if unknown_in else "")
+                             f"model '{target.model}' expects inputs {name_list(expected)}; "
+                             + (f"unknown: {name_list(unknown_in)}" if unknown_in else "")
                              + ("; " if unknown_in and missing else "")
-                             + (f"missing: {missing}" if missing else ""))
+                             + (f"missing: {name_list(missing)}" if missing else ""))
         feeds = {t.name: _feed(t) for t in call.inputs}
         names = [o.name for o in call.outputs] or list(m.output_types)
         unknown = [n for n in names if n not in m.output_types]
         if unknown:
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                             f"model '{target.model}' has no output {unknown}; outputs are "
-                             f"{list(m.output_types)}")
+                             f"model '{target.model}' has no output {name_list(unknown)}; "
+                             f"outputs are {name_list(m.output_types)}")
         timeout = self.timeout_for(call)
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(self._pool, _run, m.session, names, feeds)

@@ -95,6 +95,33 @@ def check_grpc_front(client: Client, body: bytes) -> None:
         assert details.strip(), f"{code.name} with an empty message"
 
 
+def refused_over_http(client: Client, path: str, body: bytes, status: int, says: list[str],
+                      headers: dict[str, str] | None = None, openai: bool = False) -> str:
+    """The HTTP front MUST answer ``status`` with a message holding every one of ``says``."""
+    got, _, answer = http_post(client.http_url, path, body,
+                               {"Content-Type": "application/json", **(headers or {})},
+                               timeout=CLIENT_TIMEOUT_S)
+    message = _message(got, answer, openai) if got != 200 else answer.decode(errors="replace")
+    assert got == status, f"HTTP {got}, not {status}: {message[:300]}"
+    missing = [s for s in says if s not in message]
+    assert not missing, f"the message {message!r} does not say {missing}"
+    return message
+
+
+def refused_over_grpc(client: Client, body: bytes, code: grpc.StatusCode,
+                      says: list[str]) -> str:
+    """The gRPC front MUST answer ``code`` with details holding every one of ``says``."""
+    try:
+        client.infer(body, timeout=CLIENT_TIMEOUT_S)
+    except grpc.RpcError as err:
+        details = err.details() or ""
+        assert err.code() is code, f"{err.code().name}, not {code.name}: {details}"
+        missing = [s for s in says if s not in details]
+        assert not missing, f"the message {details!r} does not say {missing}"
+        return details
+    raise AssertionError(f"accepted instead of refused ({code.name})")
+
+
 def check_still_serving(client: Client) -> None:
     """A valid request gets the right answer on both v2 fronts."""
     answer = client.infer(grpc_request("identity_fp32", [_SMALL]), timeout=CLIENT_TIMEOUT_S)

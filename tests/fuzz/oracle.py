@@ -10,14 +10,17 @@ an out-of-range integer (a silent wrong value in production; numpy 2 raises inst
 DecompressionBombWarning (a small file about to become a huge array). Others are left alone: PIL
 warns about a corrupt file just before it raises the OSError that the decoder turns into a 400.
 
-Used by ``tests/fuzz/test_decoders.py`` and ``scripts/fuzz_long.py``.
+Used by ``tests/fuzz/test_decoders.py`` and ``scripts/fuzz_long.py``. ``refuses`` is the
+stricter form for a regression test: the input MUST be refused, with the kind and the message
+fragments the test names (so a decoder that accepts everything, or refuses with a vague message,
+fails it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from proxy.call import Call
@@ -68,3 +71,20 @@ def check_call_usable(call: Call) -> None:
         with _fatal_warnings():
             arr = t.numpy()
         assert arr.shape == t.shape, (t.name, arr.shape, t.shape)
+
+
+def refuses(decode: Callable[..., object], *args: Any,
+            kind: ErrorKind = ErrorKind.INVALID_ARGUMENT, says: Sequence[str]) -> ProxyError:
+    """``decode(*args)`` MUST raise a ``ProxyError`` of ``kind`` whose message holds every one of
+    ``says`` (what the input is, what was expected, what came); the refusal is returned."""
+    assert says, "a refusal test names what the message must say"
+    try:
+        with _fatal_warnings():
+            value = decode(*args)
+    except ProxyError as err:
+        check_refusal(err)
+        assert err.kind is kind, f"refused with {err.kind.name}, not {kind.name}: {err.message}"
+        missing = [s for s in says if s not in err.message]
+        assert not missing, f"the message {err.message!r} does not say {missing}"
+        return err
+    raise AssertionError(f"accepted instead of refused ({kind.name}): {value!r:.300}")
