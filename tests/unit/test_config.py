@@ -155,7 +155,8 @@ def test_files_a_config_names_must_exist_where_it_serves(tmp_path: Path) -> None
     (repo / "m" / "1" / "model.onnx").write_bytes(b"x")
     doc = {"backends": [{"kind": "onnxruntime", "name": "ort", "model_dir": str(repo),
                          "models": ["m", "mm"]},
-                        {"kind": "onnxruntime", "name": "typo", "model_dir": str(tmp_path / "rep")}],
+                        {"kind": "onnxruntime", "name": "typo",
+                         "model_dir": str(tmp_path / "rep")}],
            "models": [{"name": "m", "backend": "ort", "filters": [{"shape_guard": {"inputs": {
                "TEXT": {"tokenizer": str(tmp_path / "tokenizer.json"), "max_tokens": 77}}}}]}]}
     path = _write(tmp_path, doc)
