@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -93,9 +93,22 @@ class _Refused(asyncio.Protocol):
                        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
+        transport = cast(asyncio.Transport, transport)  # uvloop's are not its subclasses
         transport.write(self.answer)
-        transport.close()
+        # Closing with the client's request unread would reset the connection before the
+        # client reads the answer: say we are done, drop what comes, close within a second.
+        if transport.can_write_eof():
+            transport.write_eof()
+        asyncio.get_running_loop().call_later(_REFUSED_LINGER_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes itself
+
+
+_REFUSED_LINGER_S = 1.0
 
 
 class CappedSite(web.TCPSite):
