@@ -100,7 +100,7 @@ def share_hash_for(config: Config) -> ShareHash:
 
 def log_membership(share_hash: ShareHash) -> None:
     if share_hash.per_process:
-        log.warning("canary.secret_file / canary.secret_env is not set: share membership "
+        log.info("canary.secret_file / canary.secret_env is not set: share membership "
                     "(canary share, shadow percent, experiment shares) is keyed with a random "
                     "per-process secret, so it differs between replicas and restarts")
     else:
