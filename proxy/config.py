@@ -337,10 +337,17 @@ class Config(Strict):
         dup = {n for n in models if models.count(n) > 1}
         if dup:
             raise ValueError(f"model names must be unique; repeated: {sorted(dup)}")
+        listed = {b.name: b.models for b in self.backends
+                  if isinstance(b, OnnxRuntimeBackend) and b.models is not None}
         for m in self.models:
             if m.backend not in names:
                 raise ValueError(f"model '{m.name}' names backend '{m.backend}', "
                                  f"which is not among the backends {names}")
+            wanted = m.backend_model or m.name
+            if m.backend in listed and wanted not in listed[m.backend]:
+                raise ValueError(f"model '{m.name}' asks backend '{m.backend}' for "
+                                 f"'{wanted}', which is not among the models it loads "
+                                 f"{list(listed[m.backend])}")
         return self
 
     def route_filters(self, route: ModelRoute) -> tuple[dict[str, Any], ...]:

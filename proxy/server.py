@@ -1,13 +1,19 @@
 """The process: listeners (HTTP, gRPC, admin), config reload and graceful shutdown.
 
 Life cycle that MUST hold: ports bind before the process says it is up (port 0 resolved and
-logged); SIGHUP reloads the config file and keeps the old config when the new one is invalid;
-SIGTERM stops accepting, drains in-flight requests up to ``shutdown_grace_s``, closes backends.
+logged); a reload (SIGHUP, a change of the config file or of a file it names, seen by
+``proxy.watch``, or ``POST /admin/reload``) keeps the old config when the new one is invalid or
+a backend it replaces does not start, and says so in the log and in
+``mmguard_config_reloads_total{result="rejected"}``; reading, validating and building the new
+runtime run in a thread, off the event loop; nothing of the new runtime is live (no experiment
+started) before it is swapped in. SIGTERM stops accepting, drains in-flight requests up to
+``shutdown_grace_s``, closes backends.
 
 A reload applies new TLS certificates to the running listeners (``proxy.tls.ListenerTls``);
 every other listener setting (address, limits, the admin token, TLS on/off, mTLS on/off) is kept
-until a restart, with a warning naming what changed. Each listener enforces its own limits here,
-before any front sees a request: header size, concurrent requests, and on admin the body size.
+until a restart, with a warning naming what changed. Each listener enforces its own limits
+before any front sees a request (``proxy.listeners``: connections, header and body deadlines,
+header size, concurrent requests, and on admin the body size; gRPC's through its options).
 """
 
 from __future__ import annotations

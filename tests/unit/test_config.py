@@ -53,6 +53,9 @@ BAD = [
     (with_("backends", [GOOD["backends"][0], GOOD["backends"][0]]),  # type: ignore[index]
      "backend names must be unique"),
     (with_("models.0.name", None), "models[0].name: Input should be a valid string"),
+    ({**GOOD, "backends": [{"kind": "onnxruntime", "name": "local", "model_dir": "/m",
+                            "models": ["a"]}], "models": [{"name": "b", "backend": "local"}]},
+     "model 'b' asks backend 'local' for 'b', which is not among the models it loads ['a']"),
     ({"models": []}, "backends: Field required"),
 ]
 
