@@ -97,6 +97,8 @@ class Server:
             "Requests (and connections) a listener refused at one of its limits.",
             ["listener", "limit"])
         self._watch: FileWatch | None = None
+        for result in ("applied", "rejected"):  # at 0 from the start: increase() sees the first
+            self.telemetry.config_reloads.labels(result)
 
     async def start(self) -> None:
         runtime = self.plane.runtime

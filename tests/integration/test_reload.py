@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.integration.test_tls import make_pki, peer_serial, tls_config
 from tests.support.adversary import PROBE_BODY, PROBE_PATH, http_call, serve
 from tests.support.models import write_identity
 from tests.support.process import MmguardProcess
@@ -167,3 +169,28 @@ def test_a_config_asked_for_and_missing_refuses_to_start(tmp_path: Path) -> None
     assert r.returncode == 1
     assert f"{tmp_path / 'nowhere.yaml'} is invalid:\n  cannot read" in r.stderr
     assert PROBE_PATH not in r.stdout  # it never served
+
+
+def test_rotated_certificates_are_served_without_a_signal(tmp_path: Path,
+                                                          ort_models: Path) -> None:
+    """cert-manager rewrites the mounted Secret; the watch sees it and every listener's new
+    connections get the new certificate, with no SIGHUP."""
+    pki = make_pki(tmp_path / "pki")
+    files = tmp_path / "tls"
+    path = tmp_path / "mmguard.yaml"
+    path.write_text(yaml.safe_dump({**tls_config(ort_models, pki, files=files),
+                                    "watch_config_s": 0.5}))
+    p = MmguardProcess(["--config", str(path)], tmp_path / "serve.log")
+    try:
+        assert peer_serial(p.ports["http"], pki) == pki.serials["server"]
+        for name, suffix in (("listener.pem", "pem"), ("listener.key", "key")):
+            shutil.copy(pki.dir / f"server2.{suffix}", files / f"{name}.new")
+            (files / f"{name}.new").replace(files / name)
+        p.wait_log("TLS certificates reloaded", timeout=30)
+        second = pki.serials["server2"]
+        assert peer_serial(p.ports["http"], pki) == second
+        assert peer_serial(p.ports["admin"], pki) == second
+        assert peer_serial(p.ports["grpc"], pki, grpc_port=True) == second
+        assert "listener.pem" in str(p.wait_log("config reload: ")["msg"])
+    finally:
+        assert p.stop() == 0
