@@ -344,3 +344,23 @@ def test_grpc_listener_caps_connections(ort_models: Path) -> None:
             assert exc.value.code() in (grpc.StatusCode.UNAVAILABLE,
                                         grpc.StatusCode.DEADLINE_EXCEEDED)
             assert first.unary_unary(INFER)(body, timeout=10)  # the first is kept
+
+
+def test_a_body_that_never_completes_gets_408_at_its_deadline(ort_models: Path) -> None:
+    http = {"body_timeout_s": 2.0, "min_body_bytes_per_s": 0}  # only the deadline applies
+    with RunningMmguard(ort_config(ort_models, listeners={"http": http})) as m:
+        host, port = m.http_url.split(":")
+        start = time.monotonic()
+        with socket.create_connection((host, int(port)), timeout=20) as s:
+            s.sendall(b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: a\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+            answer = b""
+            while chunk := s.recv(4096):  # the other 99 bytes never come
+                answer += chunk
+        took = time.monotonic() - start
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        message = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+        assert message.startswith("the request body was not complete after "
+                                  "listeners.http.body_timeout_s (2 s;"), message
+        assert 2.0 <= took < 2.0 + 5.0
+        assert _refusals(m, "http", "body_timeout_s") == 1
