@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from filters.breaker import Breaker, BreakerSettings, State
 from proxy.call import FAULTS, Call, LocalReply, Reply, Result, Wire
 from proxy.chain import FilterContext, Next
+from proxy.config_refs import ConfigReferences
 from proxy.errors import ErrorKind, ProxyError
 from proxy.openai_api import ChatView
 from proxy.tensor import Tensor
@@ -102,6 +103,12 @@ class FallbackConfig(Strict):
     expect_fingerprint: dict[str, str] = {}
     """Route name → the contract fingerprint (or a prefix of it, 12+ characters) it must have;
     a route whose fingerprint differs takes no traffic until it matches again."""
+
+    def references(self) -> ConfigReferences:
+        """The L2 routes and the routes given fingerprints (checked at load)."""
+        return ConfigReferences(routes=(
+            *((f"degrade_to[{i}]", r) for i, r in enumerate(self.degrade_to)),
+            *((f"expect_fingerprint.{r}", r) for r in self.expect_fingerprint)))
 
 
 class AnswerCache:

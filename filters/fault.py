@@ -12,8 +12,11 @@ Rules that MUST hold:
 - Every injected fault is visible: ``mmguard-fault: <experiment>/<action>`` on the answer, the
   counter ``mmguard_faults_injected_total``, a span event and a log line; an injected refusal is
   counted with code ``injected`` in ``mmguard_requests_total`` and never by a breaker.
-- Perturbations are seeded: the same experiment seed and request key (``x-request-id``, else the
+- Perturbations are seeded: the same experiment seed and request key (``canary.key``, else the
   request id) give the same perturbation; another seed gives another.
+- Which canary calls an experiment (``share``) or an action (``percent``) touches is a keyed draw
+  (``FilterContext.share_hash``): stable for retries, not computable by clients.
+- Building the filter starts nothing: its experiments start once its runtime serves.
 - Experiments stop by themselves: duration over, or a stop condition out on the sliding window
   (checked on every canary answer, so a breach stops it within one window), and at once through
   the admin API (``POST /admin/experiments/stop-all``) or on shutdown. Why it stopped is kept.
@@ -39,9 +42,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from filters import perturb
 from proxy.call import CANARY, FAULTS, Call, CallKey, LocalReply, Reply, Result, SseEvent
-from proxy.canary import in_share
 from proxy.chain import FilterContext, Next
 from proxy.clock import Clock
+from proxy.config_refs import ConfigReferences
 from proxy.errors import STATUS, ErrorKind, kind_from_grpc, kind_from_http
 from proxy.tensor import Tensor, decode_bytes_elements, encode_bytes_elements
 
@@ -253,6 +256,14 @@ class FaultConfig(Strict):
             raise ValueError(f"experiment names must be unique: {names}")
         return self
 
+    def references(self) -> ConfigReferences:
+        """Experiment names (process-wide) and surrogate files (checked at load)."""
+        return ConfigReferences(
+            unique_names=tuple(("experiment", e.name) for e in self.experiments),
+            files=tuple((f"experiments[{i}].actions[{j}].surrogate", a.surrogate)
+                        for i, e in enumerate(self.experiments)
+                        for j, a in enumerate(e.actions) if isinstance(a, Gradient)))
+
 
 # --- experiments ----------------------------------------------------------------------------
 
@@ -458,10 +469,6 @@ def _headers_match(want: dict[str, str], have: dict[str, str]) -> bool:
     return all(k.lower() in have and (v == "*" or have[k.lower()] == v) for k, v in want.items())
 
 
-def _request_key(call: Call) -> str:
-    return call.headers.get("x-request-id") or call.id
-
-
 def _seed(*parts: object) -> int:
     digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
@@ -477,13 +484,17 @@ class Fault:
             "Faults injected into canary calls (never counted as the backend's failures).",
             ["model", "experiment", "action"])
         ctx.admin.setdefault("config_experiments", set()).update(e.name for e in cfg.experiments)
-        for exp in cfg.experiments:  # a reload restarts only what changed
-            old = self.registry.experiments.get(exp.name)
-            if old is None or old.cfg != exp or old.route != ctx.route:
-                self.registry.start(exp, ctx.route, "config")
-            for action in exp.actions:  # at 0 from the start, so increase() sees the first
+        for exp in cfg.experiments:  # at 0 from the start, so increase() sees the first
+            for action in exp.actions:
                 self.m_injected.labels(ctx.route, exp.name, action.label)
+        ctx.on_activate(self._start_experiments)
         ctx.admin.setdefault("fault_routes", set()).add(ctx.route)
+
+    def _start_experiments(self) -> None:
+        for exp in self.cfg.experiments:  # a reload restarts only what changed
+            old = self.registry.experiments.get(exp.name)
+            if old is None or old.cfg != exp or old.route != self.ctx.route:
+                self.registry.start(exp, self.ctx.route, "config")
 
     async def __call__(self, call: Call, next: Next) -> Reply:
         if not call.state.get(CANARY):
@@ -492,7 +503,8 @@ class Fault:
         if not running:
             return await next(call)
         chosen: list[tuple[Experiment, int, ActionBase]] = []
-        key = _request_key(call)
+        shares = self.ctx.share_hash
+        key = shares.request_key(call)
         for exp in running:
             why = exp.check()
             if why:
@@ -500,8 +512,8 @@ class Fault:
                 continue
             if not _headers_match(exp.cfg.headers, call.headers):
                 continue
-            if exp.cfg.share < 1 and not in_share(f"{exp.name}:{key}" if key else "",
-                                                  exp.cfg.share):
+            if exp.cfg.share < 1 and not shares.in_share(f"experiment:{exp.name}", key,
+                                                         exp.cfg.share):
                 continue
             exp.matched += 1
             seen = call.state.get(SEEN)
@@ -517,9 +529,8 @@ class Fault:
             for i, action in enumerate(exp.cfg.actions):
                 if not _headers_match(action.headers, call.headers):
                     continue
-                if action.percent < 100 and not in_share(
-                        f"{exp.cfg.seed}:{exp.name}:{i}:{key}" if key else "",
-                        action.percent / 100):
+                if action.percent < 100 and not shares.in_share(
+                        f"action:{exp.cfg.seed}:{exp.name}:{i}", key, action.percent / 100):
                     continue
                 chosen.append((exp, i, action))
         if not chosen:
@@ -550,7 +561,8 @@ class Fault:
 
     async def _inject(self, call: Call, next: Next,
                       chosen: list[tuple[Experiment, int, ActionBase]]) -> Reply:
-        key = _request_key(call)
+        shares = self.ctx.share_hash
+        key = shares.request_key(call)
         after: list[tuple[Experiment, int, ActionBase]] = []
         for exp, i, action in chosen:
             if isinstance(action, Delay):

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from proxy.call import UNUSABLE_MODALITIES, Call, LocalReply, Reply, Result
 from proxy.chain import FilterContext, Next
+from proxy.config_refs import ConfigReferences
 from proxy.errors import ErrorKind
 from proxy.openai_api import ChatView
 
@@ -74,6 +75,11 @@ class RouterConfig(Strict):
             if p.confidence and p.confidence.kind != "logprob" and not p.confidence.output:
                 raise ValueError(f"path '{p.route}': confidence {p.confidence.kind} needs output")
         return self
+
+    def references(self) -> ConfigReferences:
+        """The paths' routes (checked at load)."""
+        return ConfigReferences(routes=tuple((f"paths[{i}].route", p.route)
+                                             for i, p in enumerate(self.paths)))
 
 
 @dataclass

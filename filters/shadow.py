@@ -40,8 +40,8 @@ from filters.compare import (
     compare_text,
 )
 from proxy.call import CANARY, Call, CallState, LocalReply, Reply, Result, SseEvent
-from proxy.canary import in_share
 from proxy.chain import FilterContext, Next
+from proxy.config_refs import ConfigReferences
 
 log = logging.getLogger("mmguard.shadow")
 
@@ -76,6 +76,10 @@ class ShadowConfig(Strict):
     verdict: VerdictConfig = VerdictConfig()
     on_abort: OnAbort = OnAbort()
 
+    def references(self) -> ConfigReferences:
+        """The canary route (checked at load)."""
+        return ConfigReferences(routes=(("canary", self.canary),))
+
 
 @dataclass
 class _Copy:
@@ -108,15 +112,11 @@ class Shadow:
         found = shadows.get(ctx.route)
         if found is None or found.cfg != cfg:
             verdict = Verdict(cfg.verdict, ctx.clock, expect_noise=cfg.noise_floor_percent > 0)
-            found = shadows[ctx.route] = ShadowState(cfg, verdict)
+            found = ShadowState(cfg, verdict)
             found.verdict.on_change(self._changed)
         self.state: ShadowState = found
         ctx.admin.setdefault("shadows", {})[ctx.route] = self
-        live = ctx.store.setdefault("shadow_filters", {})
-        old = live.get(ctx.route)
-        if old is not None:  # a reload: the old filter's workers end with it
-            old.cancel()
-        live[ctx.route] = self
+        ctx.on_activate(self._take_over)
         self.queue: asyncio.Queue[_Copy] | None = None
         self.workers: list[asyncio.Task[None]] = []
         t = ctx.telemetry
@@ -142,6 +142,16 @@ class Shadow:
             self.m_compared.labels(ctx.route, cfg.canary, agree)
         self.m_verdict.labels(ctx.route, cfg.canary).set(_STATES[found.verdict.state()])
         self.m_verdict_status.set((ctx.route, cfg.canary), found.verdict.state())
+
+    def _take_over(self) -> None:
+        """Once this filter's runtime serves (never at build: a rejected reload changes
+        nothing): its state is the route's, and the old filter's workers end."""
+        self.ctx.store.setdefault("shadows", {})[self.ctx.route] = self.state
+        live = self.ctx.store.setdefault("shadow_filters", {})
+        old = live.get(self.ctx.route)
+        if old is not None and old is not self:
+            old.cancel()
+        live[self.ctx.route] = self
 
     # --- request path -------------------------------------------------------------------------
 
@@ -172,8 +182,9 @@ class Shadow:
                 return False
         if self.cfg.percent >= 100:
             return True
-        key = call.headers.get("x-request-id") or call.id
-        return in_share(f"shadow:{self.ctx.route}:{key}" if key else "", self.cfg.percent / 100)
+        shares = self.ctx.share_hash
+        return shares.in_share(f"shadow:{self.ctx.route}", shares.request_key(call),
+                               self.cfg.percent / 100)
 
     async def _tee(self, items: AsyncIterator[Any], copy: Call, latency: float, noise: bool,
                    resend: Next, call: Call) -> AsyncIterator[Any]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from filters.tokens import TextTokenizer, load_tokenizer
 from proxy.call import Call, LocalReply, Reply, Result, SseEvent
 from proxy.chain import FilterContext, Next
+from proxy.config_refs import ConfigReferences
 from proxy.contract import ModelContract, TensorSpec
 from proxy.errors import ErrorKind, ProxyError
 from proxy.openai_api import ChatView
@@ -73,6 +75,14 @@ class ShapeGuardConfig(Strict):
             if decl.pad_token_id is not None and decl.max_tokens is None:
                 raise ValueError(f"inputs.{name}: pad_token_id needs max_tokens")
         return self
+
+    def references(self) -> ConfigReferences:
+        """The reroute route and the tokenizer files (checked at load)."""
+        return ConfigReferences(
+            routes=(("reroute_to", self.reroute_to),) if self.reroute_to else (),
+            files=tuple((f"inputs.{name}.tokenizer", Path(d.tokenizer))
+                        for name, d in self.inputs.items()
+                        if d.tokenizer and d.tokenizer != "whitespace"))
 
 
 @dataclass

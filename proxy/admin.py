@@ -1,5 +1,6 @@
-"""The admin listener: ``/metrics`` (Prometheus), ``/healthz`` (liveness), ``/readyz``, and the
-operator's handles on filter state (``/admin/breakers``).
+"""The admin listener: ``/metrics`` (Prometheus), ``/healthz`` (liveness), ``/readyz``, the
+operator's handles on filter state (``/admin/breakers``) and ``POST /admin/reload`` (re-read the
+config file, as SIGHUP; 200 when applied, 409 with the reason when rejected).
 
 It binds to localhost unless configured otherwise. Anything that changes state needs
 ``Authorization: Bearer <token>`` (``listeners.admin.token``) and is refused (403) when no token
@@ -10,7 +11,8 @@ only takes risk away, so it is open on an admin port without a token. Secrets ar
 from __future__ import annotations
 
 import hmac
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -18,7 +20,18 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from proxy.dataplane import DataPlane
 
 
-def admin_app(plane: DataPlane, token: str | None = None) -> web.Application:
+class Outcome(Protocol):
+    """What a reload says: applied or not, and why, in one line."""
+
+    @property
+    def applied(self) -> bool: ...
+
+    @property
+    def message(self) -> str: ...
+
+
+def admin_app(plane: DataPlane, token: str | None = None,
+              reload: Callable[[], Awaitable[Outcome]] | None = None) -> web.Application:
     async def metrics(request: web.Request) -> web.Response:
         body = generate_latest(plane.telemetry.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -153,7 +166,17 @@ def admin_app(plane: DataPlane, token: str | None = None) -> web.Application:
         shadow.reset()
         return web.json_response(shadow.snapshot())
 
+    async def reload_config(request: web.Request) -> web.Response:
+        if (denied := refused(request, need_token=True)) is not None:
+            return denied
+        if reload is None:
+            return web.json_response({"error": "this mmguard cannot reload"}, status=409)
+        outcome = await reload()
+        return web.json_response({"applied": outcome.applied, "message": outcome.message},
+                                 status=200 if outcome.applied else 409)
+
     app = web.Application()
+    app.router.add_post("/admin/reload", reload_config)
     app.router.add_get("/admin/shadows", list_shadows)
     app.router.add_post("/admin/shadows/{route}/reset", reset_shadow)
     app.router.add_get("/admin/experiments", list_experiments)

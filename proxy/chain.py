@@ -24,6 +24,7 @@ from opentelemetry import trace
 from pydantic import BaseModel
 
 from proxy.call import Call, LocalReply, Reply, Target
+from proxy.canary import ShareHash
 from proxy.clock import Clock
 from proxy.contract import ModelContract
 from proxy.errors import ErrorKind, ProxyError
@@ -56,6 +57,13 @@ class FilterContext:
     """Objects an operator may act on through the admin API (e.g. breakers), by kind."""
     store: dict[str, Any] = field(default_factory=dict)
     """State that outlives a config reload (the runtime hands it from one build to the next)."""
+    share_hash: ShareHash = field(default_factory=ShareHash)
+    """Keyed, stable membership of request keys in a share (``canary.key``, ``canary.secret_*``):
+    what a filter that acts on a share of calls draws with, so clients cannot pick their way in."""
+    on_activate: Callable[[Callable[[], None]], None] = lambda hook: hook()
+    """Register what to do once this filter's runtime serves (starting experiments, taking over
+    shared state). Building MUST change nothing live: a reload that fails to build leaves the
+    running config exactly as it was. Outside a runtime the hook runs at once."""
 
 
 class FilterFactory(Protocol):

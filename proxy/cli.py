@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
@@ -16,7 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mmguard", description="Guard proxy for model serving")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the proxy (embedded default without --config)")
-    serve.add_argument("--config", type=Path, help="YAML config file")
+    serve.add_argument("--config", type=Path, help="YAML config file (default: $MMGUARD_CONFIG; "
+                       "the embedded demo when neither is given)")
     serve.add_argument("--http-port", type=int, help="KServe v2 HTTP port (default 9000)")
     serve.add_argument("--grpc-port", type=int, help="KServe v2 gRPC port (default 9001)")
     serve.add_argument("--admin-port", type=int, help="admin port: /metrics, /healthz (9002)")
@@ -53,8 +55,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check_config(path: Path) -> int:
+    """Everything ``serve`` would refuse: the document, and the files it names on this
+    machine."""
     try:
-        cfg = load_config(path)
+        cfg = load_config(path, check_files=True)
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 1
@@ -67,17 +71,20 @@ def serve_main(args: argparse.Namespace) -> int:
     from proxy.server import Ports, Server
     from proxy.telemetry import setup_logging, setup_tracing
 
+    path = args.config or (Path(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else None)
     try:
-        config = load_config(args.config) if args.config else embedded_config()
+        # A config that was asked for and is missing refuses to start: serving the demo
+        # instead would say Ready for a pod that serves none of its models.
+        config = load_config(path, check_files=True) if path else embedded_config()
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 1
+    _raise_open_files_limit()
     setup_logging(config.telemetry.log_level, config.telemetry.log_format)
     setup_tracing(config.telemetry.otlp_endpoint, config.telemetry.service_name)
 
     async def run() -> None:
-        server = Server(config, args.config, Ports(args.http_port, args.grpc_port,
-                                                   args.admin_port))
+        server = Server(config, path, Ports(args.http_port, args.grpc_port, args.admin_port))
         await server.start()
         await server.run_until_signalled()
 
@@ -98,6 +105,22 @@ def _run_loop(main: Coroutine[Any, Any, None]) -> None:
         asyncio.run(main)
     else:
         uvloop.run(main)
+
+
+CONFIG_ENV = "MMGUARD_CONFIG"
+
+
+def _raise_open_files_limit() -> None:
+    """Up to the hard limit: every client connection is a descriptor, and the listeners' own
+    ``max_connections`` are the limit meant to apply, not a soft default of 1024."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY
+                                                        else max(soft, 65536), hard))
+    except (ImportError, ValueError, OSError):
+        pass  # not on this platform, or not allowed: the soft limit stays
 
 
 if __name__ == "__main__":

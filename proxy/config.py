@@ -8,8 +8,10 @@ those too, so ``mmguard check-config`` catches a bad filter option before anythi
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
-import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -25,6 +27,13 @@ from pydantic import (
 )
 
 from proxy.chain import filter_factories
+from proxy.config_refs import (
+    ConfigReferences,
+    model_dir_problems,
+    read_secret,
+    reference_problems,
+    unreadable_value,
+)
 from proxy.tls import TlsClient, TlsServer
 
 MiB = 1024 * 1024
@@ -59,6 +68,19 @@ class HttpListener(Strict):
     max_concurrent_requests: int | None = Field(None, gt=0)
     """Requests served at once on this listener (health probes aside); the next ones get 429
     with Retry-After. Unlimited when absent."""
+    max_connections: int = Field(1000, gt=0)
+    """Open client connections at once. At the cap a new connection replaces the oldest one
+    that has no request in progress (idle, or still sending its headers); when every one has,
+    the new one gets 503 and is closed. Each refusal or eviction is counted."""
+    header_timeout_s: float = Field(10.0, gt=0)
+    """From a connection's start, or its previous answer, until the next request's headers are
+    complete; a connection idle that long is closed (so also the keep-alive idle time). A TLS
+    handshake has as long."""
+    body_timeout_s: float = Field(120.0, gt=0)
+    """From the headers until the whole body is in; slower: 408 and the connection closed."""
+    min_body_bytes_per_s: int = Field(1024, ge=0)
+    """Bodies that arrive slower than this (measured from 5 s after the headers) get 408 and
+    the connection closed, however long ``body_timeout_s`` is. 0: no minimum rate."""
 
 
 class GrpcListener(Strict):
@@ -73,12 +95,19 @@ class GrpcListener(Strict):
     max_header_bytes: int = Field(16 * 1024, gt=0)
     """Request metadata (headers) in all; above it gRPC refuses the call with
     RESOURCE_EXHAUSTED."""
-    max_concurrent_streams: int | None = Field(None, gt=0)
+    max_concurrent_streams: int = Field(256, gt=0)
     """Calls at once on one client connection (HTTP/2 SETTINGS); the client queues the rest.
-    gRPC's own default when absent."""
+    (gRPC's own default is unbounded.)"""
     max_concurrent_requests: int | None = Field(None, gt=0)
     """Calls at once on the whole listener, health checks included; the next ones get
     RESOURCE_EXHAUSTED. Unlimited when absent."""
+    max_connections: int = Field(1000, gt=0)
+    """Open client connections at once (gRPC refuses more before their handshake; gRPC does not
+    count them, so they are not in ``mmguard_listener_refusals_total``)."""
+    handshake_timeout_s: float = Field(10.0, gt=0)
+    """A new connection's TLS and HTTP/2 handshake must be done within this."""
+    max_connection_idle_s: float = Field(300.0, gt=0)
+    """A connection with no call for this long is closed (GOAWAY)."""
 
     @model_validator(mode="after")
     def _tls_version(self) -> GrpcListener:
@@ -106,6 +135,14 @@ class AdminListener(Strict):
     otherwise). At most 1 MiB, aiohttp's own cap on the admin app."""
     max_header_bytes: int = Field(8 * 1024, gt=0)
     """As for the HTTP listener."""
+    max_connections: int = Field(64, gt=0)
+    """As for the HTTP listener (Prometheus, probes and an operator need few)."""
+    header_timeout_s: float = Field(10.0, gt=0)
+    """As for the HTTP listener."""
+    body_timeout_s: float = Field(30.0, gt=0)
+    """As for the HTTP listener."""
+    min_body_bytes_per_s: int = Field(1024, ge=0)
+    """As for the HTTP listener."""
     _token_digest: str = PrivateAttr("")
 
     @model_validator(mode="after")
@@ -122,24 +159,8 @@ class AdminListener(Strict):
     def resolve_token(self) -> str | None:
         """The token from whichever source is set (read now); ValueError if that source is
         missing or empty. The message never contains the token."""
-        if self.token is not None:
-            token = self.token.get_secret_value()
-            where = "token"
-        elif self.token_file is not None:
-            try:
-                token = self.token_file.read_text().strip()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ValueError(f"token_file: cannot read {self.token_file}: {exc}") from None
-            where = f"token_file {self.token_file}"
-        elif self.token_env is not None:
-            token = os.environ.get(self.token_env, "").strip()
-            where = f"token_env: environment variable {self.token_env}"
-        else:
-            return None
-        if not token:
-            raise ValueError(f"{where} is empty or unset: an empty admin token would let "
-                             f"anyone act")
-        return token
+        return read_secret("token", self.token, self.token_file, self.token_env,
+                           "an empty admin token would let anyone act")
 
 
 class Listeners(Strict):
@@ -275,7 +296,27 @@ class CanaryConfig(Strict):
     share: float = Field(0.0, ge=0.0, le=1.0)
     """A share of all traffic chosen stably by ``key``: the same key is always in or out."""
     key: str = "x-request-id"
-    """Header whose value picks the share; the request id when absent; random when neither."""
+    """Header whose value picks the share; the request id when absent; random when neither. The
+    shadow filter's percent and the fault experiments' shares are chosen on the same key."""
+    secret_file: Path | None = None
+    """The secret that keys share membership (HMAC-SHA256), from a file (a mounted Secret), so
+    clients cannot compute which keys are in a share. Replicas sharing it agree on membership.
+    Without it (nor ``secret_env``) each process draws its own secret at start."""
+    secret_env: str | None = None
+    """The membership secret from this environment variable."""
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> CanaryConfig:
+        if self.secret_file is not None and self.secret_env is not None:
+            raise ValueError("the canary secret comes from one source; secret_file and "
+                             "secret_env are both set")
+        self.resolve_secret()
+        return self
+
+    def resolve_secret(self) -> str | None:
+        """The membership secret (read now); None when none is configured."""
+        return read_secret("secret", None, self.secret_file, self.secret_env,
+                           "share membership would be computable by clients")
 
 
 class FilterSpec(Strict):
@@ -345,6 +386,9 @@ class Config(Strict):
     contract_refresh_s: float = Field(30.0, gt=0)
     """How often each backend's contract is re-read (a model reload is noticed within this)."""
     shutdown_grace_s: float = Field(10.0, ge=0)
+    watch_config_s: float = Field(2.0, ge=0)
+    """How often the config file and the TLS files it names are checked for a change (a
+    ConfigMap update is a symlink swap); a change reloads as SIGHUP does. 0: not watched."""
 
     @model_validator(mode="after")
     def _references(self) -> Config:
@@ -356,10 +400,17 @@ class Config(Strict):
         dup = {n for n in models if models.count(n) > 1}
         if dup:
             raise ValueError(f"model names must be unique; repeated: {sorted(dup)}")
+        listed = {b.name: b.models for b in self.backends
+                  if isinstance(b, OnnxRuntimeBackend) and b.models is not None}
         for m in self.models:
             if m.backend not in names:
                 raise ValueError(f"model '{m.name}' names backend '{m.backend}', "
                                  f"which is not among the backends {names}")
+            wanted = m.backend_model or m.name
+            if m.backend in listed and wanted not in listed[m.backend]:
+                raise ValueError(f"model '{m.name}' asks backend '{m.backend}' for "
+                                 f"'{wanted}', which is not among the models it loads "
+                                 f"{list(listed[m.backend])}")
         return self
 
     def route_filters(self, route: ModelRoute) -> tuple[dict[str, Any], ...]:
@@ -397,6 +448,7 @@ def resolve_filters(entries: tuple[dict[str, Any], ...], path: str) -> list[Filt
 
 
 def parse_config(doc: Any, source: str = "config") -> Config:
+    """Validate a document: every model, every filter's options, and what they name."""
     if doc is None:
         raise ConfigError(["the file is empty"], source)
     try:
@@ -415,21 +467,83 @@ def parse_config(doc: Any, source: str = "config") -> Config:
             resolve_filters(route.filters, f"models[{i}].filters")
         except ConfigError as err:
             problems.extend(err.problems)
+    if not problems:
+        problems = reference_problems({m.name for m in cfg.models}, _route_references(cfg))
     if problems:
         raise ConfigError(problems, source)
     return cfg
 
 
-def load_config(path: str | Path) -> Config:
+def _route_references(cfg: Config) -> list[tuple[str, ConfigReferences]]:
+    """(where, references) of every filter of every route, as the route runs it."""
+    found = []
+    for i, route in enumerate(cfg.models):
+        where = f"models[{i}].filters" if route.filters is not None else "defaults.filters"
+        for j, spec in enumerate(resolve_filters(cfg.route_filters(route), where)):
+            refs = getattr(spec.config, "references", None)
+            if refs is not None:
+                found.append((f"models[{i}] ({route.name}): {where}[{j}].{spec.name}", refs()))
+    return found
+
+
+def load_config(path: str | Path, *, check_files: bool = False) -> Config:
+    """Read, parse and validate a config file; every problem is one line of the ConfigError.
+    ``check_files`` also checks what the config names on this machine (``file_problems``):
+    ``serve``, reloads and ``check-config`` do; a config checked elsewhere need not."""
     try:
-        text = Path(path).read_text()
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError([f"cannot read: {exc}"], str(path)) from None
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"not valid YAML: {exc}"], str(path)) from None
-    return parse_config(doc, str(path))
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError([f"not UTF-8 text: byte 0x{data[exc.start]:02x} at line {line} "
+                           f"(offset {exc.start}); save the file as UTF-8"], str(path)) from None
+    with _no_cyclic_gc():
+        try:
+            doc = yaml.load(text, Loader=_Loader)  # a safe loader (libyaml's when available)
+        except yaml.YAMLError as exc:
+            raise ConfigError([f"not valid YAML: {exc}"], str(path)) from None
+        except ValueError as exc:  # int() past Python's digit limit, from the YAML constructor
+            raise ConfigError([unreadable_value(exc)], str(path)) from None
+        cfg = parse_config(doc, str(path))
+    if check_files and (problems := file_problems(cfg)):
+        raise ConfigError(problems, str(path))
+    return cfg
+
+
+def file_problems(cfg: Config) -> list[str]:
+    """What ``serve`` would find missing on this machine: model directories and the models
+    listed in them, and the files filters read when built."""
+    problems = []
+    for i, b in enumerate(cfg.backends):
+        if isinstance(b, OnnxRuntimeBackend):
+            problems += model_dir_problems(f"backends[{i}] ({b.name})", b.model_dir, b.models)
+    for where, refs in _route_references(cfg):
+        problems += [f"{where}.{option}: {path} is not a file"
+                     for option, path in refs.files if not path.is_file()]
+    return problems
+    return cfg
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """A large file makes millions of short-lived YAML nodes, and the cyclic collector rescans
+    them all again and again while holding the GIL: a 15 MiB file loaded 3x slower, and the
+    event loop (serving, while a reload loads in a thread) paused for seconds. Nodes form no
+    cycles, so reference counting frees them; the collector is off only meanwhile."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
+_Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's loader parses a large file several times faster; the same safe constructors."""
 
 
 def _format(exc: ValidationError, prefix: str) -> list[str]:

@@ -11,12 +11,13 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.backends.base import Backend
 from proxy.call import Call, CallKey, LocalReply, Reply, Result, Target
-from proxy.canary import CanaryMatcher
+from proxy.canary import CanaryMatcher, ShareHash, share_hash_for
 from proxy.chain import FilterContext, Next, compose, filter_factories
 from proxy.clock import Clock
 from proxy.config import BackendConfig, Config, ModelRoute, resolve_filters
@@ -60,9 +61,11 @@ class Route:
 
 class Runtime:
     def __init__(self, config: Config, telemetry: Telemetry, clock: Clock,
-                 backends: dict[str, Backend], store: dict[str, Any] | None = None) -> None:
+                 backends: dict[str, Backend], store: dict[str, Any] | None = None,
+                 share_hash: ShareHash | None = None) -> None:
         self.config = config
-        self.canary = CanaryMatcher(config)
+        self.share_hash = share_hash or share_hash_for(config)
+        self.canary = CanaryMatcher(config, self.share_hash)
         self.store: dict[str, Any] = {} if store is None else store
         """Filter state that outlives a reload (e.g. experiments started through the API)."""
         self.telemetry = telemetry
@@ -72,11 +75,22 @@ class Runtime:
         self.routes: dict[str, Route] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.admin: dict[str, Any] = {}  # filters register what an operator may act on
+        self.start_errors: dict[str, str] = {}
+        """Each backend's last failure to start (for the reload that gives up on it)."""
         self._started = {name: asyncio.Event() for name in backends}
+        self._activations: list[Callable[[], None]] = []
         for spec in config.models:
             self.routes[spec.name] = Route(spec, self._build_chain(spec))
+
+    def activate(self) -> None:
+        """Once this runtime serves: what its filters deferred (starting experiments, taking
+        over shared state) happens now; experiments the new config dropped end. Building did
+        none of it, so a runtime that is never swapped in changed nothing."""
+        for hook in self._activations:
+            hook()
+        self._activations.clear()
         experiments = self.store.get("experiments")
-        if experiments is not None:  # experiments the new config dropped end with it
+        if experiments is not None:
             experiments.retire(self.admin.get("config_experiments", set()))
 
     @classmethod
@@ -105,7 +119,9 @@ class Runtime:
             ctx = FilterContext(route=spec.name, telemetry=self.telemetry, clock=self.clock,
                                 rng=random.Random(), contract=contract, lookup=self.lookup,
                                 count_tokens=self.count_tokens, reroute=self.reroute,
-                                admin=self.admin, store=self.store)
+                                admin=self.admin, store=self.store,
+                                share_hash=self.share_hash,
+                                on_activate=self._activations.append)
             filters.append((fs.name, factories[fs.name].build(fs.config, ctx)))
         return compose(filters, self._terminal)
 
@@ -213,6 +229,7 @@ class Runtime:
                 self._started[name].set()
                 return
             except Exception as exc:  # keep trying: the model server may start after us
+                self.start_errors[name] = f"{type(exc).__name__}: {exc}"
                 log.warning("backend %r failed to start: %s; retrying in %.1fs", name, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)

@@ -1,13 +1,19 @@
 """The process: listeners (HTTP, gRPC, admin), config reload and graceful shutdown.
 
 Life cycle that MUST hold: ports bind before the process says it is up (port 0 resolved and
-logged); SIGHUP reloads the config file and keeps the old config when the new one is invalid;
-SIGTERM stops accepting, drains in-flight requests up to ``shutdown_grace_s``, closes backends.
+logged); a reload (SIGHUP, a change of the config file or of a file it names, seen by
+``proxy.watch``, or ``POST /admin/reload``) keeps the old config when the new one is invalid or
+a backend it replaces does not start, and says so in the log and in
+``mmguard_config_reloads_total{result="rejected"}``; reading, validating and building the new
+runtime run in a thread, off the event loop; nothing of the new runtime is live (no experiment
+started) before it is swapped in. SIGTERM stops accepting, drains in-flight requests up to
+``shutdown_grace_s``, closes backends.
 
 A reload applies new TLS certificates to the running listeners (``proxy.tls.ListenerTls``);
 every other listener setting (address, limits, the admin token, TLS on/off, mTLS on/off) is kept
-until a restart, with a warning naming what changed. Each listener enforces its own limits here,
-before any front sees a request: header size, concurrent requests, and on admin the body size.
+until a restart, with a warning naming what changed. Each listener enforces its own limits
+before any front sees a request (``proxy.listeners``: connections, header and body deadlines,
+header size, concurrent requests, and on admin the body size; gRPC's through its options).
 """
 
 from __future__ import annotations
@@ -22,12 +28,12 @@ from typing import Any
 
 import grpc
 from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import Counter
 
+from proxy import listeners as guard
 from proxy.admin import admin_app
-from proxy.call import LocalReply
+from proxy.canary import log_membership
 from proxy.clock import Clock, SystemClock
 from proxy.config import (
     AdminListener,
@@ -39,15 +45,25 @@ from proxy.config import (
     load_config,
 )
 from proxy.dataplane import DataPlane
-from proxy.errors import ErrorKind
 from proxy.fronts.grpc_v2 import SERVICE, GrpcFront
-from proxy.fronts.http_v2 import HttpFront, error_response
+from proxy.fronts.http_v2 import HttpFront
 from proxy.runtime import Runtime
 from proxy.shm import SharedMemory
 from proxy.telemetry import Telemetry
 from proxy.tls import ListenerTls, restart_needed
+from proxy.watch import FileWatch, watched_files
 
 log = logging.getLogger("mmguard.server")
+
+
+@dataclass(frozen=True)
+class ReloadOutcome:
+    applied: bool
+    message: str
+    """What happened, in one line (the admin API answers it)."""
+
+    def __bool__(self) -> bool:
+        return self.applied
 
 
 @dataclass(frozen=True)
@@ -82,19 +98,25 @@ class Server:
         self._tls: dict[str, ListenerTls] = {}
         self._refused = self.telemetry.metric(
             Counter, "mmguard_listener_refusals_total",
-            "Requests a listener refused at one of its limits.", ["listener", "limit"])
+            "Requests (and connections) a listener refused at one of its limits.",
+            ["listener", "limit"])
+        self._watch: FileWatch | None = None
+        for result in ("applied", "rejected"):  # at 0 from the start: increase() sees the first
+            self.telemetry.config_reloads.labels(result)
 
     async def start(self) -> None:
-        await self.plane.runtime.start()
+        runtime = self.plane.runtime
+        runtime.activate()
+        log_membership(runtime.share_hash)
+        await runtime.start()
         lc = self._listeners = self.config.listeners
         self._tls = {name: ListenerTls(cfg.tls) for name, cfg in _by_name(lc)
                      if cfg.tls is not None}
         self.http_port = await self._serve_http(
-            self._http_app(lc.http), lc.http.host, _pick(self._ports.http, lc.http.port),
-            self._tls.get("http"), lc.http.max_header_bytes, auto_decompress=False)
+            self._http_app(lc.http), "http", lc.http, _pick(self._ports.http, lc.http.port))
         self.admin_port = await self._serve_http(
-            self._admin_app(lc.admin), lc.admin.host, _pick(self._ports.admin, lc.admin.port),
-            self._tls.get("admin"), lc.admin.max_header_bytes)
+            self._admin_app(lc.admin), "admin", lc.admin,
+            _pick(self._ports.admin, lc.admin.port))
         self._grpc = grpc.aio.server(options=_grpc_options(lc.grpc),
                                      maximum_concurrent_rpcs=lc.grpc.max_concurrent_requests)
         self._grpc.add_generic_rpc_handlers((GrpcFront(self.plane, self.shm).handler(),))
@@ -108,6 +130,10 @@ class Server:
         self.shm.grpc_port = self.grpc_port  # grpc.aio tells a handler its peer, not its port
         await self._grpc.start()
         self._health_task = asyncio.create_task(self._track_health())
+        if self.config_path is not None and self.config.watch_config_s > 0:
+            self._watch = FileWatch(lambda: watched_files(self.config_path, self.config),
+                                    self.config.watch_config_s, self._file_changed)
+            self._watch.start()
         log.info("mmguard serving: http %d, grpc %d, admin %d", self.http_port, self.grpc_port,
                  self.admin_port, extra={"fields": {"http_port": self.http_port,
                                                     "grpc_port": self.grpc_port,
@@ -118,36 +144,43 @@ class Server:
         app = HttpFront(self.plane, cfg.max_request_bytes,
                         self.config.openai.image_url_allow_hosts, cfg.max_json_bytes,
                         self.shm).app()
-        guards = [_header_budget(cfg.max_header_bytes, "http", self._refused)]
+        guards = [guard.header_budget(cfg.max_header_bytes, "http", self._refused)]
         if cfg.max_concurrent_requests is not None:
-            guards.append(_concurrency_limit(cfg.max_concurrent_requests, "http", self._refused))
+            guards.append(guard.concurrency_limit(cfg.max_concurrent_requests, "http",
+                                                  self._refused))
         app.middlewares[:0] = guards  # outermost: nothing runs for a refused request
         return app
 
     def _admin_app(self, cfg: AdminListener) -> web.Application:
-        app = admin_app(self.plane, cfg.resolve_token())
-        app.middlewares[:0] = [_header_budget(cfg.max_header_bytes, "admin", self._refused),
-                               _body_limit(cfg.max_request_bytes, "admin", self._refused)]
+        app = admin_app(self.plane, cfg.resolve_token(), reload=self.reload)
+        app.middlewares[:0] = [guard.header_budget(cfg.max_header_bytes, "admin", self._refused),
+                               guard.body_limit(cfg.max_request_bytes, "admin", self._refused)]
         return app
 
-    async def _serve_http(self, app: web.Application, host: str, port: int,
-                          tls: ListenerTls | None, max_header_bytes: int,
-                          auto_decompress: bool = True) -> int:
-        # aiohttp's parser refuses any one line (request line or header) above the limit.
+    async def _serve_http(self, app: web.Application, name: str,
+                          cfg: HttpListener | AdminListener, port: int) -> int:
+        cap = guard.ConnectionCap(cfg.max_connections, name, self._refused)
+        app.middlewares[:0] = [cap.middleware(),
+                               guard.body_deadline(cfg.body_timeout_s, cfg.min_body_bytes_per_s,
+                                                   name, self._refused)]
+        # aiohttp's parser refuses any one line (request line or header) above the limit; its
+        # keep-alive timer closes a connection whose next request's headers are not in time.
         # auto_decompress=False: the fronts inflate bodies themselves, once and bounded
-        # (proxy.fronts.body).
+        # (proxy.fronts.body); the admin API takes no compressed bodies.
         runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                shutdown_timeout=self.config.shutdown_grace_s,
-                               max_line_size=max_header_bytes, max_field_size=max_header_bytes,
-                               auto_decompress=auto_decompress)
+                               max_line_size=cfg.max_header_bytes,
+                               max_field_size=cfg.max_header_bytes,
+                               keepalive_timeout=cfg.header_timeout_s,
+                               auto_decompress=False)
         await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_port=False,
-                           ssl_context=None if tls is None else tls.ssl_context)
+        tls = self._tls.get(name)
+        site = guard.CappedSite(runner, cfg.host, port, cap=cap,
+                                ssl_context=None if tls is None else tls.ssl_context,
+                                handshake_timeout_s=cfg.header_timeout_s)
         await site.start()
         self._runners.append(runner)
-        server = site._server
-        assert server is not None and server.sockets  # type: ignore[attr-defined]
-        return int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+        return site.port
 
     async def refresh_health(self) -> bool:
         """Set grpc.health.v1 (overall and per service name) from readiness; returns it."""
@@ -163,31 +196,39 @@ class Server:
             await self.refresh_health()
             await asyncio.sleep(0.5)
 
-    async def reload(self) -> bool:
-        """Re-read the config file; swap in the new runtime only if it is valid and builds."""
+    async def reload(self) -> ReloadOutcome:
+        """Re-read the config file; swap in the new runtime only if it is valid, builds, and
+        every backend it replaces has started. Reading, validating and building run in a
+        thread (a large file must not stall the data plane); the swap and the activation of
+        the new runtime's filters (experiments start) happen on the loop, only once it serves."""
         async with self._reload_lock:
             if self.config_path is None:
                 log.warning("reload asked for, but mmguard runs without a config file")
-                return False
+                return ReloadOutcome(False, "mmguard runs without a config file")
+            old = self.plane.runtime
             try:
-                config = load_config(self.config_path)
-                old = self.plane.runtime
-                new = Runtime.build(config, self.telemetry, self.clock, previous=old)
+                config, new = await asyncio.to_thread(self._load_and_build, self.config_path,
+                                                      old)
             except (ConfigError, Exception) as exc:
-                self.telemetry.config_reloads.labels("rejected").inc()
-                log.error("config reload rejected, the old config keeps serving: %s", exc)
-                return False
+                return self._rejected(str(exc))
             reused = {n for n, b in new.backends.items() if old.backends.get(n) is b}
             new.contracts.update({r: c for r, c in old.contracts.items()
                                   if r in new.routes and new.routes[r].spec.backend in reused})
             await new.start(started=reused)
-            # New backends connect before the swap, so calls never meet one half made; one
-            # that cannot start in time answers UNAVAILABLE until it has.
-            slow = await new.wait_started(within_s=10.0)
+            # New backends connect before the swap, so calls never meet one half made.
+            slow = await new.wait_started(within_s=self.backend_start_s)
+            replaced = [n for n in slow if n in old.backends]
+            if replaced:  # the old one serves: keep it rather than answer 503 until fixed
+                await new.close(keep=reused)
+                why = "; ".join(f"{n}: {new.start_errors.get(n, 'no answer yet')}"
+                                for n in replaced)
+                return self._rejected(f"replaced backends {replaced} did not start within "
+                                      f"{self.backend_start_s:g} s ({why})")
             if slow:
-                log.warning("config reload: backends %s have not started yet; their routes "
+                log.warning("config reload: new backends %s have not started yet; their routes "
                             "answer UNAVAILABLE until they have", slow)
             self.plane.runtime = new
+            new.activate()
             self.config = config
             self.telemetry.configure(config.telemetry)
             self._reload_listeners(config.listeners)
@@ -196,7 +237,25 @@ class Server:
             retire = asyncio.create_task(self._retire(old, keep=reused))
             self._background.add(retire)
             retire.add_done_callback(self._background.discard)
-            return True
+            return ReloadOutcome(True, f"config reloaded from {self.config_path}")
+
+    backend_start_s = 10.0
+    """How long a reload waits for the backends it starts."""
+
+    def _load_and_build(self, path: Path, old: Runtime) -> tuple[Config, Runtime]:
+        """In a worker thread: nothing here touches the loop or live state."""
+        config = load_config(path, check_files=True)
+        return config, Runtime.build(config, self.telemetry, self.clock, previous=old)
+
+    def _rejected(self, why: str) -> ReloadOutcome:
+        self.telemetry.config_reloads.labels("rejected").inc()
+        log.error("config reload rejected, the old config keeps serving: %s", why)
+        return ReloadOutcome(False, f"config reload rejected, the old config keeps serving: "
+                                    f"{why}")
+
+    async def _file_changed(self, changed: list[str]) -> None:
+        log.info("config reload: %s changed", ", ".join(changed))
+        await self.reload()
 
     def _reload_listeners(self, new: Listeners) -> None:
         """Apply what a running listener can take (new TLS files); warn about the rest."""
@@ -233,6 +292,8 @@ class Server:
         if experiments is not None:  # faults end first: draining calls get clean answers
             experiments.stop_all("mmguard is shutting down", "shutdown")
         log.info("shutting down: draining for up to %.1fs", grace)
+        if self._watch is not None:
+            await self._watch.stop()
         if self._health_task:
             self._health_task.cancel()
         await self.health.enter_graceful_shutdown()
@@ -280,74 +341,11 @@ def _grpc_options(cfg: GrpcListener) -> list[tuple[str, Any]]:
         # Soft and hard limit alike: above it every call is refused, not a random share.
         ("grpc.max_metadata_size", cfg.max_header_bytes),
         ("grpc.absolute_max_metadata_size", cfg.max_header_bytes),
+        ("grpc.max_concurrent_streams", cfg.max_concurrent_streams),
+        # Against slow or idle clients holding descriptors (gRPC refuses past the cap before
+        # the handshake; a handshake that does not finish in time is dropped).
+        ("grpc.max_allowed_incoming_connections", cfg.max_connections),
+        ("grpc.server_handshake_timeout_ms", int(cfg.handshake_timeout_s * 1000)),
+        ("grpc.max_connection_idle_ms", int(cfg.max_connection_idle_s * 1000)),
     ]
-    if cfg.max_concurrent_streams is not None:
-        options.append(("grpc.max_concurrent_streams", cfg.max_concurrent_streams))
     return options
-
-
-# --- listener limits (aiohttp middlewares, outermost) ------------------------------------
-
-
-def _header_budget(limit: int, listener: str, refused: Any) -> Middleware:
-    """All headers together within ``limit`` bytes (aiohttp bounds only each line)."""
-
-    @web.middleware
-    async def header_budget(request: web.Request, handler: Handler) -> web.StreamResponse:
-        size = sum(len(k) + len(v) + 4 for k, v in request.raw_headers)  # "k: v\r\n"
-        if size <= limit:
-            return await handler(request)
-        refused.labels(listener, "max_header_bytes").inc()
-        return _refusal(431, f"request headers are {size} bytes, over "
-                             f"listeners.{listener}.max_header_bytes ({limit})")
-
-    return header_budget
-
-
-def _concurrency_limit(limit: int, listener: str, refused: Any) -> Middleware:
-    """At most ``limit`` requests at once; health probes always pass (an orchestrator must not
-    restart a busy proxy)."""
-    in_flight = 0
-
-    @web.middleware
-    async def concurrency_limit(request: web.Request, handler: Handler) -> web.StreamResponse:
-        nonlocal in_flight
-        if request.path.startswith("/v2/health/"):
-            return await handler(request)
-        if in_flight >= limit:
-            refused.labels(listener, "max_concurrent_requests").inc()
-            return error_response(LocalReply(
-                ErrorKind.OVERLOADED, f"listeners.{listener}.max_concurrent_requests ({limit}) "
-                f"requests are in progress; retry later", retry_after_s=1.0))
-        in_flight += 1
-        try:
-            return await handler(request)
-        finally:
-            in_flight -= 1
-
-    return concurrency_limit
-
-
-def _body_limit(limit: int, listener: str, refused: Any) -> Middleware:
-    """Bodies must declare their length, within ``limit``; refused before a byte is read."""
-
-    @web.middleware
-    async def body_limit(request: web.Request, handler: Handler) -> web.StreamResponse:
-        length = request.content_length
-        if request.body_exists and length is None:
-            refused.labels(listener, "max_request_bytes").inc()
-            return _refusal(411, "a request body needs a Content-Length here")
-        if length is not None and length > limit:
-            refused.labels(listener, "max_request_bytes").inc()
-            return _refusal(413, f"request body is {length} bytes, over "
-                                 f"listeners.{listener}.max_request_bytes ({limit})")
-        return await handler(request)
-
-    return body_limit
-
-
-def _refusal(status: int, message: str) -> web.Response:
-    response = web.json_response({"error": message}, status=status,
-                                 headers={"mmguard-error-origin": "proxy"})
-    response.force_close()  # whatever the client still sends is not read
-    return response

@@ -904,7 +904,7 @@ def in_process(m: RunningMmguard) -> Endpoints:
     assert m.server is not None
     server = m.server
     return Endpoints(m.grpc_url, m.http_url, m.admin_url,
-                     reload=lambda: m.run(server.reload()))
+                     reload=lambda: bool(m.run(server.reload())))
 
 
 # --- the tests ----------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import select
+import socket
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -265,7 +267,100 @@ def test_limits_have_bounds(ort_models: Path) -> None:
                              ({"grpc": {"max_concurrent_streams": 0}},
                               "listeners.grpc.max_concurrent_streams"),
                              ({"admin": {"max_request_bytes": 2 * 1024 * 1024}},
-                              "listeners.admin.max_request_bytes")]:
+                              "listeners.admin.max_request_bytes"),
+                             ({"http": {"max_connections": 0}}, "listeners.http.max_connections"),
+                             ({"admin": {"header_timeout_s": 0}},
+                              "listeners.admin.header_timeout_s"),
+                             ({"http": {"min_body_bytes_per_s": -1}},
+                              "listeners.http.min_body_bytes_per_s"),
+                             ({"grpc": {"max_connection_idle_s": 0}},
+                              "listeners.grpc.max_connection_idle_s")]:
         with pytest.raises(ConfigError) as exc:
             parse_config(ort_config(ort_models, listeners=listeners))
         assert where in str(exc.value)
+
+
+# --- slow and many connections ----------------------------------------------------------------
+
+
+def _drip_until_closed(url: str, limit_s: float) -> float:
+    """Open a connection that sends a partial request line, one byte a second; seconds until
+    the proxy closes it."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=limit_s)
+    start = time.monotonic()
+    try:
+        for byte in b"GET /metrics HTTP/1.1\r\nX-Slow: " + b"a" * 100:
+            sock.send(bytes([byte]))
+            ready, _, _ = select.select([sock], [], [], 1.0)
+            if ready and sock.recv(1024) == b"":
+                return time.monotonic() - start
+            if time.monotonic() - start > limit_s:
+                break
+    except OSError:
+        return time.monotonic() - start
+    finally:
+        sock.close()
+    raise AssertionError(f"still open after {limit_s} s")
+
+
+def test_admin_listener_cuts_a_header_dripper(ort_models: Path) -> None:
+    with RunningMmguard(_admin_config(ort_models, header_timeout_s=1.0)) as m:
+        assert _drip_until_closed(m.admin_url, limit_s=15) < 1.0 + 5.0
+
+
+def test_admin_listener_caps_connections(ort_models: Path) -> None:
+    with RunningMmguard(_admin_config(ort_models, max_connections=2, token="t")) as m:
+        admin = m.admin_url.removeprefix("http://")
+        host, port = admin.split(":")
+        held = []
+        try:
+            for _ in range(2):  # two requests in progress: their bodies never come
+                s = socket.create_connection((host, int(port)), timeout=10)
+                s.sendall(b"POST /admin/experiments HTTP/1.1\r\nHost: a\r\nAuthorization: "
+                          b"Bearer t\r\nContent-Length: 10\r\n\r\n")
+                held.append(s)
+            time.sleep(0.5)
+            status, headers, body = _http(admin, "GET", "/metrics")
+        finally:
+            for s in held:
+                s.close()
+        assert status == 503 and headers["Retry-After"] == "1"
+        assert "listeners.admin.max_connections (2)" in json.loads(body)["error"]
+        time.sleep(0.5)  # the held connections are closed: room for the next request
+        assert _refusals(m, "admin", "max_connections") == 1
+
+
+def test_grpc_listener_caps_connections(ort_models: Path) -> None:
+    body = grpc_request("identity_fp32", [("INPUT0", "FP32", [2], np.ones(2, "<f4").tobytes())])
+    with RunningMmguard(ort_config(ort_models, listeners={"grpc": {"max_connections": 1}})) as m:
+        m.wait_ready()
+        own = [("grpc.use_local_subchannel_pool", 1)]  # each channel its own connection
+        with grpc.insecure_channel(m.grpc_url, options=own) as first, \
+                grpc.insecure_channel(m.grpc_url, options=own) as second:
+            assert first.unary_unary(INFER)(body, timeout=10)
+            with pytest.raises(grpc.RpcError) as exc:
+                second.unary_unary(INFER)(body, timeout=3)
+            assert exc.value.code() in (grpc.StatusCode.UNAVAILABLE,
+                                        grpc.StatusCode.DEADLINE_EXCEEDED)
+            assert first.unary_unary(INFER)(body, timeout=10)  # the first is kept
+
+
+def test_a_body_that_never_completes_gets_408_at_its_deadline(ort_models: Path) -> None:
+    http = {"body_timeout_s": 2.0, "min_body_bytes_per_s": 0}  # only the deadline applies
+    with RunningMmguard(ort_config(ort_models, listeners={"http": http})) as m:
+        host, port = m.http_url.split(":")
+        start = time.monotonic()
+        with socket.create_connection((host, int(port)), timeout=20) as s:
+            s.sendall(b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: a\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+            answer = b""
+            while chunk := s.recv(4096):  # the other 99 bytes never come
+                answer += chunk
+        took = time.monotonic() - start
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        message = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+        assert message.startswith("the request body was not complete after "
+                                  "listeners.http.body_timeout_s (2 s;"), message
+        assert 2.0 <= took < 2.0 + 5.0
+        assert _refusals(m, "http", "body_timeout_s") == 1

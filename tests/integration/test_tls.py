@@ -318,7 +318,8 @@ def test_rotated_certificates_are_served_after_sighup(pki: Pki, ort_models: Path
     decides which client certificates are accepted."""
     files = tmp_path / "tls"
     path = tmp_path / "mmguard.yaml"
-    path.write_text(yaml.safe_dump(tls_config(ort_models, pki, files=files)))
+    cfg = {**tls_config(ort_models, pki, files=files), "watch_config_s": 0}  # SIGHUP only
+    path.write_text(yaml.safe_dump(cfg))
     p = MmguardProcess(["--config", str(path)], tmp_path / "serve.log")
     try:
         ports = p.ports
