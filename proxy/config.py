@@ -249,6 +249,27 @@ class CanaryConfig(Strict):
     """Header whose value picks the share; the request id when absent; random when neither."""
 
 
+class KServeV2Config(Strict):
+    """How the KServe v2 fronts answer what is not inference: the repository API and server
+    metadata. Both speak for one Triton backend (``backend``)."""
+
+    repository_api: bool = False
+    """Forward repository index / load / unload to the backend. Off (the default): both fronts
+    refuse them alike (gRPC UNIMPLEMENTED, HTTP 501, a JSON error saying how to turn it on).
+    On: every call needs the admin token (``Authorization: Bearer <token>``, on gRPC as
+    ``authorization`` metadata), since loading or unloading changes what every client gets;
+    the token is ``listeners.admin``'s and must be set."""
+    backend: str | None = None
+    """The Triton backend (triton_grpc or triton_http) the repository API and ``backend``
+    server metadata speak for; the only Triton backend when absent."""
+    server_metadata: Literal["backend", "mmguard"] = "backend"
+    """``backend``: ServerMetadata answers the backend's own name, version and extensions (so
+    clients that check for Triton keep working), less the extensions mmguard refuses, plus
+    ``mmguard``; the answer carries an ``mmguard-version`` header (gRPC: initial metadata).
+    ``mmguard``: mmguard's own name, version and extensions. Falls back to ``mmguard`` when no
+    single Triton backend is configured or the backend does not answer."""
+
+
 class FilterSpec(Strict):
     name: str
     config: Any
@@ -287,6 +308,7 @@ class Config(Strict):
     telemetry: TelemetryConfig = TelemetryConfig()
     openai: OpenAIConfig = OpenAIConfig()
     canary: CanaryConfig = CanaryConfig()
+    v2: KServeV2Config = KServeV2Config()
     contract_refresh_s: float = Field(30.0, gt=0)
     """How often each backend's contract is re-read (a model reload is noticed within this)."""
     shutdown_grace_s: float = Field(10.0, ge=0)
@@ -306,6 +328,30 @@ class Config(Strict):
                 raise ValueError(f"model '{m.name}' names backend '{m.backend}', "
                                  f"which is not among the backends {names}")
         return self
+
+    @model_validator(mode="after")
+    def _v2_backend(self) -> Config:
+        tritons = [b.name for b in self.backends if b.kind in ("triton_grpc", "triton_http")]
+        v2 = self.v2
+        if v2.backend is not None and v2.backend not in tritons:
+            raise ValueError(f"v2.backend '{v2.backend}' is not a Triton backend (Triton "
+                             f"backends: {tritons})")
+        if v2.repository_api:
+            if v2.backend is None and len(tritons) != 1:
+                raise ValueError(f"v2.repository_api needs one Triton backend to speak for: "
+                                 f"set v2.backend (Triton backends: {tritons})")
+            if not self.listeners.admin._token_digest:
+                raise ValueError("v2.repository_api needs the admin token (listeners.admin."
+                                 "token, token_file or token_env): without it anyone could "
+                                 "load and unload models")
+        return self
+
+    def v2_backend(self) -> str | None:
+        """The Triton backend the v2 repository API and server metadata speak for, if any."""
+        if self.v2.backend is not None:
+            return self.v2.backend
+        tritons = [b.name for b in self.backends if b.kind in ("triton_grpc", "triton_http")]
+        return tritons[0] if len(tritons) == 1 else None
 
     def route_filters(self, route: ModelRoute) -> tuple[dict[str, Any], ...]:
         return route.filters if route.filters is not None else self.defaults.filters

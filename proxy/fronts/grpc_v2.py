@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -17,20 +18,18 @@ import grpc
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from proxy import codec_grpc
+from proxy import __version__, codec_grpc
+from proxy.backends.base import RepositoryParameter
 from proxy.call import Call, LocalReply, Result, StreamItem
 from proxy.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
 
 SERVICE = "inference.GRPCInferenceService"
+log = logging.getLogger("mmguard.grpc")
 STREAM_QUEUE = 8
 """Answers of one ModelStreamInfer stream that may wait for a client that does not read."""
 _UNIMPLEMENTED = {
-    "RepositoryIndex": "mmguard is a sidecar proxy: it does not manage the model repository; "
-                       "ask the model server directly",
-    "RepositoryModelLoad": "mmguard does not load models; load them on the model server",
-    "RepositoryModelUnload": "mmguard does not unload models; unload them on the model server",
     "SystemSharedMemoryStatus": "shared memory does not cross the proxy hop; send tensors inline",
     "SystemSharedMemoryRegister": "shared memory does not cross the proxy hop; send tensors "
                                   "inline",
@@ -72,6 +71,9 @@ class GrpcFront:
             "ModelMetadata": (self.model_metadata, pb.ModelMetadataRequest),
             "ModelConfig": (self.model_config, pb.ModelConfigRequest),
             "ModelStatistics": (self.model_statistics, pb.ModelStatisticsRequest),
+            "RepositoryIndex": (self.repository_index, pb.RepositoryIndexRequest),
+            "RepositoryModelLoad": (self.repository_load, pb.RepositoryModelLoadRequest),
+            "RepositoryModelUnload": (self.repository_unload, pb.RepositoryModelUnloadRequest),
         }
         methods: dict[str, grpc.RpcMethodHandler] = {
             name: grpc.unary_unary_rpc_method_handler(
@@ -98,9 +100,37 @@ class GrpcFront:
         return pb.ModelReadyResponse(ready=await self.plane.model_ready(req.name, req.version))
 
     async def server_metadata(self, req: Any, ctx: Any) -> pb.ServerMetadataResponse:
-        meta = self.plane.server_metadata()
-        return pb.ServerMetadataResponse(name=str(meta["name"]), version=str(meta["version"]),
-                                         extensions=list(meta["extensions"]))  # type: ignore
+        meta, source = await self.plane.server_metadata()
+        await ctx.send_initial_metadata((("mmguard-version", __version__),
+                                         ("mmguard-server-metadata", source)))
+        return pb.ServerMetadataResponse(name=meta["name"], version=meta["version"],
+                                         extensions=meta["extensions"])
+
+    # --- the repository API (forwarded when v2.repository_api is on) ------------------------
+
+    async def repository_index(self, req: pb.RepositoryIndexRequest,
+                               ctx: Any) -> pb.RepositoryIndexResponse:
+        backend = self.plane.repository_backend("RepositoryIndex", _authorization(ctx))
+        resp = pb.RepositoryIndexResponse()
+        for m in await backend.repository_index(req.ready):
+            resp.models.add(**m)
+        return resp
+
+    async def repository_load(self, req: pb.RepositoryModelLoadRequest,
+                              ctx: Any) -> pb.RepositoryModelLoadResponse:
+        backend = self.plane.repository_backend("RepositoryModelLoad", _authorization(ctx))
+        log.info("repository: load of model %r forwarded to backend %r", req.model_name,
+                 backend.name)
+        await backend.repository_load(req.model_name, _repository_parameters(req.parameters))
+        return pb.RepositoryModelLoadResponse()
+
+    async def repository_unload(self, req: pb.RepositoryModelUnloadRequest,
+                                ctx: Any) -> pb.RepositoryModelUnloadResponse:
+        backend = self.plane.repository_backend("RepositoryModelUnload", _authorization(ctx))
+        log.info("repository: unload of model %r forwarded to backend %r", req.model_name,
+                 backend.name)
+        await backend.repository_unload(req.model_name, _repository_parameters(req.parameters))
+        return pb.RepositoryModelUnloadResponse()
 
     async def model_metadata(self, req: pb.ModelMetadataRequest,
                              ctx: Any) -> pb.ModelMetadataResponse:
@@ -215,6 +245,18 @@ def _stream_item(call: Call, item: StreamItem) -> bytes:
         return codec_grpc.stream_response(codec_grpc.encode_response(call, item))
     except ProxyError as err:
         return codec_grpc.stream_error(err.message)
+
+
+def _authorization(context: grpc.aio.ServicerContext) -> str | None:
+    return client_headers(context).get("authorization")
+
+
+def _repository_parameters(params: Any) -> dict[str, RepositoryParameter]:
+    out: dict[str, RepositoryParameter] = {}
+    for key, p in params.items():
+        which = p.WhichOneof("parameter_choice")
+        out[key] = getattr(p, which) if which else ""
+    return out
 
 
 def _typed(fn: Callable[[Any, Any], Awaitable[Message]]) -> Callable[..., Awaitable[Message]]:
