@@ -42,13 +42,15 @@ class HttpListener(Strict):
     max_request_bytes: int = Field(64 * MiB, gt=0)
     """Bodies above this are refused with 413 before they are read; a compressed body is
     refused as soon as it inflates past it (it is never held whole)."""
-    max_json_bytes: int = Field(8 * MiB, gt=0)
+    max_json_bytes: int = Field(4 * MiB, gt=0)
     """Pure-JSON request bodies (no binary tensor part), and the JSON header of binary ones,
-    above this get 413. Smaller than ``max_request_bytes`` on purpose: a JSON tensor costs about
-    ten times its size to parse into numbers (57 MiB of JSON held +700 MB), and the parser holds
-    the interpreter lock while it runs (about 0.1 s per 8 MiB here, even in a worker thread), so
-    a big JSON body stalls every other request; binary tensors cost neither. Raise it only for
-    clients that cannot send the binary extension."""
+    above this get 413. Much smaller than ``max_request_bytes`` on purpose: a JSON tensor costs
+    about ten times its size in memory to parse (57 MiB of JSON held +700 MB), and parsing it
+    and writing its answer as JSON hold the interpreter lock (about 0.15 s per MiB on a busy
+    2-core machine, worker thread or not), so one big JSON body stalls every other request on
+    the listener. Binary tensors cost neither; tritonclient sends inputs binary by default.
+    Raise it only for clients that cannot use the binary extension, knowing the stall grows
+    with it."""
     trust_canary_headers: bool = False
     """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
     tls: TlsServer | None = None

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from proxy import __version__, codec_http
 from proxy.backends.base import RepositoryParameter
-from proxy.call import LocalReply
+from proxy.call import LocalReply, Result
 from proxy.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError
 from proxy.fronts.body import read_body
@@ -31,7 +31,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TIMEOUT_HEADER = "mmguard-timeout-ms"
 log = logging.getLogger("mmguard.http")
 DECODE_INLINE_BYTES = 256 * 1024
-"""Bodies up to this are decoded on the event loop; bigger ones in a worker thread."""
+"""Bodies (and answers' tensors) up to this are decoded (encoded) on the event loop; bigger
+ones in a worker thread."""
 _ANSWER_CODINGS = ("gzip", "deflate")
 
 
@@ -193,7 +194,10 @@ class HttpFront:
             if reply.reset:
                 drop_connection(request)
             return error_response(reply, call.decisions)
-        data, hlen = codec_http.encode_response(call, reply)
+        if _answer_bytes(reply) > DECODE_INLINE_BYTES:
+            data, hlen = await asyncio.to_thread(codec_http.encode_response, call, reply)
+        else:
+            data, hlen = codec_http.encode_response(call, reply)
         headers = dict(call.decisions)
         if hlen is not None:
             headers[codec_http.HEADER_LENGTH] = str(hlen)
@@ -219,6 +223,13 @@ class HttpFront:
                              f"({codec_http.HEADER_LENGTH}); this listener accepts at most "
                              f"{self.max_json_bytes} (listeners.http.max_json_bytes)")
         return await read_body(request, self.max_request_bytes)
+
+
+def _answer_bytes(reply: Result) -> int:
+    """About how much an answer is to encode, without decoding a wire form to find out."""
+    if reply.wire is not None:
+        return len(reply.wire.body)
+    return sum(t.nbytes for t in reply.outputs)
 
 
 def repository_parameters(doc: dict[str, Any]) -> dict[str, RepositoryParameter]:
