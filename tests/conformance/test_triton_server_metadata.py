@@ -16,9 +16,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from proxy import __version__
 from proxy.pb import grpc_service_pb2 as pb
@@ -118,3 +120,31 @@ def test_unreachable_backend_falls_back_and_says_so(triton: TritonServer) -> Non
     assert meta["name"] == "mmguard"
     assert headers["mmguard-server-metadata"].startswith("mmguard (backend 'gone' did not "
                                                          "answer")
+
+
+def test_unknown_model_is_clear_and_lists_nothing(target: Target) -> None:
+    """Both fronts refuse an unknown model as Triton does (not found), in mmguard's own words,
+    without listing the models it serves to whoever asks."""
+    http = httpclient.InferenceServerClient(target.http_url)
+    grpc_client = grpcclient.InferenceServerClient(target.grpc_url)
+    t_http = httpclient.InferInput("INPUT0", [1], "FP32")
+    t_http.set_data_from_numpy(np.zeros(1, dtype=np.float32))
+    t_grpc = grpcclient.InferInput("INPUT0", [1], "FP32")
+    t_grpc.set_data_from_numpy(np.zeros(1, dtype=np.float32))
+    calls = [lambda: http.infer("no_such_model", [t_http]),
+             lambda: grpc_client.infer("no_such_model", [t_grpc]),
+             lambda: http.get_model_metadata("no_such_model"),
+             lambda: grpc_client.get_model_metadata("no_such_model"),
+             lambda: grpc_client.get_inference_statistics("no_such_model")]
+    try:
+        for call in calls:
+            with pytest.raises(InferenceServerException) as err:
+                call()
+            message = err.value.message()
+            assert "no_such_model" in message
+            assert "identity_fp32" not in message and "serving" not in message
+            if target.via_mmguard:
+                assert err.value.status() in ("404", "StatusCode.NOT_FOUND")
+    finally:
+        http.close()
+        grpc_client.close()
