@@ -174,3 +174,26 @@ def test_stream_client_that_never_reads_holds_bounded_memory(served: MmguardProc
     assert sent * 256 / 1024 < 200, f"the proxy took {sent} requests of 256 KiB"
     assert held < 150, f"{held:.0f} MiB held while the client did not read ({sent} sent)"
     assert after < 60, f"{after:.0f} MiB still held after the client cancelled"
+
+
+def test_grpc_compressed_bomb_is_refused_with_bounded_memory(served: MmguardProcess) -> None:
+    """gRPC message compression is inflated by gRPC core, which holds it to the listener's
+    message limit (64 MiB): a message that inflates to 256 MiB is RESOURCE_EXHAUSTED."""
+    from proxy.pb import grpc_service_pb2 as pb
+    req = pb.ModelInferRequest(model_name="identity_fp32")
+    req.inputs.add(name="INPUT0", datatype="FP32", shape=[64 * MiB])
+    req.raw_input_contents.append(bytes(256 * MiB))
+    body = req.SerializeToString()
+    del req
+    before = rss_mib(served.proc.pid)
+    with Prober(served.ports["http"]) as probes, peak_rss(served.proc.pid) as peak, \
+            grpc.insecure_channel(f"127.0.0.1:{served.ports['grpc']}") as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as err:
+            infer(body, timeout=60, compression=grpc.Compression.Gzip)
+        time.sleep(0.3)
+    del body
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value
+    probes.assert_served(minimum=2)
+    assert peak[0] - before < 2 * 64 + 60, f"peak RSS {peak[0] - before:.0f} MiB"
+    assert rss_mib(served.proc.pid) - before < 60
