@@ -29,6 +29,8 @@ SERVICE = "inference.GRPCInferenceService"
 log = logging.getLogger("mmguard.grpc")
 STREAM_QUEUE = 8
 """Answers of one ModelStreamInfer stream that may wait for a client that does not read."""
+STREAM_IN_FLIGHT = 8
+"""Requests of one ModelStreamInfer stream at the backend at once (decoupled ones stream on)."""
 _UNIMPLEMENTED = {
     "SystemSharedMemoryStatus": "shared memory does not cross the proxy hop; send tensors inline",
     "SystemSharedMemoryRegister": "shared memory does not cross the proxy hop; send tensors "
@@ -191,40 +193,13 @@ class GrpcFront:
 
     async def model_stream_infer(self, requests: AsyncIterator[bytes],
                                  context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        """A client's requests reach the backend strictly in the order sent: the next one is
-        read (and its chain run) only once the backend has answered the previous one in full
-        (a decoupled model: up to its final response). That is what sequence models need
-        (START, then the rest of a correlation id, in order) and it bounds a stream to one
-        request in flight; responses go out in the backend's order. A client that sends
-        faster than the backend answers, or never reads, is pushed back on: at most
-        ``STREAM_QUEUE`` answers wait for it, then no more requests are read and HTTP/2 flow
-        control stops the sender. Errors are stream messages with ``error_message``, as Triton
+        """A client's requests reach the backend strictly in the order sent (see
+        ``_OrderedStream``); responses go out in the backend's order, decoupled ones
+        interleaved as they come. Errors are stream messages with ``error_message``, as Triton
         sends them, and the stream stays open."""
-        headers = client_headers(context)
         out: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=STREAM_QUEUE)
-
-        async def pump() -> None:
-            try:
-                async for body in requests:
-                    try:
-                        call = codec_grpc.decode_request(body)
-                    except ProxyError as err:
-                        await out.put(codec_grpc.stream_error(err.message))
-                        continue
-                    call.headers = headers
-                    # Closed here, not by the garbage collector: a cancelled stream cancels
-                    # its backend call at once.
-                    async with contextlib.aclosing(self.plane.stream(call)) as items:
-                        async for item in items:
-                            await out.put(_stream_item(call, item))
-            except asyncio.CancelledError:
-                raise  # the stream is gone: no end marker, nobody reads it
-            except BaseException:
-                await out.put(None)
-                raise
-            await out.put(None)
-
-        reader = asyncio.create_task(pump())
+        stream = _OrderedStream(self.plane, client_headers(context), out)
+        reader = asyncio.create_task(stream.run(requests))
         try:
             while (msg := await out.get()) is not None:
                 yield msg
@@ -233,6 +208,66 @@ class GrpcFront:
             if not reader.done():
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
+
+
+class _OrderedStream:
+    """One client stream's requests, each run through the chain and sent to the backend in
+    the order the client sent them.
+
+    The next request is read only once the backend has shown it holds the previous one: that
+    request's first response (or its end) came back. Sequence models get their requests in
+    order (START, then the rest of a correlation id); a decoupled request keeps streaming while
+    the next ones go ahead. Bounded: at most ``STREAM_IN_FLIGHT`` requests in flight and
+    ``STREAM_QUEUE`` answers waiting for the client; past that no more requests are read and
+    HTTP/2 flow control stops a client that sends faster than the backend answers, or never
+    reads. Everything is cancelled (backend calls included) when the client goes."""
+
+    def __init__(self, plane: DataPlane, headers: dict[str, str],
+                 out: asyncio.Queue[bytes | None]) -> None:
+        self.plane = plane
+        self.headers = headers
+        self.out = out
+        self.slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
+        self.running: set[asyncio.Task[None]] = set()
+
+    async def run(self, requests: AsyncIterator[bytes]) -> None:
+        try:
+            async for body in requests:
+                try:
+                    call = codec_grpc.decode_request(body)
+                except ProxyError as err:
+                    await self.out.put(codec_grpc.stream_error(err.message))
+                    continue
+                call.headers = self.headers
+                await self.slots.acquire()
+                reached = asyncio.Event()
+                task = asyncio.create_task(self._answer(call, reached))
+                self.running.add(task)
+                task.add_done_callback(self.running.discard)
+                await reached.wait()
+            await asyncio.gather(*self.running)
+        except asyncio.CancelledError:
+            raise  # the stream is gone: no end marker, nobody reads it
+        except BaseException:
+            await self.out.put(None)
+            raise
+        finally:
+            for task in self.running:
+                task.cancel()
+            await asyncio.gather(*self.running, return_exceptions=True)
+        await self.out.put(None)
+
+    async def _answer(self, call: Call, reached: asyncio.Event) -> None:
+        try:
+            # Closed here, not by the garbage collector: a cancelled stream cancels its
+            # backend call at once.
+            async with contextlib.aclosing(self.plane.stream(call)) as items:
+                async for item in items:
+                    reached.set()
+                    await self.out.put(_stream_item(call, item))
+        finally:
+            reached.set()
+            self.slots.release()
 
 
 def _stream_item(call: Call, item: StreamItem) -> bytes:
