@@ -42,15 +42,15 @@ class HttpListener(Strict):
     max_request_bytes: int = Field(64 * MiB, gt=0)
     """Bodies above this are refused with 413 before they are read; a compressed body is
     refused as soon as it inflates past it (it is never held whole)."""
-    max_json_bytes: int = Field(4 * MiB, gt=0)
+    max_json_bytes: int = Field(16 * MiB, gt=0)
     """Pure-JSON request bodies (no binary tensor part), and the JSON header of binary ones,
-    above this get 413. Much smaller than ``max_request_bytes`` on purpose: a JSON tensor costs
+    above this get 413. A quarter of ``max_request_bytes`` on purpose: a JSON tensor costs
     about ten times its size in memory to parse (57 MiB of JSON held +700 MB), and parsing it
-    and writing its answer as JSON hold the interpreter lock (about 0.15 s per MiB on a busy
-    2-core machine, worker thread or not), so one big JSON body stalls every other request on
-    the listener. Binary tensors cost neither; tritonclient sends inputs binary by default.
-    Raise it only for clients that cannot use the binary extension, knowing the stall grows
-    with it."""
+    (and writing a JSON answer) holds the interpreter lock, worker thread or not, so one big
+    JSON body stalls every other request on the listener (about 0.15 s per MiB on two busy
+    cores). 16 MiB still takes two 224x224 RGB images as JSON (5.8 MB each, as tritonclient
+    writes them). Binary tensors cost neither, and tritonclient sends inputs binary by
+    default; raise this only for clients that cannot, knowing the stall grows with it."""
     trust_canary_headers: bool = False
     """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
     tls: TlsServer | None = None

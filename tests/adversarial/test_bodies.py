@@ -79,7 +79,7 @@ def test_compression_bomb_is_413_with_bounded_memory(served: MmguardProcess, cod
     if binary:  # the binary extension: the body limit (64 MiB) applies, not the JSON one
         headers["Inference-Header-Content-Length"] = "100"
     else:
-        limit = 4 * MiB
+        limit = 16 * MiB
     before = rss_mib(served.proc.pid)
     with Prober(served.ports["http"]) as probes, peak_rss(served.proc.pid) as peak:
         began = time.monotonic()
@@ -97,7 +97,7 @@ def test_compression_bomb_is_413_with_bounded_memory(served: MmguardProcess, cod
 
 
 def test_json_over_its_limit_is_refused_unread(served: MmguardProcess) -> None:
-    """57 MiB of JSON (under the 64 MiB body limit, over the 4 MiB JSON one): 413 at once."""
+    """57 MiB of JSON (under the 64 MiB body limit, over the 16 MiB JSON one): 413 at once."""
     body = _json_tensor(57)
     before = rss_mib(served.proc.pid)
     with Prober(served.ports["http"]) as probes:
@@ -113,8 +113,8 @@ def test_json_near_its_limit_keeps_probes_served(served: MmguardProcess) -> None
     """A JSON body near the default JSON limit is parsed off the loop: probes go on. The answer
     is asked for in binary form, so this measures the request side only (a JSON *answer* of
     the same size is written by the codec while holding the interpreter lock)."""
-    body = _json_tensor(3.5, {"binary_data_output": True})
-    n = int(3.5 * MiB) // 10
+    body = _json_tensor(15, {"binary_data_output": True})
+    n = 15 * MiB // 10
     before = rss_mib(served.proc.pid)
     with Prober(served.ports["http"]) as probes:
         for _ in range(3):
