@@ -1,8 +1,11 @@
 """The KServe v2 HTTP/REST front (aiohttp): JSON tensors and the binary tensor extension.
 
-Bodies over the listener's limit are refused with 413 before they are read. Errors are
-``{"error": "..."}`` with the status from ``proxy.errors.STATUS``; filter decisions go out as
-``mmguard-*`` response headers.
+Bodies are read once through ``proxy.fronts.body`` (gzip / deflate inflated there, bounded):
+over ``max_request_bytes`` — or ``max_json_bytes`` for JSON — they get 413. Big JSON is parsed
+and written in a worker thread; answers are compressed when the client's ``Accept-Encoding``
+asks, as Triton does. Errors are ``{"error": "..."}`` with the status from
+``proxy.errors.STATUS``; filter decisions go out as ``mmguard-*`` response headers. The
+repository API and server metadata are the data plane's (``v2`` config).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from aiohttp import web
 
 from proxy import __version__, codec_http
 from proxy.backends.base import RepositoryParameter
-from proxy.call import LocalReply, Result
+from proxy.call import Call, LocalReply, Result
 from proxy.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError
 from proxy.fronts.body import read_body
@@ -31,8 +34,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TIMEOUT_HEADER = "mmguard-timeout-ms"
 log = logging.getLogger("mmguard.http")
 DECODE_INLINE_BYTES = 256 * 1024
-"""Bodies (and answers' tensors) up to this are decoded (encoded) on the event loop; bigger
-ones in a worker thread."""
+"""JSON (a body's, an answer's) up to this is parsed (written) on the event loop; bigger in a
+worker thread."""
 _ANSWER_CODINGS = ("gzip", "deflate")
 
 
@@ -181,7 +184,9 @@ class HttpFront:
         body = await self._read_infer_body(request, header_length)
         decode_args = (body, header_length, request.match_info["model"],
                        request.match_info.get("version", ""), request.content_type)
-        if len(body) > DECODE_INLINE_BYTES:  # JSON and tensor building off the loop
+        json_part = int(header_length) if header_length and header_length.isdigit() else None
+        if (len(body) if json_part is None else json_part) > DECODE_INLINE_BYTES:
+            # Big JSON off the loop; binary tensors are views of the body, decoded in place.
             call = await asyncio.to_thread(codec_http.decode_request, *decode_args)
         else:
             call = codec_http.decode_request(*decode_args)
@@ -194,7 +199,7 @@ class HttpFront:
             if reply.reset:
                 drop_connection(request)
             return error_response(reply, call.decisions)
-        if _answer_bytes(reply) > DECODE_INLINE_BYTES:
+        if _json_answer_bytes(call, reply) > DECODE_INLINE_BYTES:
             data, hlen = await asyncio.to_thread(codec_http.encode_response, call, reply)
         else:
             data, hlen = codec_http.encode_response(call, reply)
@@ -225,11 +230,14 @@ class HttpFront:
         return await read_body(request, self.max_request_bytes)
 
 
-def _answer_bytes(reply: Result) -> int:
-    """About how much an answer is to encode, without decoding a wire form to find out."""
-    if reply.wire is not None:
-        return len(reply.wire.body)
-    return sum(t.nbytes for t in reply.outputs)
+def _json_answer_bytes(call: Call, reply: Result) -> int:
+    """About how much of an answer is to be written as JSON (the costly part to encode)."""
+    if reply.wire is not None and reply.wire.protocol == "http":
+        return 0  # forwarded as it came
+    binary_all = bool(call.parameters.get("binary_data_output", False))
+    asked = {o.name: o.parameters for o in call.outputs}
+    return sum(t.nbytes for t in reply.outputs
+               if not asked.get(t.name, {}).get("binary_data", binary_all))
 
 
 def repository_parameters(doc: dict[str, Any]) -> dict[str, RepositoryParameter]:
