@@ -51,13 +51,15 @@ class HttpListener(Strict):
     max_request_bytes: int = Field(64 * MiB, gt=0)
     """Bodies above this are refused with 413 before they are read; a compressed body is
     refused as soon as it inflates past it (it is never held whole)."""
-    max_json_bytes: int = Field(8 * MiB, gt=0)
+    max_json_bytes: int = Field(16 * MiB, gt=0)
     """Pure-JSON request bodies (no binary tensor part), and the JSON header of binary ones,
-    above this get 413. Smaller than ``max_request_bytes`` on purpose: a JSON tensor costs about
-    ten times its size to parse into numbers (57 MiB of JSON held +700 MB), and the parser holds
-    the interpreter lock while it runs (about 0.1 s per 8 MiB here, even in a worker thread), so
-    a big JSON body stalls every other request; binary tensors cost neither. Raise it only for
-    clients that cannot send the binary extension."""
+    above this get 413. A quarter of ``max_request_bytes`` on purpose: a JSON tensor costs
+    about ten times its size in memory to parse (57 MiB of JSON held +700 MB), and parsing it
+    (and writing a JSON answer) holds the interpreter lock, worker thread or not, so one big
+    JSON body stalls every other request on the listener (about 0.15 s per MiB on two busy
+    cores). 16 MiB still takes two 224x224 RGB images as JSON (5.8 MB each, as tritonclient
+    writes them). Binary tensors cost neither, and tritonclient sends inputs binary by
+    default; raise this only for clients that cannot, knowing the stall grows with it."""
     trust_canary_headers: bool = False
     """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
     tls: TlsServer | None = None
@@ -319,6 +321,27 @@ class CanaryConfig(Strict):
                            "share membership would be computable by clients")
 
 
+class KServeV2Config(Strict):
+    """How the KServe v2 fronts answer what is not inference: the repository API and server
+    metadata. Both speak for one Triton backend (``backend``)."""
+
+    repository_api: bool = False
+    """Forward repository index / load / unload to the backend. Off (the default): both fronts
+    refuse them alike (gRPC UNIMPLEMENTED, HTTP 501, a JSON error saying how to turn it on).
+    On: every call needs the admin token (``Authorization: Bearer <token>``, on gRPC as
+    ``authorization`` metadata), since loading or unloading changes what every client gets;
+    the token is ``listeners.admin``'s and must be set."""
+    backend: str | None = None
+    """The Triton backend (triton_grpc or triton_http) the repository API and ``backend``
+    server metadata speak for; the only Triton backend when absent."""
+    server_metadata: Literal["backend", "mmguard"] = "backend"
+    """``backend``: ServerMetadata answers the backend's own name, version and extensions (so
+    clients that check for Triton keep working), less the extensions mmguard refuses, plus
+    ``mmguard``; the answer carries an ``mmguard-version`` header (gRPC: initial metadata).
+    ``mmguard``: mmguard's own name, version and extensions. Falls back to ``mmguard`` when no
+    single Triton backend is configured or the backend does not answer."""
+
+
 class FilterSpec(Strict):
     name: str
     config: Any
@@ -383,6 +406,7 @@ class Config(Strict):
     openai: OpenAIConfig = OpenAIConfig()
     canary: CanaryConfig = CanaryConfig()
     shared_memory: SharedMemoryConfig = SharedMemoryConfig()
+    v2: KServeV2Config = KServeV2Config()
     contract_refresh_s: float = Field(30.0, gt=0)
     """How often each backend's contract is re-read (a model reload is noticed within this)."""
     shutdown_grace_s: float = Field(10.0, ge=0)
@@ -412,6 +436,30 @@ class Config(Strict):
                                  f"'{wanted}', which is not among the models it loads "
                                  f"{list(listed[m.backend])}")
         return self
+
+    @model_validator(mode="after")
+    def _v2_backend(self) -> Config:
+        tritons = [b.name for b in self.backends if b.kind in ("triton_grpc", "triton_http")]
+        v2 = self.v2
+        if v2.backend is not None and v2.backend not in tritons:
+            raise ValueError(f"v2.backend '{v2.backend}' is not a Triton backend (Triton "
+                             f"backends: {tritons})")
+        if v2.repository_api:
+            if v2.backend is None and len(tritons) != 1:
+                raise ValueError(f"v2.repository_api needs one Triton backend to speak for: "
+                                 f"set v2.backend (Triton backends: {tritons})")
+            if not self.listeners.admin._token_digest:
+                raise ValueError("v2.repository_api needs the admin token (listeners.admin."
+                                 "token, token_file or token_env): without it anyone could "
+                                 "load and unload models")
+        return self
+
+    def v2_backend(self) -> str | None:
+        """The Triton backend the v2 repository API and server metadata speak for, if any."""
+        if self.v2.backend is not None:
+            return self.v2.backend
+        tritons = [b.name for b in self.backends if b.kind in ("triton_grpc", "triton_http")]
+        return tritons[0] if len(tritons) == 1 else None
 
     def route_filters(self, route: ModelRoute) -> tuple[dict[str, Any], ...]:
         return route.filters if route.filters is not None else self.defaults.filters

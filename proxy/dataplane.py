@@ -1,16 +1,26 @@
-"""The data plane both fronts share: health, metadata, statistics and inference over the current
-runtime, with the request-level span, metrics and statistics done once, here, for every front."""
+"""The data plane both fronts share: health, metadata, statistics, the repository API and
+inference over the current runtime, with the request-level span, metrics and statistics done
+once, here, for every front.
+
+Unknown-model refusals never list the served models: any client may ask, and the list is the
+operator's (it stays in mmguard's log and on the admin port).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
+import logging
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry import propagate, trace
 
 from proxy import __version__
+from proxy.backends.base import Backend
 from proxy.call import CANARY, Call, LocalReply, Reply, Result, StreamItem
 from proxy.contract import ModelContract
 from proxy.errors import STATUS, ErrorKind, ProxyError
@@ -18,7 +28,17 @@ from proxy.runtime import Runtime
 from proxy.telemetry import Telemetry, end_server_span, server_span, tracing_on
 
 EXTENSIONS = ("classification", "binary_tensor_data", "statistics", "model_configuration")
+MMGUARD_EXTENSION = "mmguard"
+"""Announces mmguard in a backend's server metadata (``v2.server_metadata: backend``)."""
+_REFUSED_EXTENSIONS = frozenset({"cuda_shared_memory", "trace", "logging"})
+"""Backend extensions mmguard answers with a refusal: not announced on its behalf."""
+_REPOSITORY_EXTENSIONS = frozenset({"model_repository", "model_repository(unload_dependents)"})
 _tracer = trace.get_tracer("mmguard")
+log = logging.getLogger("mmguard.dataplane")
+
+
+def unknown_model(model: str) -> ProxyError:
+    return ProxyError(ErrorKind.NOT_FOUND, f"model '{model}' is not served by mmguard")
 
 
 @dataclass
@@ -45,22 +65,93 @@ class DataPlane:
         return True
 
     async def ready(self) -> bool:
+        self._check_contracts()
         return not self.draining and await self.runtime.ready()
 
     async def model_ready(self, model: str, version: str = "") -> bool:
+        if self._unservable(model) is not None:
+            return False
         return not self.draining and await self.runtime.model_ready(model, version)
 
-    def server_metadata(self) -> dict[str, object]:
-        return {"name": "mmguard", "version": __version__, "extensions": list(EXTENSIONS)}
+    def _unservable(self, model: str) -> str | None:
+        """Why a route cannot be served whatever the request (None: it can)."""
+        route = self.runtime.routes.get(model)
+        contract = self.runtime.contracts.get(model)
+        if route is None or contract is None or not contract.decoupled:
+            return None
+        backend = self.runtime.backends[route.spec.backend]
+        if backend.protocol != "http":
+            return None
+        return (f"model '{model}' (route '{model}', backend '{route.spec.backend}' model "
+                f"'{route.target.model}') is decoupled, and Triton streams decoupled models "
+                f"over gRPC only: a triton_http backend cannot serve it; route it to a "
+                f"triton_grpc backend")
+
+    def _check_contracts(self) -> None:
+        """Say once, when a contract is learned, that its route cannot work (readiness is
+        polled every half second, so this is within that of the contract's arrival)."""
+        seen = self.runtime.store.setdefault("v2_contracts_checked", set())
+        for model, contract in self.runtime.contracts.items():
+            key = (model, contract.fingerprint)
+            if key in seen:
+                continue
+            seen.add(key)
+            why = self._unservable(model)
+            if why is not None:
+                log.error("config: %s", why, extra={"fields": {"route": model}})
+
+    async def server_metadata(self) -> tuple[dict[str, Any], str]:
+        """The server metadata to answer, and what it is (for the ``mmguard-server-metadata``
+        header): the backend's (``v2.server_metadata: backend``) or mmguard's own."""
+        config = self.runtime.config
+        own: dict[str, Any] = {"name": "mmguard", "version": __version__,
+                               "extensions": list(EXTENSIONS)}
+        if config.v2.repository_api:
+            own["extensions"] += sorted(_REPOSITORY_EXTENSIONS)
+        name = config.v2_backend()
+        if config.v2.server_metadata == "mmguard" or name is None:
+            return own, "mmguard"
+        try:
+            meta = await self.runtime.backends[name].server_metadata()
+        except ProxyError as err:
+            return own, f"mmguard (backend '{name}' did not answer: {err.message[:200]})"
+        if meta is None:
+            return own, "mmguard"
+        refused = _REFUSED_EXTENSIONS | (set() if config.v2.repository_api
+                                         else _REPOSITORY_EXTENSIONS)
+        extensions = [e for e in meta.get("extensions", []) if e not in refused]
+        return ({"name": str(meta.get("name", "")), "version": str(meta.get("version", "")),
+                 "extensions": [*extensions, MMGUARD_EXTENSION]}, f"backend '{name}'")
+
+    def repository_backend(self, rpc: str, authorization: str | None) -> Backend:
+        """The backend a repository call goes to, once the switch and the token allow it."""
+        config = self.runtime.config
+        if not config.v2.repository_api:
+            raise ProxyError(ErrorKind.UNIMPLEMENTED,
+                             f"{rpc}: the model repository API is off in mmguard "
+                             f"(v2.repository_api: false); load and unload models on the model "
+                             f"server, or turn it on (it then needs the admin token)")
+        digest = config.listeners.admin._token_digest
+        scheme, _, token = (authorization or "").partition(" ")
+        given = hashlib.sha256(token.strip().encode()).hexdigest()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given, digest):
+            raise ProxyError(ErrorKind.UNAUTHENTICATED,
+                             f"{rpc}: the model repository API needs 'authorization: Bearer "
+                             f"<admin token>' (the listeners.admin token)")
+        name = config.v2_backend()
+        assert name is not None  # the config refuses repository_api without one
+        return self.runtime.backends[name]
 
     def contract(self, model: str) -> ModelContract:
         """The served contract, under the name clients use (raises NOT_FOUND / UNAVAILABLE)."""
+        if model not in self.runtime.routes:
+            raise unknown_model(model)
         return self.runtime.contract(model)
 
     def model_stats(self, model: str = "") -> dict[str, ModelStats]:
         if model:
             if model not in self.runtime.routes:
-                raise ProxyError(ErrorKind.NOT_FOUND, f"model '{model}' is not served by mmguard")
+                raise unknown_model(model)
             return {model: self.stats.get(model, ModelStats())}
         return {name: self.stats.get(name, ModelStats()) for name in self.runtime.routes}
 
@@ -92,7 +183,7 @@ class DataPlane:
         m.in_flight.inc()
         start = time.perf_counter_ns()
         try:
-            reply = await self.runtime.handle(call)
+            reply = await self._handle(call)
         except asyncio.CancelledError:
             # The client went away or its deadline passed (grpc.aio cancels the handler): the
             # call still counts, so the metrics agree with what the clients saw.
@@ -120,6 +211,14 @@ class DataPlane:
                 for observe in self.runtime.store.get("observers", {}).values():
                     observe(call, reply, elapsed / 1e9)
         return reply
+
+    async def _handle(self, call: Call) -> Reply:
+        if call.model not in self.runtime.routes:
+            return LocalReply.from_error(unknown_model(call.model))
+        why = self._unservable(call.model)
+        if why is not None:
+            return LocalReply(ErrorKind.FAILED_PRECONDITION, why)
+        return await self.runtime.handle(call)
 
     def _account(self, call: Call, reply: Reply | None, elapsed_ns: int) -> None:
         """The per-model statistics the v2 statistics endpoints report (no reply: the call

@@ -5,16 +5,22 @@ Rules that MUST hold:
   and text (``origin="backend"``); a transport failure says which backend and address failed.
 - ``infer`` never waits past ``min(call.remaining(), timeout_s)``.
 - ``metadata`` returns the backend's real contract; the caller caches it.
+- ``server_metadata`` and the repository methods speak the backend's own answer (or raise its
+  error as it gave it); a backend without them says so (UNIMPLEMENTED, naming itself).
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator
+from typing import Any
 
 from proxy.call import Call, Result, StreamItem, Target
 from proxy.contract import ModelContract
 from proxy.errors import ErrorKind, ProxyError
+
+RepositoryParameter = bool | int | str | bytes
+"""A repository load/unload parameter (``config``, ``file:<path>`` contents, ...)."""
 
 
 class Backend(abc.ABC):
@@ -43,6 +49,27 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
+
+    async def server_metadata(self) -> dict[str, Any] | None:
+        """The backend's own ``{name, version, extensions}``; None when it has none."""
+        return None
+
+    async def repository_index(self, ready: bool) -> list[dict[str, str]]:
+        """The backend's model repository: ``{name, version, state, reason}`` per model (empty
+        fields left out, as Triton's HTTP answer does)."""
+        raise self._no_repository()
+
+    async def repository_load(self, model: str,
+                              parameters: dict[str, RepositoryParameter]) -> None:
+        raise self._no_repository()
+
+    async def repository_unload(self, model: str,
+                                parameters: dict[str, RepositoryParameter]) -> None:
+        raise self._no_repository()
+
+    def _no_repository(self) -> ProxyError:
+        return ProxyError(ErrorKind.UNIMPLEMENTED,
+                          f"backend '{self.name}' ({self.protocol}) has no model repository API")
 
     def timeout_for(self, call: Call) -> float:
         remaining = call.remaining()

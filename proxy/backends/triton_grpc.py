@@ -16,7 +16,7 @@ import grpc
 
 from proxy import codec_grpc, shm_handoff
 from proxy.answers import answer_source
-from proxy.backends.base import Backend
+from proxy.backends.base import Backend, RepositoryParameter
 from proxy.backends.propagation import forward_metadata
 from proxy.call import Call, LocalReply, Result, StreamItem, Target, Wire
 from proxy.config import TritonGrpcBackend as GrpcConfig
@@ -178,6 +178,43 @@ class TritonGrpcBackend(Backend):
         finally:
             rpc.cancel()
 
+    # --- server metadata and the repository API (forwarded as they are) ---------------------
+
+    async def server_metadata(self) -> dict[str, Any] | None:
+        try:
+            meta = await self._stubs[0].ServerMetadata(pb.ServerMetadataRequest(), timeout=2.0)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc, "(server metadata)") from None
+        return {"name": meta.name, "version": meta.version, "extensions": list(meta.extensions)}
+
+    async def repository_index(self, ready: bool) -> list[dict[str, str]]:
+        try:
+            resp = await self._stubs[0].RepositoryIndex(pb.RepositoryIndexRequest(ready=ready),
+                                                        timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc, "(repository index)") from None
+        return [{k: v for k, v in (("name", m.name), ("version", m.version),
+                                   ("state", m.state), ("reason", m.reason)) if v}
+                for m in resp.models]
+
+    async def repository_load(self, model: str,
+                              parameters: dict[str, RepositoryParameter]) -> None:
+        req = pb.RepositoryModelLoadRequest(model_name=model)
+        _set_repository_parameters(req.parameters, parameters)
+        try:  # a load may take long (the model starts): the backend's own timeout, not 2 s
+            await self._stubs[0].RepositoryModelLoad(req, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc, model) from None
+
+    async def repository_unload(self, model: str,
+                                parameters: dict[str, RepositoryParameter]) -> None:
+        req = pb.RepositoryModelUnloadRequest(model_name=model)
+        _set_repository_parameters(req.parameters, parameters)
+        try:
+            await self._stubs[0].RepositoryModelUnload(req, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc, model) from None
+
     def _error(self, exc: grpc.aio.AioRpcError, model: str) -> ProxyError:
         code = exc.code()
         details = exc.details() or ""
@@ -192,6 +229,20 @@ class TritonGrpcBackend(Backend):
             await self.handoff.close(self._unregister)
         for c in self._channels:
             await c.close()
+
+
+def _set_repository_parameters(target: Any,
+                               parameters: dict[str, RepositoryParameter]) -> None:
+    for key, value in parameters.items():
+        slot = target[key]
+        if isinstance(value, bool):
+            slot.bool_param = value
+        elif isinstance(value, int):
+            slot.int64_param = value
+        elif isinstance(value, bytes):
+            slot.bytes_param = value
+        else:
+            slot.string_param = value
 
 
 def contract_from_triton(name: str, versions: list[str], platform: str,

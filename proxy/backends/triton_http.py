@@ -4,6 +4,7 @@ keep-alive connections. An unedited HTTP request is forwarded as its original bo
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -12,6 +13,7 @@ import aiohttp
 
 from proxy import codec_http, shm_handoff
 from proxy.answers import answer_source
+from proxy.backends.base import RepositoryParameter
 from proxy.backends.http_base import HttpBackend
 from proxy.backends.propagation import forward_headers
 from proxy.backends.triton_grpc import contract_from_triton
@@ -132,6 +134,47 @@ class TritonHttpBackend(HttpBackend):
                 pass
         await super().close()
 
+    # --- server metadata and the repository API (forwarded as they are) ---------------------
+
+    async def server_metadata(self) -> dict[str, Any] | None:
+        return await self._get_json("/v2", "(server metadata)")
+
+    async def repository_index(self, ready: bool) -> list[dict[str, str]]:
+        data = await self._post_repository("/v2/repository/index", {"ready": ready},
+                                           "(repository index)")
+        index = json.loads(data) if data else []
+        return [{k: str(v) for k, v in m.items()} for m in index]
+
+    async def repository_load(self, model: str,
+                              parameters: dict[str, RepositoryParameter]) -> None:
+        await self._post_repository(f"/v2/repository/models/{model}/load",
+                                    _repository_body(parameters), model)
+
+    async def repository_unload(self, model: str,
+                                parameters: dict[str, RepositoryParameter]) -> None:
+        await self._post_repository(f"/v2/repository/models/{model}/unload",
+                                    _repository_body(parameters), model)
+
+    async def _post_repository(self, path: str, body: dict[str, Any], model: str) -> bytes:
+        try:
+            async with self.session.post(self.base + path, json=body,
+                                         timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+                                         ) as r:
+                data = await r.read()
+                if r.status != 200:
+                    raise self._status_error(r.status, data)
+                return data
+        except aiohttp.ClientError as exc:
+            raise self._transport_error(exc, model) from None
+
     @staticmethod
     def _model_path(model: str, version: str) -> str:
         return f"/v2/models/{model}" + (f"/versions/{version}" if version else "")
+
+
+def _repository_body(parameters: dict[str, RepositoryParameter]) -> dict[str, Any]:
+    """Triton's HTTP form: file contents (``file:<path>``) travel base64-encoded."""
+    if not parameters:
+        return {}
+    return {"parameters": {k: base64.b64encode(v).decode() if isinstance(v, bytes) else v
+                           for k, v in parameters.items()}}

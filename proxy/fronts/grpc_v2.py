@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -16,7 +17,8 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from proxy import codec_grpc, shm_fronts
+from proxy import __version__, codec_grpc, shm_fronts
+from proxy.backends.base import RepositoryParameter
 from proxy.call import Call, LocalReply, Result, StreamItem
 from proxy.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError
@@ -24,13 +26,12 @@ from proxy.pb import grpc_service_pb2 as pb
 from proxy.shm import SharedMemory, uses_shared_memory
 
 SERVICE = "inference.GRPCInferenceService"
+log = logging.getLogger("mmguard.grpc")
 STREAM_QUEUE = 8
 """Answers of one ModelStreamInfer stream that may wait for a client that does not read."""
+STREAM_IN_FLIGHT = 8
+"""Requests of one ModelStreamInfer stream at the backend at once (decoupled ones stream on)."""
 _UNIMPLEMENTED = {
-    "RepositoryIndex": "mmguard is a sidecar proxy: it does not manage the model repository; "
-                       "ask the model server directly",
-    "RepositoryModelLoad": "mmguard does not load models; load them on the model server",
-    "RepositoryModelUnload": "mmguard does not unload models; unload them on the model server",
     "TraceSetting": "trace settings are mmguard config (telemetry.otlp_endpoint), not an RPC",
     "LogSettings": "log settings are mmguard config (telemetry.log_level), not an RPC",
 }
@@ -64,6 +65,9 @@ class GrpcFront:
             "ModelMetadata": (self.model_metadata, pb.ModelMetadataRequest),
             "ModelConfig": (self.model_config, pb.ModelConfigRequest),
             "ModelStatistics": (self.model_statistics, pb.ModelStatisticsRequest),
+            "RepositoryIndex": (self.repository_index, pb.RepositoryIndexRequest),
+            "RepositoryModelLoad": (self.repository_load, pb.RepositoryModelLoadRequest),
+            "RepositoryModelUnload": (self.repository_unload, pb.RepositoryModelUnloadRequest),
         }
         methods: dict[str, grpc.RpcMethodHandler] = {
             name: grpc.unary_unary_rpc_method_handler(
@@ -91,9 +95,37 @@ class GrpcFront:
         return pb.ModelReadyResponse(ready=await self.plane.model_ready(req.name, req.version))
 
     async def server_metadata(self, req: Any, ctx: Any) -> pb.ServerMetadataResponse:
-        meta = self.plane.server_metadata()
-        return pb.ServerMetadataResponse(name=str(meta["name"]), version=str(meta["version"]),
-                                         extensions=list(meta["extensions"]))  # type: ignore
+        meta, source = await self.plane.server_metadata()
+        await ctx.send_initial_metadata((("mmguard-version", __version__),
+                                         ("mmguard-server-metadata", source)))
+        return pb.ServerMetadataResponse(name=meta["name"], version=meta["version"],
+                                         extensions=meta["extensions"])
+
+    # --- the repository API (forwarded when v2.repository_api is on) ------------------------
+
+    async def repository_index(self, req: pb.RepositoryIndexRequest,
+                               ctx: Any) -> pb.RepositoryIndexResponse:
+        backend = self.plane.repository_backend("RepositoryIndex", _authorization(ctx))
+        resp = pb.RepositoryIndexResponse()
+        for m in await backend.repository_index(req.ready):
+            resp.models.add(**m)
+        return resp
+
+    async def repository_load(self, req: pb.RepositoryModelLoadRequest,
+                              ctx: Any) -> pb.RepositoryModelLoadResponse:
+        backend = self.plane.repository_backend("RepositoryModelLoad", _authorization(ctx))
+        log.info("repository: load of model %r forwarded to backend %r", req.model_name,
+                 backend.name)
+        await backend.repository_load(req.model_name, _repository_parameters(req.parameters))
+        return pb.RepositoryModelLoadResponse()
+
+    async def repository_unload(self, req: pb.RepositoryModelUnloadRequest,
+                                ctx: Any) -> pb.RepositoryModelUnloadResponse:
+        backend = self.plane.repository_backend("RepositoryModelUnload", _authorization(ctx))
+        log.info("repository: unload of model %r forwarded to backend %r", req.model_name,
+                 backend.name)
+        await backend.repository_unload(req.model_name, _repository_parameters(req.parameters))
+        return pb.RepositoryModelUnloadResponse()
 
     async def model_metadata(self, req: pb.ModelMetadataRequest,
                              ctx: Any) -> pb.ModelMetadataResponse:
@@ -157,40 +189,13 @@ class GrpcFront:
 
     async def model_stream_infer(self, requests: AsyncIterator[bytes],
                                  context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        """A client's requests reach the backend strictly in the order sent: the next one is
-        read (and its chain run) only once the backend has answered the previous one in full
-        (a decoupled model: up to its final response). That is what sequence models need
-        (START, then the rest of a correlation id, in order) and it bounds a stream to one
-        request in flight; responses go out in the backend's order. A client that sends
-        faster than the backend answers, or never reads, is pushed back on: at most
-        ``STREAM_QUEUE`` answers wait for it, then no more requests are read and HTTP/2 flow
-        control stops the sender. Errors are stream messages with ``error_message``, as Triton
+        """A client's requests reach the backend strictly in the order sent (see
+        ``_OrderedStream``); responses go out in the backend's order, decoupled ones
+        interleaved as they come. Errors are stream messages with ``error_message``, as Triton
         sends them, and the stream stays open."""
-        headers = client_headers(context)
         out: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=STREAM_QUEUE)
-
-        async def pump() -> None:
-            try:
-                async for body in requests:
-                    try:
-                        call = codec_grpc.decode_request(body)
-                    except ProxyError as err:
-                        await out.put(codec_grpc.stream_error(err.message))
-                        continue
-                    call.headers = headers
-                    # Closed here, not by the garbage collector: a cancelled stream cancels
-                    # its backend call at once.
-                    async with contextlib.aclosing(self.plane.stream(call)) as items:
-                        async for item in items:
-                            await out.put(_stream_item(call, item))
-            except asyncio.CancelledError:
-                raise  # the stream is gone: no end marker, nobody reads it
-            except BaseException:
-                await out.put(None)
-                raise
-            await out.put(None)
-
-        reader = asyncio.create_task(pump())
+        stream = _OrderedStream(self.plane, client_headers(context), out)
+        reader = asyncio.create_task(stream.run(requests))
         try:
             while (msg := await out.get()) is not None:
                 yield msg
@@ -199,6 +204,66 @@ class GrpcFront:
             if not reader.done():
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
+
+
+class _OrderedStream:
+    """One client stream's requests, each run through the chain and sent to the backend in
+    the order the client sent them.
+
+    The next request is read only once the backend has shown it holds the previous one: that
+    request's first response (or its end) came back. Sequence models get their requests in
+    order (START, then the rest of a correlation id); a decoupled request keeps streaming while
+    the next ones go ahead. Bounded: at most ``STREAM_IN_FLIGHT`` requests in flight and
+    ``STREAM_QUEUE`` answers waiting for the client; past that no more requests are read and
+    HTTP/2 flow control stops a client that sends faster than the backend answers, or never
+    reads. Everything is cancelled (backend calls included) when the client goes."""
+
+    def __init__(self, plane: DataPlane, headers: dict[str, str],
+                 out: asyncio.Queue[bytes | None]) -> None:
+        self.plane = plane
+        self.headers = headers
+        self.out = out
+        self.slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
+        self.running: set[asyncio.Task[None]] = set()
+
+    async def run(self, requests: AsyncIterator[bytes]) -> None:
+        try:
+            async for body in requests:
+                try:
+                    call = codec_grpc.decode_request(body)
+                except ProxyError as err:
+                    await self.out.put(codec_grpc.stream_error(err.message))
+                    continue
+                call.headers = self.headers
+                await self.slots.acquire()
+                reached = asyncio.Event()
+                task = asyncio.create_task(self._answer(call, reached))
+                self.running.add(task)
+                task.add_done_callback(self.running.discard)
+                await reached.wait()
+            await asyncio.gather(*self.running)
+        except asyncio.CancelledError:
+            raise  # the stream is gone: no end marker, nobody reads it
+        except BaseException:
+            await self.out.put(None)
+            raise
+        finally:
+            for task in self.running:
+                task.cancel()
+            await asyncio.gather(*self.running, return_exceptions=True)
+        await self.out.put(None)
+
+    async def _answer(self, call: Call, reached: asyncio.Event) -> None:
+        try:
+            # Closed here, not by the garbage collector: a cancelled stream cancels its
+            # backend call at once.
+            async with contextlib.aclosing(self.plane.stream(call)) as items:
+                async for item in items:
+                    reached.set()
+                    await self.out.put(_stream_item(call, item))
+        finally:
+            reached.set()
+            self.slots.release()
 
 
 def _stream_item(call: Call, item: StreamItem) -> bytes:
@@ -211,6 +276,18 @@ def _stream_item(call: Call, item: StreamItem) -> bytes:
         return codec_grpc.stream_response(codec_grpc.encode_response(call, item))
     except ProxyError as err:
         return codec_grpc.stream_error(err.message)
+
+
+def _authorization(context: grpc.aio.ServicerContext) -> str | None:
+    return client_headers(context).get("authorization")
+
+
+def _repository_parameters(params: Any) -> dict[str, RepositoryParameter]:
+    out: dict[str, RepositoryParameter] = {}
+    for key, p in params.items():
+        which = p.WhichOneof("parameter_choice")
+        out[key] = getattr(p, which) if which else ""
+    return out
 
 
 def _typed(fn: Callable[[Any, Any], Awaitable[Message]]) -> Callable[..., Awaitable[Message]]:

@@ -1,21 +1,30 @@
 """The KServe v2 HTTP/REST front (aiohttp): JSON tensors and the binary tensor extension.
 
-Bodies over the listener's limit are refused with 413 before they are read. Errors are
-``{"error": "..."}`` with the status from ``proxy.errors.STATUS``; filter decisions go out as
-``mmguard-*`` response headers.
+Bodies are read once through ``proxy.fronts.body`` (gzip / deflate inflated there, bounded):
+over ``max_request_bytes`` — or ``max_json_bytes`` for JSON — they get 413. Big JSON is parsed
+and written in a worker thread; answers are compressed when the client's ``Accept-Encoding``
+asks, as Triton does. Errors are ``{"error": "..."}`` with the status from
+``proxy.errors.STATUS``; filter decisions go out as ``mmguard-*`` response headers. The
+repository API and server metadata are the data plane's (``v2`` config).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import json
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
-from proxy import codec_http, shm_fronts
-from proxy.call import LocalReply
+from proxy import __version__, codec_http, shm_fronts
+from proxy.backends.base import RepositoryParameter
+from proxy.call import Call, LocalReply, Result
 from proxy.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError
 from proxy.fronts.body import read_body
@@ -24,8 +33,10 @@ from proxy.shm import SharedMemory, uses_shared_memory
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TIMEOUT_HEADER = "mmguard-timeout-ms"
+log = logging.getLogger("mmguard.http")
 DECODE_INLINE_BYTES = 256 * 1024
-"""Bodies up to this are decoded on the event loop; bigger ones in a worker thread."""
+"""JSON (a body's, an answer's) up to this is parsed (written) on the event loop; bigger in a
+worker thread."""
 _ANSWER_CODINGS = ("gzip", "deflate")
 
 
@@ -72,6 +83,9 @@ class HttpFront:
         r.add_get("/v2/health/ready", self.ready)
         r.add_get("/v2", self.server_metadata)
         r.add_get("/v2/models/stats", self.stats)
+        r.add_post("/v2/repository/index", self.repository_index)
+        r.add_post("/v2/repository/models/{model}/load", self.repository_load)
+        r.add_post("/v2/repository/models/{model}/unload", self.repository_unload)
         for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             r.add_get(base, self.model_metadata)
             r.add_get(base + "/ready", self.model_ready)
@@ -88,7 +102,55 @@ class HttpFront:
         return web.Response(status=200 if await self.plane.ready() else 503)
 
     async def server_metadata(self, request: web.Request) -> web.Response:
-        return web.json_response(self.plane.server_metadata())
+        meta, source = await self.plane.server_metadata()
+        return web.json_response(meta, headers={"mmguard-version": __version__,
+                                                "mmguard-server-metadata": source})
+
+    # --- the repository API (forwarded when v2.repository_api is on) ------------------------
+
+    async def repository_index(self, request: web.Request) -> web.Response:
+        backend = self.plane.repository_backend("repository index",
+                                                request.headers.get("Authorization"))
+        doc = await self._repository_body(request)
+        ready = doc.get("ready", False)
+        if not isinstance(ready, bool):
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             f"'ready' must be true or false, got {ready!r:.60}")
+        return web.json_response(await backend.repository_index(ready))
+
+    async def repository_load(self, request: web.Request) -> web.Response:
+        return await self._repository_change(request, "load")
+
+    async def repository_unload(self, request: web.Request) -> web.Response:
+        return await self._repository_change(request, "unload")
+
+    async def _repository_change(self, request: web.Request, action: str) -> web.Response:
+        model = request.match_info["model"]
+        backend = self.plane.repository_backend(f"repository {action}",
+                                                request.headers.get("Authorization"))
+        parameters = repository_parameters(await self._repository_body(request))
+        log.info("repository: %s of model %r forwarded to backend %r", action, model,
+                 backend.name)
+        if action == "load":
+            await backend.repository_load(model, parameters)
+        else:
+            await backend.repository_unload(model, parameters)
+        return web.Response(status=200)
+
+    async def _repository_body(self, request: web.Request) -> dict[str, Any]:
+        body = await read_body(request, self.max_request_bytes)
+        if not body.strip():
+            return {}
+        try:
+            doc = json.loads(body)
+        except ValueError as exc:
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             f"the request body is not JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             f"the request body must be a JSON object, got "
+                             f"{type(doc).__name__}")
+        return doc
 
     async def model_metadata(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
@@ -126,7 +188,9 @@ class HttpFront:
         body = await self._read_infer_body(request, header_length)
         decode_args = (body, header_length, request.match_info["model"],
                        request.match_info.get("version", ""), request.content_type, True)
-        if len(body) > DECODE_INLINE_BYTES:  # JSON and tensor building off the loop
+        json_part = int(header_length) if header_length and header_length.isdigit() else None
+        if (len(body) if json_part is None else json_part) > DECODE_INLINE_BYTES:
+            # Big JSON off the loop; binary tensors are views of the body, decoded in place.
             call = await asyncio.to_thread(codec_http.decode_request, *decode_args)
         else:
             call = codec_http.decode_request(*decode_args)
@@ -141,7 +205,10 @@ class HttpFront:
             if reply.reset:
                 drop_connection(request)
             return error_response(reply, call.decisions)
-        data, hlen = codec_http.encode_response(call, reply)
+        if _json_answer_bytes(call, reply) > DECODE_INLINE_BYTES:
+            data, hlen = await asyncio.to_thread(codec_http.encode_response, call, reply)
+        else:
+            data, hlen = codec_http.encode_response(call, reply)
         headers = dict(call.decisions)
         if hlen is not None:
             headers[codec_http.HEADER_LENGTH] = str(hlen)
@@ -167,6 +234,39 @@ class HttpFront:
                              f"({codec_http.HEADER_LENGTH}); this listener accepts at most "
                              f"{self.max_json_bytes} (listeners.http.max_json_bytes)")
         return await read_body(request, self.max_request_bytes)
+
+
+def _json_answer_bytes(call: Call, reply: Result) -> int:
+    """About how much of an answer is to be written as JSON (the costly part to encode)."""
+    if reply.wire is not None and reply.wire.protocol == "http":
+        return 0  # forwarded as it came
+    binary_all = bool(call.parameters.get("binary_data_output", False))
+    asked = {o.name: o.parameters for o in call.outputs}
+    return sum(t.nbytes for t in reply.outputs
+               if not asked.get(t.name, {}).get("binary_data", binary_all))
+
+
+def repository_parameters(doc: dict[str, Any]) -> dict[str, RepositoryParameter]:
+    """Triton's HTTP load/unload ``parameters``: scalars, and ``file:<path>`` contents in
+    base64 (decoded here, so a gRPC backend gets the bytes)."""
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise ProxyError(ErrorKind.INVALID_ARGUMENT, "'parameters' must be an object")
+    out: dict[str, RepositoryParameter] = {}
+    for key, value in params.items():
+        if key.startswith("file:") and isinstance(value, str):
+            try:
+                out[key] = base64.b64decode(value, validate=True)
+            except binascii.Error:
+                raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                                 f"parameter '{key:.100}' must be base64") from None
+        elif isinstance(value, bool | int | str):
+            out[key] = value
+        else:
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             f"parameter '{key:.100}' must be a string, number or boolean, got "
+                             f"{type(value).__name__}")
+    return out
 
 
 def answer_coding(accept_encoding: str) -> str | None:

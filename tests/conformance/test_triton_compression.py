@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aiohttpclient
 
@@ -110,3 +111,19 @@ async def test_aio_client_compressed(target: Target) -> None:
         assert got is not None and got.tobytes() == data.tobytes()
     finally:
         await client.close()
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate"])
+def test_grpc_compressed_messages(target: Target, coding: str) -> None:
+    """gRPC message compression (``compression_algorithm``): gRPC inflates it itself, within
+    the listener's message limit; the answer is the same."""
+    client = grpcclient.InferenceServerClient(target.grpc_url)
+    try:
+        data = np.arange(4096, dtype=np.float32).reshape(1, 4096)
+        tensor = grpcclient.InferInput("INPUT0", [1, 4096], "FP32")
+        tensor.set_data_from_numpy(data)
+        result = client.infer("identity_fp32", [tensor], compression_algorithm=coding)
+        got = result.as_numpy("OUTPUT0")
+        assert got is not None and got.tobytes() == data.tobytes()
+    finally:
+        client.close()

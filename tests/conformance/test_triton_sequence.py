@@ -5,6 +5,7 @@ on the first request", or wrong running sums)."""
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from typing import Any
@@ -16,6 +17,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.conformance.conftest import Target
+from tests.support.mmguard import RunningMmguard
+from tests.support.triton import TritonServer
 
 SEQUENCES = 16
 STEPS = 6
@@ -195,3 +198,34 @@ def test_decoupled_error_keeps_stream_open(stream_target: Target) -> None:
     errors = [e for _, e in got if e is not None]
     assert len(errors) == 1 and "count must be >= 0" in str(errors[0])
     assert sorted(int(r.as_numpy("value")[0]) for r, e in got if e is None) == [0, 1]
+
+
+def test_decoupled_model_behind_http_backend_is_named_at_load(
+        triton: TritonServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Triton streams decoupled models over gRPC only, so a route that sends one to a
+    triton_http backend can never work: mmguard says so as soon as it learns the contract
+    (an error naming route, backend and model), reports the model not ready, and refuses its
+    calls with that reason instead of forwarding them to fail."""
+    config = {"backends": [{"kind": "triton_http", "name": "triton", "url": triton.http_url}],
+              "models": [{"name": "counter", "backend": "triton",
+                          "backend_model": "decoupled_counter"},
+                         {"name": "identity_fp32", "backend": "triton"}]}
+    with caplog.at_level(logging.ERROR, logger="mmguard.dataplane"), \
+            RunningMmguard(config) as proxy:
+        proxy.wait_ready()
+        errors = [r.getMessage() for r in caplog.records if r.name == "mmguard.dataplane"]
+        client = httpclient.InferenceServerClient(proxy.http_url)
+        try:
+            assert not client.is_model_ready("counter")
+            assert client.is_model_ready("identity_fp32")
+            t = httpclient.InferInput("count", [1], "INT32")
+            t.set_data_from_numpy(np.array([2], dtype=np.int32))
+            with pytest.raises(InferenceServerException) as err:
+                client.infer("counter", [t])
+        finally:
+            client.close()
+    assert len(errors) == 1, errors
+    for text in (errors[0], err.value.message()):
+        assert "route 'counter'" in text and "model 'decoupled_counter'" in text
+        assert "triton_grpc" in text
+    assert err.value.status() == "412"

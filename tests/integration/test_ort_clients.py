@@ -112,7 +112,7 @@ def test_repository_and_shared_memory_rpcs_say_why(ort_proxy: RunningMmguard) ->
     from tritonclient.utils import InferenceServerException
     with pytest.raises(InferenceServerException) as exc:
         client.load_model("clip_demo")
-    assert "UNIMPLEMENTED" in str(exc.value) and "does not load models" in str(exc.value)
+    assert "UNIMPLEMENTED" in str(exc.value) and "v2.repository_api" in str(exc.value)
     with pytest.raises(InferenceServerException) as exc:
         client.get_system_shared_memory_status()
     # Off unless configured (docs/shared-memory.md): the refusal says how to turn it on.

@@ -40,27 +40,27 @@ Traps (each one is handled by :class:`TritonServer`):
 
 Models (all ``backend: "python"``, one KIND_CPU instance, no dynamic batching)
 ------------------------------------------------------------------------------
-==================  ==========================================  ==============================  ===
-model               inputs                                      outputs                         mbs
-==================  ==========================================  ==============================  ===
-identity_fp32       INPUT0 FP32 [-1]                            OUTPUT0 FP32 [-1]               8
-identity_fp16       INPUT0 FP16 [-1]                            OUTPUT0 FP16 [-1]               8
-identity_bf16       INPUT0 BF16 [-1]                            OUTPUT0 BF16 [-1]               8
-identity_int64      INPUT0 INT64 [-1]                           OUTPUT0 INT64 [-1]              8
-identity_bool       INPUT0 BOOL [-1]                            OUTPUT0 BOOL [-1]               8
-identity_bytes      INPUT0 BYTES (TYPE_STRING) [-1]             OUTPUT0 BYTES [-1]              8
-pixel_identity      pixel_values FP32 [3,224,224]               pixel_out FP32 [3,224,224]      8
-small_fp32          x FP32 [16]                                 y FP32 [16] = 2 * x             8
-clip_demo           pixel_values FP32 [3,224,224],              image_embeds FP32 [64],         8
-                    input_ids INT64 [77]                        text_embeds FP32 [64],
-                                                                similarity FP32 [1] (see below)
-slow_fp32           x FP32 [-1], delay_ms INT32 [1] (optional)  y FP32 [-1] = x                 8
-fail_fp32           x FP32 [-1]                                 y FP32 [-1] (never sent)        8
-sequence_accumulate INPUT INT32 [1] (+ START, END, CORRID)      OUTPUT INT32 [1] (running sum)  32
-decoupled_counter   count INT32 [1]                             value INT32 [1] (decoupled)     0
-classify_fp32       x FP32 [10]                                 probs FP32 [10] (labels.txt)    0
-echo_params         INPUT0 FP32 [-1]                            OUTPUT0 = INPUT0, PARAMS BYTES  0
-==================  ==========================================  ==============================  ===
+===================  ==========================================  ==============================  ===
+model                inputs                                      outputs                         mbs
+===================  ==========================================  ==============================  ===
+identity_fp32        INPUT0 FP32 [-1]                            OUTPUT0 FP32 [-1]               8
+identity_fp16        INPUT0 FP16 [-1]                            OUTPUT0 FP16 [-1]               8
+identity_bf16        INPUT0 BF16 [-1]                            OUTPUT0 BF16 [-1]               8
+identity_int64       INPUT0 INT64 [-1]                           OUTPUT0 INT64 [-1]              8
+identity_bool        INPUT0 BOOL [-1]                            OUTPUT0 BOOL [-1]               8
+identity_bytes       INPUT0 BYTES (TYPE_STRING) [-1]             OUTPUT0 BYTES [-1]              8
+pixel_identity       pixel_values FP32 [3,224,224]               pixel_out FP32 [3,224,224]      8
+small_fp32           x FP32 [16]                                 y FP32 [16] = 2 * x             8
+clip_demo            pixel_values FP32 [3,224,224],              image_embeds FP32 [64],         8
+                     input_ids INT64 [77]                        text_embeds FP32 [64],
+                                                                 similarity FP32 [1] (see below)
+slow_fp32            x FP32 [-1], delay_ms INT32 [1] (optional)  y FP32 [-1] = x                 8
+fail_fp32            x FP32 [-1]                                 y FP32 [-1] (never sent)        8
+sequence_accumulate  INPUT INT32 [1] (+ START, END, CORRID)      OUTPUT INT32 [1] (running sum)  32
+decoupled_counter    count INT32 [1]                             value INT32 [1] (decoupled)     0
+classify_fp32        x FP32 [10]                                 probs FP32 [10] (labels.txt)    0
+echo_params          INPUT0 FP32 [-1]                            OUTPUT0 = INPUT0, PARAMS BYTES  0
+===================  ==========================================  ==============================  ===
 
 (Shapes above are config dims; with max_batch_size 8 the wire shapes get a leading batch dim.)
 
