@@ -1,0 +1,51 @@
+"""``proxy.answers``: the length checks every backend answer goes through."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from proxy.answers import check_outputs, output_problem
+from proxy.errors import ErrorKind, ProxyError
+from proxy.tensor import Tensor, encode_bytes_elements
+
+
+def test_fitting_outputs_pass() -> None:
+    fp = np.zeros((2, 3), np.float32).tobytes()
+    assert output_problem("y", "FP32", (2, 3), memoryview(fp)) is None
+    assert output_problem("y", "BF16", (4,), bytes(8)) is None
+    assert output_problem("y", "BYTES", (3,), encode_bytes_elements([b"", b"\0", b"ab"])) is None
+    assert output_problem("y", "BYTES", (0,), b"") is None
+    assert output_problem("y", "FP32", (2, 2), None, [[1.0, 2.0], [3.0, 4.0]]) is None
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (("FP32", (4,), bytes(12)), "FP32 shape [4] needs 16 bytes, got 12"),
+    (("INT64", (1, 2), bytes(24)), "INT64 shape [1, 2] needs 16 bytes, got 24"),
+    (("FP32", (-1,), b""), "negative dim"),
+    (("FP99", (1,), bytes(4)), "unknown datatype 'FP99'"),
+    (("BYTES", (2,), encode_bytes_elements([b"a"])), "needs 2 elements, got 1"),
+    (("BYTES", (1,), encode_bytes_elements([b"a", b"b"])), "needs 1 elements, got 2"),
+    (("BYTES", (1,), struct.pack("<I", 5) + b"abc"), "declares 5 bytes, only 3 remain"),
+    (("BYTES", (2,), encode_bytes_elements([b"a"]) + b"\x01\x00"), "cut length prefix"),
+])
+def test_outputs_that_do_not_fit(args: tuple[str, tuple[int, ...], bytes], expected: str) -> None:
+    problem = output_problem("y", *args)
+    assert problem is not None and expected in problem and "output 'y'" in problem
+
+
+def test_json_data_count() -> None:
+    problem = output_problem("y", "INT32", (2, 2), None, [[1, 2], [3]])
+    assert problem is not None and "needs 4 elements, the JSON data has 3" in problem
+
+
+def test_check_outputs_is_internal_from_the_backend() -> None:
+    bad = Tensor("y", "FP32", (2,), raw=bytes(4))
+    with pytest.raises(ProxyError) as err:
+        check_outputs([Tensor("x", "FP32", (1,), raw=bytes(4)), bad],
+                      "backend 'b' for model 'm'")
+    assert err.value.kind is ErrorKind.INTERNAL and err.value.origin == "backend"
+    assert err.value.message == ("backend 'b' for model 'm' answered outside its contract: "
+                                 "output 'y': FP32 shape [2] needs 8 bytes, got 4")
