@@ -316,10 +316,10 @@ def encode_response(call: Call, result: Result) -> tuple[bytes, int | None]:
         return header + memoryview(wire.body)[end:], len(header)
     want_binary_all = bool(call.parameters.get("binary_data_output", False))
     asked = {o.name: o.parameters for o in call.outputs}
-    head: dict[str, Any] = {"model_name": call.model, "model_version": result.version,
-                            "outputs": []}
-    if call.id or result.id:
+    head: dict[str, Any] = {}
+    if call.id or result.id:  # first, where Triton puts it: the same bytes as from Triton
         head["id"] = call.id or result.id
+    head.update({"model_name": call.model, "model_version": result.version, "outputs": []})
     if result.parameters:
         head["parameters"] = result.parameters
     chunks: list[Any] = []

@@ -6,8 +6,10 @@ request parameters as the model itself sees them."""
 from __future__ import annotations
 
 import json
+import urllib.request
 from typing import Any
 
+import grpc
 import ml_dtypes
 import numpy as np
 import pytest
@@ -16,7 +18,9 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 
+from proxy.pb import grpc_service_pb2 as pb
 from tests.conformance.conftest import Target
+from tests.support.triton import TritonServer
 
 PAYLOADS: dict[str, np.ndarray] = {
     "FP32": np.array([[1.5, -0.0, np.inf, 3.25e-38]], np.float32),
@@ -190,3 +194,47 @@ async def test_grpc_aio_client(target: Target) -> None:
         assert json.loads(seen.as_numpy("PARAMS")[0]) == PARAMETERS
     finally:
         await client.close()
+
+
+def _post(http_url: str, model: str, body: bytes, hlen: int | None) -> tuple[bytes, str | None]:
+    headers = {"Content-Type": "application/json"}
+    if hlen is not None:
+        headers["Inference-Header-Content-Length"] = str(hlen)
+    req = urllib.request.Request(f"http://{http_url}/v2/models/{model}/infer", data=body,
+                                 headers=headers, method="POST")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.read(), r.headers.get("Inference-Header-Content-Length")
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_http_answer_is_tritons_byte_for_byte(target: Target, triton: TritonServer,
+                                              binary: bool) -> None:
+    """The whole answer body, header length included, as Triton itself sends it — whether
+    mmguard forwarded Triton's HTTP answer or re-encoded its gRPC one."""
+    x = np.arange(4, dtype=np.float32)
+    inp: dict[str, Any] = {"name": "INPUT0", "datatype": "FP32", "shape": [4]}
+    if binary:
+        inp["parameters"] = {"binary_data_size": 16}
+        outs = [{"name": "OUTPUT0", "parameters": {"binary_data": True}}, {"name": "PARAMS"}]
+        head = json.dumps({"id": "b-1", "inputs": [inp], "outputs": outs}).encode()
+        body, hlen = head + x.tobytes(), len(head)
+    else:
+        inp["data"] = x.tolist()
+        body, hlen = json.dumps({"id": "j-1", "inputs": [inp],
+                                 "parameters": {"p": 1}}).encode(), None
+    assert _post(target.http_url, "echo_params", body, hlen) == \
+        _post(triton.http_url, "echo_params", body, hlen)
+
+
+def test_grpc_answer_is_tritons_byte_for_byte(target: Target, triton: TritonServer) -> None:
+    req = pb.ModelInferRequest(model_name="echo_params", id="g-1")
+    req.inputs.add(name="INPUT0", datatype="FP32", shape=[4])
+    req.raw_input_contents.append(np.arange(4, dtype=np.float32).tobytes())
+    answers = []
+    for url in (target.grpc_url, triton.grpc_url):
+        with grpc.insecure_channel(url) as channel:
+            infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+            answers.append(infer(req.SerializeToString(), timeout=30))
+    assert pb.ModelInferResponse.FromString(answers[0]) == \
+        pb.ModelInferResponse.FromString(answers[1])
+    assert answers[0] == answers[1]
