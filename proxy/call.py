@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from proxy.errors import ErrorKind, ProxyError
+from proxy.errors import ErrorKind, ProxyError, bounded
 from proxy.tensor import Tensor
 
 T = TypeVar("T")
@@ -205,6 +205,9 @@ class LocalReply:
     param: str | None = None  # the request field at fault, for OpenAI-shaped errors
     injected: str | None = None  # "<experiment>/<action>" when a fault experiment made it
     reset: bool = False  # injected "connection reset": HTTP fronts drop the connection
+
+    def __post_init__(self) -> None:
+        self.message = bounded(self.message)  # the same bound as ProxyError's
 
     @classmethod
     def from_error(cls, err: ProxyError) -> LocalReply:

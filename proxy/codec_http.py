@@ -16,7 +16,15 @@ import numpy as np
 from proxy.answers import answer_error, output_problem
 from proxy.call import Call, Decoded, RequestedOutput, Result, Wire
 from proxy.errors import ErrorKind, ProxyError
-from proxy.tensor import DATATYPES, Payload, Tensor
+from proxy.tensor import (
+    DATATYPES,
+    MAX_PARAMETERS,
+    MAX_RANK,
+    MAX_TENSORS,
+    Payload,
+    Tensor,
+    itemsize,
+)
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_TYPE = "application/json"
@@ -56,6 +64,7 @@ def decode_request(body: bytes, header_length: str | None, model: str, version: 
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise bad("the request needs a non-empty 'inputs' list")
+    _check_count("'inputs'", len(raw_inputs), MAX_TENSORS, "inputs")
     view = memoryview(body)
     offset = hlen or 0
     inputs = []
@@ -69,6 +78,7 @@ def decode_request(body: bytes, header_length: str | None, model: str, version: 
     requested = doc.get("outputs") or []
     if not isinstance(requested, list):
         raise bad(f"'outputs' must be a list, got {type(requested).__name__}")
+    _check_count("'outputs'", len(requested), MAX_TENSORS, "outputs")
     for o in requested:
         if not isinstance(o, dict) or not isinstance(o.get("name"), str):
             raise bad("each entry of 'outputs' must be an object with a 'name'")
@@ -100,6 +110,8 @@ def _decode_input(i: int, item: Any, view: memoryview, offset: int,
     _check_text(name, f"inputs[{i}].name")
     if not isinstance(datatype, str) or datatype not in DATATYPES:
         raise bad(f"input '{name}': unknown datatype {datatype!r}")
+    if isinstance(shape, list):
+        _check_count(f"input '{name}': 'shape'", len(shape), MAX_RANK, "dims")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
                                               for d in shape):
         raise bad(f"input '{name}': 'shape' must be a list of integers, got {shape!r}")
@@ -128,11 +140,54 @@ def _decode_input(i: int, item: Any, view: memoryview, offset: int,
             raise bad(f"input '{name}': 'data' must be a list, got "
                       f"{type(item['data']).__name__}")
         t = Tensor(name, datatype, tuple(shape), data=item["data"], parameters=params)
+        t.check_shape()
+        _check_json_count(t)
         _check_json_data(t)
     else:
         raise bad(f"input '{name}' has neither 'data' nor a binary_data_size parameter")
     t.check_payload()
     return t, offset
+
+
+def _check_count(where: str, count: int, limit: int, what: str) -> None:
+    if count > limit:
+        raise bad(f"{where} has {count} {what}; mmguard takes at most {limit}")
+
+
+def _check_json_count(t: Tensor) -> None:
+    """The shape's element count against the elements of 'data', before any conversion: a
+    shape of [1] with a million numbers is refused without building a million-element array."""
+    assert t.data is not None
+    count = t.elements
+    limit = 2 * count + 1024  # exact counts for small mistakes, a bound for huge lists
+    held = _count_json_elements(t.data, limit)
+    if held == count:
+        return
+    exact = held <= limit
+    got = f"{held}" if exact else f"more than {limit}"
+    size = itemsize(t.datatype)
+    if size is None:
+        raise bad(f"input '{t.name}': shape needs {count} BYTES elements, got {got} in 'data'")
+    got_bytes = f"{held * size}" if exact else f"more than {limit * size}"
+    raise bad(f"input '{t.name}': {t.datatype} shape {list(t.shape)} needs {count * size} bytes, "
+              f"got {got_bytes} ({got} elements in 'data')")
+
+
+def _count_json_elements(data: list[Any], limit: int) -> int:
+    """The elements of a (possibly nested) JSON list, counted up to ``limit + 1``."""
+    count = 0
+    stack = [iter(data)]
+    while stack:
+        for x in stack[-1]:
+            if isinstance(x, list):
+                stack.append(iter(x))
+                break
+            count += 1
+            if count > limit:
+                return count
+        else:
+            stack.pop()
+    return count
 
 
 def _check_json_data(t: Tensor) -> None:
@@ -155,6 +210,7 @@ def _check_text(text: str, what: str) -> None:
 
 def _check_params(where: str, params: dict[str, Any]) -> None:
     """v2 parameters are bools, 64-bit integers, numbers or strings (what protobuf can hold)."""
+    _check_count(f"{where}: 'parameters'", len(params), MAX_PARAMETERS, "entries")
     for key, value in params.items():
         _check_text(key, f"{where}: a parameter name")
         if isinstance(value, str):

@@ -40,7 +40,15 @@ class HttpListener(Strict):
     port: int = Field(9000, ge=0, le=65535)
     """0 picks a free port (logged at start)."""
     max_request_bytes: int = Field(64 * MiB, gt=0)
-    """Bodies above this are refused with 413 before they are read."""
+    """Bodies above this are refused with 413 before they are read; a compressed body is
+    refused as soon as it inflates past it (it is never held whole)."""
+    max_json_bytes: int = Field(8 * MiB, gt=0)
+    """Pure-JSON request bodies (no binary tensor part), and the JSON header of binary ones,
+    above this get 413. Smaller than ``max_request_bytes`` on purpose: a JSON tensor costs about
+    ten times its size to parse into numbers (57 MiB of JSON held +700 MB), and the parser holds
+    the interpreter lock while it runs (about 0.1 s per 8 MiB here, even in a worker thread), so
+    a big JSON body stalls every other request; binary tensors cost neither. Raise it only for
+    clients that cannot send the binary extension."""
     trust_canary_headers: bool = False
     """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
     tls: TlsServer | None = None

@@ -137,13 +137,18 @@ class DataPlane:
         if isinstance(reply, LocalReply) or reply.stream is None:
             yield reply
             return
+        stream = reply.stream
         try:
-            async for item in reply.stream:
+            async for item in stream:
                 yield item
         except ProxyError as exc:
             yield LocalReply.from_error(exc)
         except Exception as exc:  # a stream never ends without a last word to the client
             yield LocalReply(ErrorKind.INTERNAL, f"stream failed: {type(exc).__name__}: {exc}")
+        finally:
+            close = getattr(stream, "aclose", None)
+            if close is not None:  # a client that left cancels the backend call now
+                await close()
 
 
 def _batch_size(call: Call) -> int:

@@ -9,9 +9,37 @@ server has exactly that bug).
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import grpc
+
+MAX_MESSAGE_CHARS = 1000
+"""The longest error message mmguard sends. gRPC carries the message as percent-encoded
+``grpc-message`` metadata, and clients refuse metadata past 8 KiB (RESOURCE_EXHAUSTED instead of
+the real error); 1000 characters stay under that even when every one is escaped."""
+
+MAX_HEADER_CHARS = 256
+"""The longest value of an ``mmguard-*`` header or trailer (a decision's detail)."""
+
+SHOWN_NAMES = 5
+"""How many names an error lists before it gives the count of the rest."""
+
+
+def bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` cut to at most ``limit`` characters; a cut says how much was left out."""
+    if len(text) <= limit:
+        return text
+    tail = f" … [cut: {len(text) - limit} more characters]"
+    return text[:max(0, limit - len(tail))] + tail
+
+
+def name_list(names: Iterable[str], shown: int = SHOWN_NAMES) -> str:
+    """``['a', 'b', …] and N more``: the first few names of a list that may be huge."""
+    items = list(names)
+    head = ", ".join(repr(bounded(n, 64)) for n in items[:shown])
+    more = len(items) - shown
+    return f"[{head}, … and {more} more]" if more > 0 else f"[{head}]"
 
 
 class ErrorKind(enum.Enum):
@@ -87,6 +115,7 @@ class ProxyError(Exception):
     def __init__(self, kind: ErrorKind, message: str, *, origin: str = "mmguard",
                  retry_after_s: float | None = None, status: int | None = None,
                  body: bytes | None = None, param: str | None = None) -> None:
+        message = bounded(message)  # the one bound every refusal passes, whoever wrote it
         super().__init__(message)
         self.kind = kind
         self.message = message

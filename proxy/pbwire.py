@@ -1,15 +1,21 @@
 """A walk over the top-level fields of a protobuf message, without copying.
 
-Used to take the tensor payload fields (``raw_input_contents``, ``raw_output_contents``) out of
-a v2 message as memoryview slices while the small rest is parsed normally: a 600 KB tensor is
-then never copied into a Python bytes object on its way through mmguard.
+Used to take the tensor payload fields (``raw_input_contents``, ``raw_output_contents``, typed
+``contents``) out of a v2 message as memoryview slices while the small rest is parsed normally:
+a 600 KB tensor is then never copied into a Python bytes object on its way through mmguard, and
+a repeated field is counted (numpy over its bytes, or a walk with a budget) before any list of
+its values exists.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
-_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+import numpy as np
+from numpy.typing import NDArray
+
+VARINT, I64, LEN, I32 = 0, 1, 2, 5
 
 
 class WireError(ValueError):
@@ -31,23 +37,49 @@ def _varint(view: memoryview, pos: int) -> tuple[int, int]:
             raise WireError(f"varint longer than 10 bytes at byte {pos}")
 
 
-def fields(view: memoryview) -> Iterator[tuple[int, int, int, int]]:
+class FieldLimit(WireError):
+    """A message holds more of something than mmguard takes (not broken framing)."""
+
+    def __init__(self, limit: int, what: str) -> None:
+        super().__init__(f"more than {limit} {what}")
+        self.limit = limit
+        self.what = what
+
+
+class Budget:
+    """How many more fields a walk may visit: each costs Python time, so a message of millions
+    of tiny fields is refused once the budget is spent instead of being walked to its end."""
+
+    def __init__(self, fields: int, what: str = "fields") -> None:
+        self.limit = self.left = fields
+        self.what = what
+
+    def spend(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise FieldLimit(self.limit, self.what)
+
+
+def fields(view: memoryview, budget: Budget | None = None
+           ) -> Iterator[tuple[int, int, int, int]]:
     """(field number, start of the tag, start of the value, end) for each top-level field."""
     pos = 0
     while pos < len(view):
+        if budget is not None:
+            budget.spend()
         start = pos
         key, pos = _varint(view, pos)
         number, wire_type = key >> 3, key & 7
         if number == 0:
             raise WireError(f"field number 0 at byte {start}")
-        if wire_type == _VARINT:
+        if wire_type == VARINT:
             _, end = _varint(view, pos)
-        elif wire_type == _LEN:
+        elif wire_type == LEN:
             length, pos = _varint(view, pos)
             end = pos + length
-        elif wire_type == _I64:
+        elif wire_type == I64:
             end = pos + 8
-        elif wire_type == _I32:
+        elif wire_type == I32:
             end = pos + 4
         else:
             raise WireError(f"unsupported wire type {wire_type} for field {number}")
@@ -55,6 +87,57 @@ def fields(view: memoryview) -> Iterator[tuple[int, int, int, int]]:
             raise WireError(f"field {number} runs past the end ({end} > {len(view)} bytes)")
         yield number, start, pos, end
         pos = end
+
+
+def wire_type_at(view: memoryview, start: int) -> int:
+    """The wire type of the field whose tag starts at ``start``."""
+    return int(view[start]) & 7
+
+
+def count_varints(view: memoryview) -> int:
+    """How many varints a packed field holds: one per byte without the continuation bit."""
+    data = np.frombuffer(view, dtype=np.uint8)
+    if data.size and data[-1] & 0x80:
+        raise WireError("a packed varint field ends inside a varint")
+    return int(np.count_nonzero(data < 0x80))
+
+
+def decode_varints(view: memoryview | bytes) -> NDArray[np.uint64]:
+    """All varints of a packed field, as uint64, decoded by numpy (no Python int per value)."""
+    data = np.frombuffer(view, dtype=np.uint8)
+    if not data.size:
+        return np.zeros(0, dtype=np.uint64)
+    ends = np.flatnonzero(data < 0x80)
+    if not ends.size or ends[-1] != data.size - 1:
+        raise WireError("a packed varint field ends inside a varint")
+    if ends.size == data.size:  # every value below 128: one byte each
+        return data.astype(np.uint64)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    lengths = ends - starts + 1
+    if int(lengths.max()) > 10 or bool(np.any((lengths == 10) & (data[ends] > 1))):
+        raise WireError("a varint does not fit 64 bits")
+    # The shift of each byte is 7 × its place inside its own varint.
+    place: NDArray[Any] = np.arange(data.size) - np.repeat(starts, lengths)
+    groups = (data & 0x7F).astype(np.uint64) << (place * 7).astype(np.uint64)
+    values: NDArray[np.uint64] = np.bitwise_or.reduceat(groups, starts)
+    return values
+
+
+def encode_varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def len_field(number: int, payload: bytes | memoryview) -> bytes:
+    """A length-delimited field: tag, length, payload."""
+    return encode_varint((number << 3) | LEN) + encode_varint(len(payload)) + bytes(payload)
 
 
 def split(body: bytes, raw_field: int) -> tuple[bytes, list[memoryview]]:

@@ -87,7 +87,7 @@ class Server:
                      if cfg.tls is not None}
         self.http_port = await self._serve_http(
             self._http_app(lc.http), lc.http.host, _pick(self._ports.http, lc.http.port),
-            self._tls.get("http"), lc.http.max_header_bytes)
+            self._tls.get("http"), lc.http.max_header_bytes, auto_decompress=False)
         self.admin_port = await self._serve_http(
             self._admin_app(lc.admin), lc.admin.host, _pick(self._ports.admin, lc.admin.port),
             self._tls.get("admin"), lc.admin.max_header_bytes)
@@ -111,7 +111,7 @@ class Server:
 
     def _http_app(self, cfg: HttpListener) -> web.Application:
         app = HttpFront(self.plane, cfg.max_request_bytes,
-                        self.config.openai.image_url_allow_hosts).app()
+                        self.config.openai.image_url_allow_hosts, cfg.max_json_bytes).app()
         guards = [_header_budget(cfg.max_header_bytes, "http", self._refused)]
         if cfg.max_concurrent_requests is not None:
             guards.append(_concurrency_limit(cfg.max_concurrent_requests, "http", self._refused))
@@ -125,11 +125,15 @@ class Server:
         return app
 
     async def _serve_http(self, app: web.Application, host: str, port: int,
-                          tls: ListenerTls | None, max_header_bytes: int) -> int:
+                          tls: ListenerTls | None, max_header_bytes: int,
+                          auto_decompress: bool = True) -> int:
         # aiohttp's parser refuses any one line (request line or header) above the limit.
+        # auto_decompress=False: the fronts inflate bodies themselves, once and bounded
+        # (proxy.fronts.body).
         runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                shutdown_timeout=self.config.shutdown_grace_s,
-                               max_line_size=max_header_bytes, max_field_size=max_header_bytes)
+                               max_line_size=max_header_bytes, max_field_size=max_header_bytes,
+                               auto_decompress=auto_decompress)
         await runner.setup()
         site = web.TCPSite(runner, host, port, reuse_port=False,
                            ssl_context=None if tls is None else tls.ssl_context)

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from proxy.errors import MAX_HEADER_CHARS, bounded
+
 if TYPE_CHECKING:
     from proxy.call import Call
 
@@ -154,7 +156,7 @@ class Telemetry:
         trailer (``mmguard-<filter>-<header>`` when a filter makes several kinds of decision;
         the counter's label is then ``<header>:<decision>``), a counter, a span event and a log
         line."""
-        value = f"{decision}; {detail}" if detail else decision
+        value = bounded(f"{decision}; {detail}" if detail else decision, MAX_HEADER_CHARS)
         name = f"mmguard-{filter_name}" + (f"-{header}" if header else "")
         call.decisions[name] = value
         if header:

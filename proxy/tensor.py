@@ -65,6 +65,15 @@ def element_count(shape: tuple[int, ...]) -> int:
 MAX_DIM = 2**31 - 1
 """The largest dimension mmguard passes on."""
 
+# Bounds on the repeated parts of one request, checked before anything is built from them: each
+# costs Python time and memory per entry, and a 7 MiB body holds millions of tiny entries.
+MAX_RANK = 64
+"""The most dimensions a tensor may have (numpy's own limit; no array library takes more)."""
+MAX_TENSORS = 4096
+"""The most inputs (and, separately, requested outputs) one request may name."""
+MAX_PARAMETERS = 1024
+"""The most entries one ``parameters`` map (of the request, an input, an output) may hold."""
+
 
 @dataclass(slots=True)
 class Tensor:
@@ -143,22 +152,12 @@ class Tensor:
 
     def check_payload(self) -> None:
         """Raise INVALID_ARGUMENT unless the payload matches shape × datatype."""
-        if self.datatype not in DATATYPES:
-            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                             f"input '{self.name}': unknown datatype '{self.datatype}'")
-        if any(d < 0 for d in self.shape):
-            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                             f"input '{self.name}': shape {list(self.shape)} has a negative dim")
-        if any(d > MAX_DIM for d in self.shape):
-            # No array (numpy, ONNX Runtime, Triton) takes such a dim, even with 0 elements.
-            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                             f"input '{self.name}': shape {list(self.shape)} has a dim above "
-                             f"{MAX_DIM}")
+        self.check_shape()
         if self.raw is None:
             return
         size = itemsize(self.datatype)
         if size is None:
-            decode_bytes_elements(self.raw, self.elements, name=self.name)
+            check_bytes_elements(self.raw, self.elements, name=self.name)
             return
         expected = self.elements * size
         if len(self.raw) != expected:
@@ -167,6 +166,24 @@ class Tensor:
                 f"input '{self.name}': {self.datatype} shape {list(self.shape)} needs "
                 f"{expected} bytes, got {len(self.raw)}",
             )
+
+    def check_shape(self) -> None:
+        """Raise INVALID_ARGUMENT unless datatype and shape are ones mmguard passes on."""
+        if self.datatype not in DATATYPES:
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             f"input '{self.name}': unknown datatype '{self.datatype}'")
+        if len(self.shape) > MAX_RANK:
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             f"input '{self.name}': shape has {len(self.shape)} dims; mmguard "
+                             f"takes at most {MAX_RANK}")
+        if any(d < 0 for d in self.shape):
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             f"input '{self.name}': shape {list(self.shape)} has a negative dim")
+        if any(d > MAX_DIM for d in self.shape):
+            # No array (numpy, ONNX Runtime, Triton) takes such a dim, even with 0 elements.
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             f"input '{self.name}': shape {list(self.shape)} has a dim above "
+                             f"{MAX_DIM}")
 
     @classmethod
     def from_numpy(cls, name: str, arr: NDArray[Any], datatype: str | None = None) -> Tensor:
@@ -188,29 +205,80 @@ def encode_bytes_elements(items: list[Any]) -> bytes:
     return b"".join(parts)
 
 
+_PREFIX = struct.Struct("<I")
+
+
+def check_bytes_elements(raw: Payload, count: int, name: str = "") -> None:
+    """Raise INVALID_ARGUMENT unless ``raw`` frames exactly ``count`` BYTES elements.
+
+    The cost is bounded by ``count``, never by what the payload claims: a payload that cannot
+    hold ``count`` prefixes is refused at once, a payload of equal-length elements (the common
+    case, and a buffer of millions of empty ones) is checked by numpy in one pass, and any other
+    is walked only up to the first element past the shape's count."""
+    view = memoryview(raw).cast("B")
+    if _uniform_length(view, count, name) is None:
+        _walk_bytes(view, count, name, None)
+
+
 def decode_bytes_elements(raw: Payload, count: int, name: str = "") -> list[bytes]:
     """Split length-prefixed BYTES elements; raise INVALID_ARGUMENT if the framing is broken."""
     view = memoryview(raw).cast("B")
-    items: list[bytes] = []
-    pos = 0
-    while pos < len(view):
-        if pos + 4 > len(view):
-            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                             f"input '{name}': BYTES element {len(items)} has a cut length prefix")
-        (n,) = struct.unpack_from("<I", view, pos)
+    length = _uniform_length(view, count, name)
+    if length == 0:
+        return [b""] * count
+    if length is not None:
+        records = np.frombuffer(view, dtype=np.dtype([("n", "<u4"), ("s", f"V{length}")]))
+        items: list[bytes] = records["s"].tolist()
+        return items
+    spans: list[int] = []
+    _walk_bytes(view, count, name, spans)
+    return [bytes(view[spans[i]:spans[i + 1]]) for i in range(0, len(spans), 2)]
+
+
+def _uniform_length(view: memoryview, count: int, name: str) -> int | None:
+    """The length of every element when all ``count`` are equally long, else None."""
+    size = len(view)
+    if count * 4 > size:  # every element takes at least its 4-byte length prefix
+        raise _framing_error(name, f"shape needs {count} BYTES elements (at least {count * 4} "
+                                   f"bytes of length prefixes), got {size} bytes")
+    if count == 0:
+        if size:
+            raise _framing_error(name, f"shape needs 0 BYTES elements, got {size} bytes")
+        return 0
+    (first,) = _PREFIX.unpack_from(view, 0)
+    if count * (4 + first) != size:
+        return None
+    prefixes: NDArray[np.uint32] = np.ndarray((count,), dtype="<u4", buffer=view,
+                                              strides=(4 + first,))
+    return first if bool((prefixes == first).all()) else None
+
+
+def _walk_bytes(view: memoryview, count: int, name: str, spans: list[int] | None) -> None:
+    """Walk at most ``count`` prefixes (a payload holding more elements than the shape is
+    refused past the shape's last one, not counted to its end); ``spans`` gets each element's
+    start and end."""
+    size, pos = len(view), 0
+    unpack = _PREFIX.unpack_from
+    for i in range(count):
+        if pos + 4 > size:
+            if pos == size:
+                raise _framing_error(name, f"shape needs {count} BYTES elements, got {i}")
+            raise _framing_error(name, f"BYTES element {i} has a cut length prefix")
+        (n,) = unpack(view, pos)
         pos += 4
-        if pos + n > len(view):
-            raise ProxyError(
-                ErrorKind.INVALID_ARGUMENT,
-                f"input '{name}': BYTES element {len(items)} declares {n} bytes, "
-                f"only {len(view) - pos} remain",
-            )
-        items.append(bytes(view[pos:pos + n]))
+        if pos + n > size:
+            raise _framing_error(name, f"BYTES element {i} declares {n} bytes, only "
+                                       f"{size - pos} remain")
+        if spans is not None:
+            spans += (pos, pos + n)
         pos += n
-    if len(items) != count:
-        raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                         f"input '{name}': shape needs {count} BYTES elements, got {len(items)}")
-    return items
+    if pos != size:
+        raise _framing_error(name, f"shape needs {count} BYTES elements, got more: {size - pos} "
+                                   f"bytes follow element {count - 1}")
+
+
+def _framing_error(name: str, detail: str) -> ProxyError:
+    return ProxyError(ErrorKind.INVALID_ARGUMENT, f"input '{name}': {detail}")
 
 
 def _flatten(data: Any) -> list[Any]:

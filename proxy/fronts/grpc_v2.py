@@ -8,6 +8,7 @@ out as trailing metadata (``mmguard-*``); errors are encoded through ``proxy.err
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -22,6 +23,8 @@ from proxy.errors import STATUS, ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
 
 SERVICE = "inference.GRPCInferenceService"
+STREAM_QUEUE = 8
+"""Answers of one ModelStreamInfer stream that may wait for a client that does not read."""
 _UNIMPLEMENTED = {
     "RepositoryIndex": "mmguard is a sidecar proxy: it does not manage the model repository; "
                        "ask the model server directly",
@@ -158,42 +161,48 @@ class GrpcFront:
 
     async def model_stream_infer(self, requests: AsyncIterator[bytes],
                                  context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        """Each request runs the chain on its own; responses are written as they arrive, in the
-        order the backend produces them (decoupled models may interleave). Errors are stream
-        messages with ``error_message``, as Triton sends them, and the stream stays open."""
+        """A client's requests reach the backend strictly in the order sent: the next one is
+        read (and its chain run) only once the backend has answered the previous one in full
+        (a decoupled model: up to its final response). That is what sequence models need
+        (START, then the rest of a correlation id, in order) and it bounds a stream to one
+        request in flight; responses go out in the backend's order. A client that sends
+        faster than the backend answers, or never reads, is pushed back on: at most
+        ``STREAM_QUEUE`` answers wait for it, then no more requests are read and HTTP/2 flow
+        control stops the sender. Errors are stream messages with ``error_message``, as Triton
+        sends them, and the stream stays open."""
         headers = client_headers(context)
-        out: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=64)
-        tasks: set[asyncio.Task[None]] = set()
-
-        async def serve(body: bytes) -> None:
-            try:
-                call = codec_grpc.decode_request(body)
-            except ProxyError as err:
-                await out.put(codec_grpc.stream_error(err.message))
-                return
-            call.headers = headers
-            async for item in self.plane.stream(call):
-                await out.put(_stream_item(call, item))
+        out: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=STREAM_QUEUE)
 
         async def pump() -> None:
             try:
                 async for body in requests:
-                    t = asyncio.create_task(serve(body))
-                    tasks.add(t)
-                    t.add_done_callback(tasks.discard)
-                while tasks:
-                    await asyncio.gather(*list(tasks), return_exceptions=True)
-            finally:
+                    try:
+                        call = codec_grpc.decode_request(body)
+                    except ProxyError as err:
+                        await out.put(codec_grpc.stream_error(err.message))
+                        continue
+                    call.headers = headers
+                    # Closed here, not by the garbage collector: a cancelled stream cancels
+                    # its backend call at once.
+                    async with contextlib.aclosing(self.plane.stream(call)) as items:
+                        async for item in items:
+                            await out.put(_stream_item(call, item))
+            except asyncio.CancelledError:
+                raise  # the stream is gone: no end marker, nobody reads it
+            except BaseException:
                 await out.put(None)
+                raise
+            await out.put(None)
 
         reader = asyncio.create_task(pump())
         try:
             while (msg := await out.get()) is not None:
                 yield msg
+            await reader  # a failure of the pump surfaces as the stream's status
         finally:
-            reader.cancel()
-            for t in list(tasks):
-                t.cancel()
+            if not reader.done():
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
 
 
 def _stream_item(call: Call, item: StreamItem) -> bytes:

@@ -7,10 +7,9 @@ Bodies over the listener's limit are refused with 413 before they are read. Erro
 
 from __future__ import annotations
 
-import gzip
+import asyncio
 import math
 import time
-import zlib
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -19,10 +18,14 @@ from proxy import codec_http
 from proxy.call import LocalReply
 from proxy.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError
+from proxy.fronts.body import read_body
 from proxy.fronts.openai import OpenAIFront, drop_connection
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TIMEOUT_HEADER = "mmguard-timeout-ms"
+DECODE_INLINE_BYTES = 256 * 1024
+"""Bodies up to this are decoded on the event loop; bigger ones in a worker thread."""
+_ANSWER_CODINGS = ("gzip", "deflate")
 
 
 def error_response(reply: LocalReply, decisions: dict[str, str] | None = None) -> web.Response:
@@ -51,9 +54,11 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 class HttpFront:
     def __init__(self, plane: DataPlane, max_request_bytes: int,
-                 image_url_allow_hosts: tuple[str, ...] = ()) -> None:
+                 image_url_allow_hosts: tuple[str, ...] = (),
+                 max_json_bytes: int | None = None) -> None:
         self.plane = plane
         self.max_request_bytes = max_request_bytes
+        self.max_json_bytes = min(max_json_bytes or max_request_bytes, max_request_bytes)
         self.openai = OpenAIFront(plane, max_request_bytes, image_url_allow_hosts)
 
     def app(self) -> web.Application:
@@ -113,15 +118,14 @@ class HttpFront:
         return web.json_response({"model_stats": out})
 
     async def infer(self, request: web.Request) -> web.Response:
-        length = request.content_length
-        if length is not None and length > self.max_request_bytes:
-            raise ProxyError(ErrorKind.TOO_LARGE,
-                             f"request body is {length} bytes; this listener accepts at most "
-                             f"{self.max_request_bytes}")
-        body = _decompress(await request.read(), request.headers.get("Content-Encoding"))
-        call = codec_http.decode_request(
-            body, request.headers.get(codec_http.HEADER_LENGTH), request.match_info["model"],
-            request.match_info.get("version", ""), request.content_type)
+        header_length = request.headers.get(codec_http.HEADER_LENGTH)
+        body = await self._read_infer_body(request, header_length)
+        decode_args = (body, header_length, request.match_info["model"],
+                       request.match_info.get("version", ""), request.content_type)
+        if len(body) > DECODE_INLINE_BYTES:  # JSON and tensor building off the loop
+            call = await asyncio.to_thread(codec_http.decode_request, *decode_args)
+        else:
+            call = codec_http.decode_request(*decode_args)
         call.headers = {k.lower(): v for k, v in request.headers.items()}
         timeout_ms = call.headers.get(TIMEOUT_HEADER)
         if timeout_ms is not None:
@@ -136,24 +140,38 @@ class HttpFront:
         if hlen is not None:
             headers[codec_http.HEADER_LENGTH] = str(hlen)
         self.plane.telemetry.response_bytes.labels(call.model, "http").inc(len(data))
-        return web.Response(body=data, headers=headers,
-                            content_type=codec_http.BINARY_TYPE if hlen is not None
-                            else codec_http.JSON_TYPE)
+        response = web.Response(body=data, headers=headers,
+                                content_type=codec_http.BINARY_TYPE if hlen is not None
+                                else codec_http.JSON_TYPE)
+        coding = answer_coding(request.headers.get("Accept-Encoding", ""))
+        if coding is not None:  # as Triton does; aiohttp compresses big bodies off the loop
+            response.enable_compression(web.ContentCoding(coding))
+        return response
+
+    async def _read_infer_body(self, request: web.Request, header_length: str | None) -> bytes:
+        """The body, inflated once and bounded: a pure JSON body by ``max_json_bytes``, a
+        binary one by ``max_request_bytes`` with its JSON header by ``max_json_bytes``."""
+        if header_length is None:
+            return await read_body(request, self.max_json_bytes,
+                                   "listeners.http.max_json_bytes; send big tensors in "
+                                   "binary form")
+        if header_length.isdigit() and int(header_length) > self.max_json_bytes:
+            raise ProxyError(ErrorKind.TOO_LARGE,
+                             f"the JSON header of a binary request is {header_length} bytes "
+                             f"({codec_http.HEADER_LENGTH}); this listener accepts at most "
+                             f"{self.max_json_bytes} (listeners.http.max_json_bytes)")
+        return await read_body(request, self.max_request_bytes)
 
 
-def _decompress(body: bytes, encoding: str | None) -> bytes:
-    if not encoding or encoding == "identity":
-        return body
-    try:
-        if encoding == "gzip":
-            return gzip.decompress(body)
-        if encoding == "deflate":
-            return zlib.decompress(body)
-    except (OSError, zlib.error, EOFError) as exc:
-        raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                         f"body is not valid {encoding}: {exc}") from None
-    raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                     f"unsupported Content-Encoding {encoding!r} (gzip, deflate)")
+def answer_coding(accept_encoding: str) -> str | None:
+    """The coding to compress an answer with, from the client's ``Accept-Encoding`` (the first
+    of gzip / deflate it names without ``q=0``), or None for an uncompressed answer."""
+    for part in accept_encoding.split(","):
+        name, _, params = part.strip().partition(";")
+        name = name.strip().lower()
+        if name in _ANSWER_CODINGS and params.replace(" ", "").lower() not in ("q=0", "q=0.0"):
+            return name
+    return None
 
 
 def _positive_ms(value: str) -> float:

@@ -19,6 +19,7 @@ from proxy import openai_api
 from proxy.call import Call, LocalReply, Result, SseEvent
 from proxy.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError
+from proxy.fronts.body import read_body
 
 log = logging.getLogger("mmguard.openai")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -55,7 +56,7 @@ class OpenAIFront:
             raise ProxyError(ErrorKind.TOO_LARGE,
                              f"request body is {request.content_length} bytes; this listener "
                              f"accepts at most {self.max_request_bytes}")
-        return await request.read()
+        return await read_body(request, self.max_request_bytes)  # inflated once, bounded
 
     async def models(self, request: web.Request) -> web.Response:
         runtime = self.plane.runtime

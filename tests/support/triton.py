@@ -56,6 +56,7 @@ clip_demo           pixel_values FP32 [3,224,224],              image_embeds FP3
                                                                 similarity FP32 [1] (see below)
 slow_fp32           x FP32 [-1], delay_ms INT32 [1] (optional)  y FP32 [-1] = x                 8
 fail_fp32           x FP32 [-1]                                 y FP32 [-1] (never sent)        8
+sequence_accumulate INPUT INT32 [1] (+ START, END, CORRID)      OUTPUT INT32 [1] (running sum)  32
 decoupled_counter   count INT32 [1]                             value INT32 [1] (decoupled)     0
 classify_fp32       x FP32 [10]                                 probs FP32 [10] (labels.txt)    0
 echo_params         INPUT0 FP32 [-1]                            OUTPUT0 = INPUT0, PARAMS BYTES  0
@@ -81,6 +82,9 @@ echo_params         INPUT0 FP32 [-1]                            OUTPUT0 = INPUT0
 * classify_fp32: probs = x, emitted as [1, 10, 1, 1] (``reshape``), clients see [10]; the
   output's ``label_filename`` gives the classification extension its labels.
 * echo_params: PARAMS = [the request's parameters as the model sees them, JSON text].
+* sequence_accumulate: sequence batcher (direct strategy, 32 slots) with START / END / CORRID
+  control inputs; OUTPUT is the running sum of INPUT for the correlation id, so a request that
+  arrives out of order gives a wrong sum (or an error, when it comes before its START).
 * decoupled_counter: ``count`` responses ``value = [i]`` for i in 0..count-1, 10 ms apart, then an
   empty response flagged FINAL. Negative count -> one error response.
 """
@@ -156,6 +160,7 @@ class _Model:
     decoupled: bool = False
     parameters: tuple[tuple[str, str], ...] = ()
     files: tuple[tuple[str, str], ...] = ()  # (name beside config.pbtxt, file in triton_models/)
+    scheduling: str = ""  # a scheduler block (sequence_batching { ... }) as pbtxt
 
     def pbtxt(self, extra_parameters: dict[str, str] | None = None) -> str:
         params = dict(self.parameters)
@@ -170,6 +175,8 @@ class _Model:
         ]
         if self.decoupled:
             parts.append("model_transaction_policy { decoupled: true }")
+        if self.scheduling:
+            parts.append(self.scheduling)
         for key, value in params.items():
             parts.append(
                 f'parameters {{ key: "{key}" value {{ string_value: {json.dumps(value)} }} }}'
@@ -187,6 +194,18 @@ def _identity(name: str, data_type: str) -> _Model:
 
 
 _PIXEL = (3, 224, 224)
+
+# Direct strategy: one batch slot per live sequence (32 slots, more than the 16 the tests run at
+# once, so no sequence waits for another to end).
+_SEQUENCE_BATCHING = """sequence_batching {
+  max_sequence_idle_microseconds: 60000000
+  direct { }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "END" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+}"""
 
 _MODELS: tuple[_Model, ...] = (
     _identity("identity_fp32", "TYPE_FP32"),
@@ -242,6 +261,14 @@ _MODELS: tuple[_Model, ...] = (
         (_Tensor("text", "TYPE_STRING", (1,)),),
         (_Tensor("tokens_read", "TYPE_INT32", (1,)), _Tensor("embedding", "TYPE_FP32", (8,))),
         max_batch_size=4,
+    ),
+    _Model(  # sequence batcher: START/END/CORRID controls, a running sum per correlation id
+        "sequence_accumulate",
+        "accumulate.py",
+        (_Tensor("INPUT", "TYPE_INT32", (1,)),),
+        (_Tensor("OUTPUT", "TYPE_INT32", (1,)),),
+        max_batch_size=32,
+        scheduling=_SEQUENCE_BATCHING,
     ),
     _Model(
         "decoupled_counter",

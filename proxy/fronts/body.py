@@ -1,0 +1,130 @@
+"""Reading an HTTP request body exactly once, bounded, with its ``Content-Encoding`` undone.
+
+The HTTP listener runs aiohttp with ``auto_decompress`` off, so the bytes read here are the
+bytes the client sent and each body is inflated once, here (inflating what aiohttp had already
+inflated was the bug: every gzip body got 400 "not a gzipped file").
+
+What MUST hold:
+- Never more than ``limit`` bytes of body in memory: the raw body is read chunk by chunk and
+  refused (413) as soon as it passes the limit; a compressed body is inflated in bounded steps
+  (``max_length``) and refused as soon as its output passes the limit — a 1 KiB gzip bomb costs
+  at most ``limit`` bytes and a few milliseconds, never the gigabytes it would inflate to.
+- Large inflations do not hold the event loop: the first ``INLINE_INFLATE_BYTES`` of output are
+  made on the loop (a small body never pays for a thread hop); the rest in a worker thread
+  (zlib releases the GIL while it works).
+- A body that is not valid for its encoding is a 400 that says so (Triton 2.51 answers a
+  corrupt gzip body with 200 and empty tensors); an encoding we do not speak is a 501, as
+  Triton's; the 413 messages name the setting that sets the limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+
+from aiohttp import web
+
+from proxy.errors import ErrorKind, ProxyError
+
+INLINE_INFLATE_BYTES = 1024 * 1024
+"""Output inflated on the event loop before the rest moves to a worker thread."""
+_STEP = 256 * 1024
+"""Inflated per zlib call: the most one step can overshoot the limit by."""
+_ENCODINGS = ("gzip", "deflate", "identity")
+
+
+def _too_large(what: str, limit: int, setting: str) -> ProxyError:
+    return ProxyError(ErrorKind.TOO_LARGE,
+                      f"{what}; this listener accepts at most {limit} bytes ({setting})")
+
+
+def content_encoding(request: web.Request) -> str:
+    """The body's encoding, lower case; 501 (as Triton answers) for one we do not decode, or
+    a stack of them."""
+    encoding = (request.headers.get("Content-Encoding") or "identity").strip().lower()
+    if encoding not in _ENCODINGS:
+        raise ProxyError(ErrorKind.UNIMPLEMENTED,
+                         f"unsupported Content-Encoding {encoding!r}: this endpoint accepts "
+                         f"gzip, deflate or identity")
+    return encoding
+
+
+async def read_body(request: web.Request, limit: int,
+                    setting: str = "listeners.http.max_request_bytes") -> bytes:
+    """The request's body, decoded from its ``Content-Encoding``, at most ``limit`` bytes
+    (raises ``ProxyError`` TOO_LARGE naming ``setting``, or INVALID_ARGUMENT)."""
+    encoding = content_encoding(request)
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise _too_large(f"request body is {declared} bytes", limit, setting)
+    raw = await _read_raw(request, limit, setting)
+    if encoding == "identity":
+        return raw
+    return await inflate(raw, encoding, limit, setting)
+
+
+async def _read_raw(request: web.Request, limit: int, setting: str) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(_STEP):
+        size += len(chunk)
+        if size > limit:  # a chunked body declares no length: stop at the limit, not the end
+            raise _too_large(f"request body is over {limit} bytes", limit, setting)
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def inflate(raw: bytes, encoding: str, limit: int, setting: str) -> bytes:
+    """``raw`` inflated (gzip, or deflate as zlib or raw deflate, as aiohttp and browsers
+    accept), at most ``limit`` bytes out; the bulk of a large one in a worker thread."""
+    # RFC 1950: a zlib stream's first byte has compression method 8 in its low nibble; some
+    # clients send raw deflate under "deflate" anyway.
+    if encoding == "gzip":
+        wbits = 16 + zlib.MAX_WBITS
+    else:
+        wbits = zlib.MAX_WBITS if raw[:1] and raw[0] & 0x0F == 8 else -zlib.MAX_WBITS
+    state = _Inflation(zlib.decompressobj(wbits), raw, encoding, limit, setting)
+    state.run(INLINE_INFLATE_BYTES)
+    if not state.done:
+        await asyncio.to_thread(state.run, limit + 1)
+    return state.result()
+
+
+class _Inflation:
+    """One body's inflation, resumable: ``run`` stops after ``budget`` bytes of output."""
+
+    def __init__(self, d: zlib._Decompress, raw: bytes, encoding: str, limit: int,
+                 setting: str) -> None:
+        self.d = d
+        self.pending = raw
+        self.encoding = encoding
+        self.limit = limit
+        self.setting = setting
+        self.out = bytearray()
+        self.done = not raw
+
+    def run(self, budget: int) -> None:
+        made = 0
+        try:
+            while not self.done and made < budget:
+                piece = self.d.decompress(self.pending, _STEP)
+                self.pending = self.d.unconsumed_tail
+                self.out += piece
+                made += len(piece)
+                if len(self.out) > self.limit:
+                    raise _too_large(f"the {self.encoding} request body inflates past "
+                                     f"{self.limit} bytes", self.limit, self.setting)
+                if self.d.eof:
+                    self.done = True
+                elif not piece and not self.pending:
+                    raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                                     f"request body is not valid {self.encoding}: it ends "
+                                     f"before the compressed stream does")
+        except zlib.error as exc:
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             f"request body is not valid {self.encoding}: {exc}") from None
+
+    def result(self) -> bytes:
+        out = bytes(self.out)
+        self.out = bytearray()  # the copy above is the one kept
+        return out
