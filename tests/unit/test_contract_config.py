@@ -42,3 +42,13 @@ def test_a_model_without_a_config_gets_tritons_form() -> None:
     assert doc["output"][0]["data_type"] == "TYPE_STRING"
     assert doc["version_policy"] == {"latest": {"num_versions": 1}}
     assert mc.ModelConfig.FromString(contract.config_bytes()).input[1].dims == [77]
+
+
+def test_floats_as_tritons_printer_writes_them() -> None:
+    msg = mc.ModelConfig(name="m")
+    msg.sequence_batching.direct.minimum_slot_utilization = 0.1  # a 32-bit float field
+    msg.sequence_batching.control_input.add(name="s").control.add(fp32_false_true=[0.0, 1.0])
+    seq = config_to_json(msg)["sequence_batching"]
+    assert seq["direct"]["minimum_slot_utilization"] == 0.1
+    assert seq["control_input"][0]["control"][0]["fp32_false_true"] == [0, 1]
+    assert type(seq["control_input"][0]["control"][0]["fp32_false_true"][0]) is int
