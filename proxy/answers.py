@@ -13,14 +13,11 @@ output, so the fallback filter counts it as the backend failing and moves to its
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable
 from typing import Any
 
 from proxy.errors import ErrorKind, ProxyError
-from proxy.tensor import DATATYPES, Payload, Tensor, element_count, itemsize
-
-_PREFIX = struct.Struct("<I")
+from proxy.tensor import DATATYPES, Payload, Tensor, check_bytes_elements, element_count, itemsize
 
 
 def answer_source(backend: str, model: str) -> str:
@@ -63,25 +60,16 @@ def output_problem(name: str, datatype: str, shape: tuple[int, ...], raw: Payloa
             return (f"{where}: {datatype} shape {list(shape)} needs {elements * size} bytes, "
                     f"got {len(raw)}")
         return None
-    return _bytes_problem(where, shape, raw, elements)
+    return _bytes_problem(name, raw, elements)
 
 
-def _bytes_problem(where: str, shape: tuple[int, ...], raw: Payload,
-                   elements: int) -> str | None:
-    """BYTES framing: ``elements`` length-prefixed items that end exactly at the end."""
-    view = memoryview(raw).cast("B") if isinstance(raw, memoryview) else raw
-    end, pos, count = len(view), 0, 0
-    while pos < end:
-        if pos + 4 > end:
-            return f"{where}: BYTES element {count} has a cut length prefix"
-        (n,) = _PREFIX.unpack_from(view, pos)
-        pos += 4 + n
-        if pos > end:
-            return (f"{where}: BYTES element {count} declares {n} bytes, only "
-                    f"{end - (pos - n)} remain")
-        count += 1
-    if count != elements:
-        return f"{where}: BYTES shape {list(shape)} needs {elements} elements, got {count}"
+def _bytes_problem(name: str, raw: Payload, elements: int) -> str | None:
+    """BYTES framing: exactly ``elements`` length-prefixed items (the inputs' own check, whose
+    cost is bounded by the shape, never by what the payload claims)."""
+    try:
+        check_bytes_elements(raw, elements, name)
+    except ProxyError as err:
+        return f"output '{name}': " + err.message.removeprefix(f"input '{name}': ")
     return None
 
 

@@ -31,13 +31,13 @@ CASES = [
     ("grpc", "short", "FP32 shape [1, 16] needs 64 bytes, got 60"),
     ("grpc", "long", "FP32 shape [1, 16] needs 64 bytes, got 68"),
     ("grpc", "bytes-cut", "BYTES element 15 declares 9 bytes, only 3 remain"),
-    ("grpc", "bytes-count", "BYTES shape [1, 16] needs 16 elements, got 15"),
+    ("grpc", "bytes-count", "shape needs 16 BYTES elements, got 15"),
     ("grpc", "raw-count", "2 outputs but 1 raw_output_contents"),
     ("http", "short", "FP32 shape [1, 16] needs 64 bytes, got 60"),
     ("http", "long", "FP32 shape [1, 16] needs 64 bytes, got 68"),
     ("http", "json-short", "FP32 shape [1, 16] needs 16 elements, the JSON data has 15"),
     ("http", "bytes-cut", "BYTES element 15 declares 9 bytes, only 3 remain"),
-    ("http", "bytes-count", "BYTES shape [1, 16] needs 16 elements, got 15"),
+    ("http", "bytes-count", "shape needs 16 BYTES elements, got 15"),
     ("http", "binary-extra", "the binary part has 68 bytes but the outputs declare 64"),
 ]
 

@@ -26,10 +26,11 @@ def test_fitting_outputs_pass() -> None:
     (("INT64", (1, 2), bytes(24)), "INT64 shape [1, 2] needs 16 bytes, got 24"),
     (("FP32", (-1,), b""), "negative dim"),
     (("FP99", (1,), bytes(4)), "unknown datatype 'FP99'"),
-    (("BYTES", (2,), encode_bytes_elements([b"a"])), "needs 2 elements, got 1"),
-    (("BYTES", (1,), encode_bytes_elements([b"a", b"b"])), "needs 1 elements, got 2"),
+    (("BYTES", (2,), encode_bytes_elements([b"abcd"])), "needs 2 BYTES elements, got 1"),
+    (("BYTES", (1,), encode_bytes_elements([b"a", b"b"])), "needs 1 BYTES elements, got more"),
     (("BYTES", (1,), struct.pack("<I", 5) + b"abc"), "declares 5 bytes, only 3 remain"),
-    (("BYTES", (2,), encode_bytes_elements([b"a"]) + b"\x01\x00"), "cut length prefix"),
+    (("BYTES", (2,), encode_bytes_elements([b"abc"]) + b"\x01\x00"), "cut length prefix"),
+    (("BYTES", (4,), bytes(12)), "at least 16 bytes of length prefixes"),
 ])
 def test_outputs_that_do_not_fit(args: tuple[str, tuple[int, ...], bytes], expected: str) -> None:
     problem = output_problem("y", *args)
