@@ -357,6 +357,10 @@ def _response_outputs(doc: dict[str, Any], hlen: int | None, view: memoryview,
     return entries
 
 
+NO_JSON_OUTPUT = frozenset({"FP16", "BF16"})
+"""Datatypes Triton's HTTP server refuses to answer as JSON data (seen from Triton 2.51)."""
+
+
 def encode_response(call: Call, result: Result) -> tuple[bytes, int | None]:
     if result.wire is not None and result.wire.protocol == "http":
         wire = result.wire
@@ -387,6 +391,11 @@ def encode_response(call: Call, result: Result) -> tuple[bytes, int | None]:
             raw = t.raw_bytes()
             params["binary_data_size"] = len(raw)
             chunks.append(raw)
+        elif t.datatype in NO_JSON_OUTPUT:
+            # Triton refuses these as JSON (400) whichever backend answered: so does mmguard,
+            # so a client gets the same answer through every route and directly.
+            raise bad(f"output '{t.name}' is {t.datatype}, which a JSON answer cannot carry; "
+                      "ask for it in binary (binary_data: true)")
         else:
             entry["data"] = t.to_list()
         if params:

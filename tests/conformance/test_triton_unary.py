@@ -17,6 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
+from tritonclient.utils import InferenceServerException
 
 from proxy.pb import grpc_service_pb2 as pb
 from tests.conformance.conftest import Target
@@ -238,3 +239,22 @@ def test_grpc_answer_is_tritons_byte_for_byte(target: Target, triton: TritonServ
     assert pb.ModelInferResponse.FromString(answers[0]) == \
         pb.ModelInferResponse.FromString(answers[1])
     assert answers[0] == answers[1]
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "BF16"])
+def test_half_floats_are_not_answered_as_json(target: Target, datatype: str) -> None:
+    """Triton refuses FP16 / BF16 as JSON data (400); through mmguard too, whichever backend
+    answered. Asked in binary, the same call is answered."""
+    client = httpclient.InferenceServerClient(target.http_url)
+    try:
+        inputs = identity_inputs(httpclient, datatype)
+        json_out = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)]
+        with pytest.raises(InferenceServerException) as err:
+            client.infer(f"identity_{datatype.lower()}", inputs, outputs=json_out)
+        assert err.value.status() == "400"
+        assert datatype in (err.value.message() or "")
+        result = client.infer(f"identity_{datatype.lower()}", inputs,
+                              outputs=[httpclient.InferRequestedOutput("OUTPUT0")])
+        assert_same_tensor(result.as_numpy("OUTPUT0"), PAYLOADS[datatype])
+    finally:
+        client.close()
