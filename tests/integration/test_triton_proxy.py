@@ -6,6 +6,7 @@ import json
 import queue
 import re
 import struct
+import urllib.request
 from collections.abc import Iterator
 
 import grpc
@@ -239,6 +240,37 @@ def test_metadata_and_config_come_from_triton(proxy: RunningMmguard) -> None:
     decoupled = grpcclient.InferenceServerClient(proxy.grpc_url).get_model_config(
         "h_decoupled_counter").config
     assert decoupled.model_transaction_policy.decoupled
+
+
+@pytest.mark.parametrize("route", ["g_clip_demo", "h_clip_demo"])
+def test_renamed_route_config_differs_from_tritons_only_in_name(
+        proxy: RunningMmguard, triton: TritonServer, route: str) -> None:
+    """A route serving a model under another name: config and metadata are Triton's own, over
+    both protocols, with the route's name in place of the model's and nothing else changed."""
+    want = json.loads(http_get(triton.http_url, "/v2/models/clip_demo/config"))
+    got = json.loads(http_get(proxy.http_url, f"/v2/models/{route}/config"))
+    assert got == {**want, "name": route} and list(got) == list(want)
+    want_meta = json.loads(http_get(triton.http_url, "/v2/models/clip_demo"))
+    assert json.loads(http_get(proxy.http_url, f"/v2/models/{route}")) == \
+        {**want_meta, "name": route}
+    direct = grpcclient.InferenceServerClient(triton.grpc_url)
+    client = grpcclient.InferenceServerClient(proxy.grpc_url)
+    try:
+        expected = direct.get_model_config("clip_demo").config
+        expected.name = route
+        assert client.get_model_config(route).config == expected
+        meta = direct.get_model_metadata("clip_demo")
+        meta.name = route
+        assert client.get_model_metadata(route) == meta
+    finally:
+        direct.close()
+        client.close()
+
+
+def http_get(url: str, path: str) -> bytes:
+    with urllib.request.urlopen(f"http://{url}{path}", timeout=30) as r:
+        body: bytes = r.read()
+        return body
 
 
 def test_max_in_flight_gives_429_with_retry_after(triton: TritonServer) -> None:
