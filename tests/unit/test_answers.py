@@ -50,3 +50,19 @@ def test_check_outputs_is_internal_from_the_backend() -> None:
     assert err.value.kind is ErrorKind.INTERNAL and err.value.origin == "backend"
     assert err.value.message == ("backend 'b' for model 'm' answered outside its contract: "
                                  "output 'y': FP32 shape [2] needs 8 bytes, got 4")
+
+
+def test_grpc_answer_in_typed_contents_is_read_and_checked() -> None:
+    """KServe servers other than Triton may answer in typed ``contents``; they are counted too."""
+    from proxy import codec_grpc
+    from proxy.pb import grpc_service_pb2 as pb
+
+    resp = pb.ModelInferResponse(model_name="m")
+    out = resp.outputs.add(name="y", datatype="FP32", shape=[3])
+    out.contents.fp32_contents.extend([1.0, 2.0, 3.0])
+    result = codec_grpc.decode_response(resp.SerializeToString(), "backend 'b' for model 'm'")
+    assert result.outputs[0].numpy().tolist() == [1.0, 2.0, 3.0]
+    out.contents.fp32_contents.append(4.0)
+    with pytest.raises(ProxyError) as err:
+        codec_grpc.decode_response(resp.SerializeToString(), "backend 'b' for model 'm'")
+    assert "output 'y': FP32 shape [3] needs 12 bytes, got 16" in err.value.message
