@@ -11,6 +11,7 @@ answers instead.
 from __future__ import annotations
 
 import json
+import queue
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -153,3 +154,30 @@ def test_fallback_answers_from_the_next_level(proxy: RunningMmguard, broken: Fak
         level = r.headers["mmguard-fallback-level"]
     assert level.startswith("2;") and "needs 64 bytes, got 60" in level
     assert body[hlen:] == X.tobytes()
+
+
+@pytest.mark.parametrize("cue", ["short", "bytes-cut"])
+def test_a_streamed_answer_that_does_not_fit_is_a_stream_error(proxy: RunningMmguard,
+                                                               broken: FakeV2, cue: str) -> None:
+    """ModelStreamInfer: the bad answer becomes the stream's error message, as Triton sends its
+    errors on a stream, naming the backend, model and output; the next good one still comes."""
+    results: queue.Queue[Any] = queue.Queue()
+    g = grpcclient.InferenceServerClient(proxy.grpc_url)
+    inp = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
+    inp.set_data_from_numpy(X)
+    try:
+        g.start_stream(callback=lambda result, error: results.put(error or result))
+        broken.bad_answer = cue
+        g.async_stream_infer("g_echo", [inp])
+        first = results.get(timeout=30)
+        broken.bad_answer = ""
+        g.async_stream_infer("g_echo", [inp])
+        second = results.get(timeout=30)
+    finally:
+        g.stop_stream()
+        g.close()
+    assert isinstance(first, InferenceServerException), first
+    message = first.message() or ""
+    assert "backend 'fake-grpc' for model 'echo' answered outside its contract" in message
+    assert "output 'OUTPUT0'" in message
+    assert second.as_numpy("OUTPUT0").tobytes() == X.tobytes()

@@ -92,6 +92,9 @@ class FakeV2:
                 self._grpc_infer, request_deserializer=pb.ModelInferRequest.FromString,
                 response_serializer=lambda m: m if isinstance(m, bytes)
                 else m.SerializeToString()),
+            "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
+                self._grpc_stream, request_deserializer=pb.ModelInferRequest.FromString,
+                response_serializer=lambda m: m.SerializeToString()),
         }),))
         self.grpc_port = self._grpc.add_insecure_port("127.0.0.1:0")
         await self._grpc.start()
@@ -149,6 +152,15 @@ class FakeV2:
         r.inputs.add(name="INPUT0", datatype="FP32", shape=[-1])
         r.outputs.add(name="OUTPUT0", datatype="FP32", shape=[-1])
         return r
+
+    async def _grpc_stream(self, requests: Any,
+                           ctx: grpc.aio.ServicerContext) -> Any:
+        """Each request's answer (bad on cue, as ModelInfer's) as one stream message."""
+        async for req in requests:
+            resp = await self._grpc_infer(req, ctx)
+            if isinstance(resp, bytes):
+                resp = pb.ModelInferResponse.FromString(resp)
+            yield pb.ModelStreamInferResponse(infer_response=resp)
 
     async def _grpc_infer(self, req: pb.ModelInferRequest,
                           ctx: grpc.aio.ServicerContext) -> pb.ModelInferResponse | bytes:
