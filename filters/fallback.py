@@ -139,6 +139,10 @@ class Fallback:
                                    "Calls refused a route whose fingerprint differs from the "
                                    "expected one.", ["model", "route"])
         self.levels = [ctx.route, *cfg.degrade_to]
+        for n in ("1", "2", "3"):  # at 0 from the start: increase() misses a child born at 1
+            self.m_level.labels(ctx.route, n)
+        for name in self.levels:
+            self.m_mismatch.labels(ctx.route, name)
         self.breakers = {name: self._breaker(name) for name in self.levels}
         ctx.admin.setdefault("breakers", {}).update(
             {(ctx.route, name): b for name, b in self.breakers.items()})
@@ -153,9 +157,14 @@ class Fallback:
                                    b.slow_call_s, b.slow_call_rate, b.wait_in_open_s,
                                    b.permitted_in_half_open)
         gauge = self.m_state.labels(self.ctx.route, level)
+        status = self.ctx.telemetry.one_hot(
+            "mmguard_breaker_status", "The breaker's state, one-hot (sum by state across pods).",
+            ["model", "level"], [st.name.lower() for st in State])
+        status.set((self.ctx.route, level), State.CLOSED.name.lower())
 
         def changed(old: State, new: State, reason: str) -> None:
             gauge.set(int(new))
+            status.set((self.ctx.route, level), new.name.lower())
             log.warning("breaker of route %r level %r: %s -> %s (%s)", self.ctx.route, level,
                         old.name.lower(), new.name.lower(), reason,
                         extra={"fields": {"model": self.ctx.route, "level": level,

@@ -348,6 +348,11 @@ class Experiment:
         }
 
 
+STOP_CAUSES = ("operator", "duration", "slo", "config", "action-failed", "canary-abort",
+               "shutdown")
+"""Every ``cause`` label of mmguard_experiment_stops_total."""
+
+
 class ExperimentRegistry:
     """Every experiment of the process (it outlives config reloads), by name."""
 
@@ -372,6 +377,8 @@ class ExperimentRegistry:
                          started_wall=self.clock.wall())
         self.experiments[cfg.name] = exp
         self.m_state.labels(cfg.name, route).set(1)
+        for cause in STOP_CAUSES:  # at 0 from the start: a single stop must show in increase()
+            self.m_stops.labels(cfg.name, route, cause)
         log.warning("experiment %r started on route %r (%s): %s", cfg.name, route, source,
                     ", ".join(a.label for a in cfg.actions),
                     extra={"fields": {"experiment": cfg.name, "route": route}})
@@ -474,6 +481,8 @@ class Fault:
             old = self.registry.experiments.get(exp.name)
             if old is None or old.cfg != exp or old.route != ctx.route:
                 self.registry.start(exp, ctx.route, "config")
+            for action in exp.actions:  # at 0 from the start, so increase() sees the first
+                self.m_injected.labels(ctx.route, exp.name, action.label)
         ctx.admin.setdefault("fault_routes", set()).add(ctx.route)
 
     async def __call__(self, call: Call, next: Next) -> Reply:

@@ -133,7 +133,15 @@ class Shadow:
                                     "noise floor).", labels)
         self.m_verdict = t.metric(Gauge, "mmguard_shadow_verdict",
                                   "0 collecting, 1 promote, 2 hold, 3 abort.", labels)
+        self.m_verdict_status = t.one_hot(
+            "mmguard_shadow_verdict_status", "The canary verdict, one-hot (sum by state across "
+            "pods).", labels, list(_STATES))
+        for reason in ("v2-stream", "queue-full"):  # known values at 0 from the start
+            self.m_dropped.labels(ctx.route, cfg.canary, reason)
+        for agree in ("true", "false"):
+            self.m_compared.labels(ctx.route, cfg.canary, agree)
         self.m_verdict.labels(ctx.route, cfg.canary).set(_STATES[found.verdict.state()])
+        self.m_verdict_status.set((ctx.route, cfg.canary), found.verdict.state())
 
     # --- request path -------------------------------------------------------------------------
 
@@ -281,6 +289,7 @@ class Shadow:
         if agreement is not None:
             self.m_agreement.labels(*labels).set(agreement)
         self.m_verdict.labels(*labels).set(_STATES[snap["state"]])
+        self.m_verdict_status.set(labels, snap["state"])
 
     def _changed(self, old: str, new: str, reasons: list[str]) -> None:
         st = self.state
@@ -290,6 +299,7 @@ class Shadow:
                     extra={"fields": {"model": self.ctx.route, "canary": self.cfg.canary,
                                       "verdict": new, "reasons": reasons}})
         self.m_verdict.labels(self.ctx.route, self.cfg.canary).set(_STATES[new])
+        self.m_verdict_status.set((self.ctx.route, self.cfg.canary), new)
         if new != "abort":
             return
         if self.cfg.on_abort.stop_mirroring:

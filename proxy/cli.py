@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 from proxy.config import ConfigError, load_config
 
@@ -20,8 +22,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--admin-port", type=int, help="admin port: /metrics, /healthz (9002)")
     check = sub.add_parser("check-config", help="validate a config file without serving")
     check.add_argument("file", type=Path)
-    demo = sub.add_parser("demo", help="send one real request to a running mmguard")
+    demo = sub.add_parser("demo", help="walk through what mmguard does, against a running "
+                          "`mmguard serve` (the embedded default)")
     demo.add_argument("--url", default="127.0.0.1:9001", help="gRPC address of mmguard")
+    demo.add_argument("--http", default="127.0.0.1:9000", help="HTTP address of mmguard")
+    demo.add_argument("--admin", default="http://127.0.0.1:9002", help="admin API base URL")
     demo.add_argument("--text", default="a photo of a cat")
     status = sub.add_parser("status", help="live state of a running mmguard from its admin API")
     status.add_argument("--admin", default="http://127.0.0.1:9002", help="admin API base URL")
@@ -43,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         return check_config(args.file)
     if args.command == "demo":
         from proxy.demo_client import run_demo
-        return run_demo(args.url, args.text)
+        return run_demo(args.url, args.text, args.http, args.admin)
     return serve_main(args)
 
 
@@ -77,12 +82,22 @@ def serve_main(args: argparse.Namespace) -> int:
         await server.run_until_signalled()
 
     try:
+        _run_loop(run())
+    except ImportError as err:
+        if err.name != "onnxruntime":
+            raise
+        print(f"mmguard: {err}", file=sys.stderr)  # one line, not a traceback
+        return 1
+    return 0
+
+
+def _run_loop(main: Coroutine[Any, Any, None]) -> None:
+    try:
         import uvloop  # libuv's loop: ~30% more requests per CPU second here, gRPC included
     except ImportError:
-        asyncio.run(run())
+        asyncio.run(main)
     else:
-        uvloop.run(run())
-    return 0
+        uvloop.run(main)
 
 
 if __name__ == "__main__":

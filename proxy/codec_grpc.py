@@ -37,7 +37,9 @@ _CONTENTS_FIELD = {
 }
 
 
-def decode_request(body: bytes) -> Call:
+def decode_request(body: bytes, shared_memory: bool = False) -> Call:
+    """``shared_memory``: an input in a region becomes an empty placeholder that
+    ``proxy.shm`` fills (otherwise it is refused)."""
     req = pb.ModelInferRequest()
     try:
         head, raws, contents = _split_request(body)
@@ -48,17 +50,24 @@ def decode_request(body: bytes) -> Call:
     except (DecodeError, pbwire.WireError) as exc:
         raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                          f"malformed ModelInferRequest: {exc}") from None
-    if raws and len(raws) != len(req.inputs):
+    in_regions = sum(1 for inp in req.inputs if "shared_memory_region" in inp.parameters)
+    if raws and len(raws) != len(req.inputs) - in_regions:
         raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                         f"request has {len(req.inputs)} inputs but {len(raws)} "
-                         "raw_input_contents; they must match one to one")
+                         f"request has {len(req.inputs) - in_regions} inputs outside shared "
+                         f"memory but {len(raws)} raw_input_contents; they must match one to one")
     inputs = []
+    next_raw = 0
     for i, inp in enumerate(req.inputs):
         params = params_from_pb(inp.parameters)
-        _refuse_shared_memory(inp.name, params)
-        t = Tensor(inp.name, inp.datatype, tuple(inp.shape), parameters=params)
+        shape = tuple(inp.shape)
+        if "shared_memory_region" in params:
+            _refuse_shared_memory(inp.name, shared_memory)
+            inputs.append(Tensor(inp.name, inp.datatype, shape, raw=b"", parameters=params))
+            continue
+        t = Tensor(inp.name, inp.datatype, shape, parameters=params)
         if raws:
-            t.raw = raws[i]
+            t.raw = raws[next_raw]
+            next_raw += 1
         elif i in contents:
             t.check_shape()  # the element count the contents are held to must be a real one
             t.raw = typed_contents.contents_to_raw(t.name, t.datatype, t.shape, contents[i])
@@ -294,11 +303,11 @@ def _contents_to_raw(tensor: Any) -> bytes:
     return np.asarray(values, dtype=numpy_dtype(tensor.datatype)).tobytes()
 
 
-def _refuse_shared_memory(name: str, params: dict[str, Any]) -> None:
-    if "shared_memory_region" in params:
+def _refuse_shared_memory(name: str, allowed: bool) -> None:
+    if not allowed:
         raise ProxyError(ErrorKind.UNIMPLEMENTED,
-                         f"input '{name}' uses shared memory; mmguard forwards tensors over the "
-                         "network and does not support shared-memory regions")
+                         f"input '{name}' uses shared memory, which mmguard serves on ModelInfer "
+                         "and HTTP infer only (not on ModelStreamInfer)")
 
 
 def _string_field(number: int, value: str) -> bytes:

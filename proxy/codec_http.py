@@ -16,6 +16,7 @@ import numpy as np
 from proxy.answers import answer_error, output_problem
 from proxy.call import Call, Decoded, RequestedOutput, Result, Wire
 from proxy.errors import ErrorKind, ProxyError
+from proxy.shm import WRITTEN
 from proxy.tensor import (
     DATATYPES,
     MAX_PARAMETERS,
@@ -59,7 +60,9 @@ def split_body(body: bytes, header_length: str | None,
 
 
 def decode_request(body: bytes, header_length: str | None, model: str, version: str,
-                   content_type: str | None = None) -> Call:
+                   content_type: str | None = None, shared_memory: bool = False) -> Call:
+    """``shared_memory``: an input in a region becomes an empty placeholder that
+    ``proxy.shm`` fills (otherwise it is refused)."""
     doc, hlen = split_body(body, header_length)
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
@@ -69,7 +72,7 @@ def decode_request(body: bytes, header_length: str | None, model: str, version: 
     offset = hlen or 0
     inputs = []
     for i, item in enumerate(raw_inputs):
-        t, offset = _decode_input(i, item, view, offset, hlen is not None)
+        t, offset = _decode_input(i, item, view, offset, hlen is not None, shared_memory)
         inputs.append(t)
     if hlen is not None and offset != len(body):
         raise bad(f"the binary part has {len(body) - hlen} bytes but the inputs declare "
@@ -101,7 +104,7 @@ def decode_request(body: bytes, header_length: str | None, model: str, version: 
 
 
 def _decode_input(i: int, item: Any, view: memoryview, offset: int,
-                  has_binary: bool) -> tuple[Tensor, int]:
+                  has_binary: bool, shared_memory: bool = False) -> tuple[Tensor, int]:
     if not isinstance(item, dict):
         raise bad(f"inputs[{i}] must be an object")
     name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
@@ -121,9 +124,14 @@ def _decode_input(i: int, item: Any, view: memoryview, offset: int,
     _check_params(f"input '{name}'", {k: v for k, v in params.items()
                                       if k != "binary_data_size"})
     if "shared_memory_region" in params:
-        raise ProxyError(ErrorKind.UNIMPLEMENTED,
-                         f"input '{name}' uses shared memory; mmguard does not support "
-                         "shared-memory regions across the proxy hop")
+        if not shared_memory:
+            raise ProxyError(ErrorKind.UNIMPLEMENTED,
+                             f"input '{name}' uses shared memory, which this endpoint does not "
+                             "serve")
+        if "binary_data_size" in params or "data" in item:
+            raise bad(f"input '{name}' has shared_memory_region and also data in the body; "
+                      "send it one way")
+        return Tensor(name, datatype, tuple(shape), raw=b"", parameters=params), offset
     size = params.get("binary_data_size")
     if size is not None:
         if not has_binary:
@@ -383,9 +391,13 @@ def encode_response(call: Call, result: Result) -> tuple[bytes, int | None]:
     if result.parameters:
         head["parameters"] = result.parameters
     chunks: list[Any] = []
+    in_regions = call.state.get(WRITTEN) or frozenset()
     for t in result.outputs:
         binary = asked.get(t.name, {}).get("binary_data", want_binary_all)
         entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+        if t.name in in_regions:  # written into the client's shared memory: no bytes here
+            head["outputs"].append(entry)
+            continue
         params = {k: v for k, v in t.parameters.items() if k != "binary_data_size"}
         if binary:
             raw = t.raw_bytes()

@@ -148,6 +148,25 @@ class Listeners(Strict):
     admin: AdminListener = AdminListener()
 
 
+class SharedMemoryHandoff(Strict):
+    """Slots mmguard registers with a co-located Triton (``shared_memory: system``)."""
+
+    slots: int = Field(16, ge=1, le=1024)
+    """Calls that can be in a slot at once; a call that finds none free goes inline."""
+    max_slot_bytes: int = Field(64 * MiB, gt=0)
+    """A slot is sized from the live contracts (largest fixed-size request + answer), up to
+    this; a call that does not fit goes inline."""
+
+
+def _check_colocated(url: str, shared_memory: str) -> None:
+    if shared_memory == "off":
+        return
+    host = url.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    if host not in ("localhost", "127.0.0.1", "::1"):
+        raise ValueError(f"shared_memory: {shared_memory} needs Triton beside mmguard (a "
+                         f"loopback url, sharing /dev/shm), not {url!r}")
+
+
 class TritonGrpcBackend(Strict):
     kind: Literal["triton_grpc"]
     name: str
@@ -159,9 +178,14 @@ class TritonGrpcBackend(Strict):
     max_message_bytes: int = Field(256 * MiB, gt=0)
     tls: TlsClient | None = None
     """TLS to Triton (mutual with ``cert_file``/``key_file``); plaintext when absent."""
+    shared_memory: Literal["off", "system"] = "off"
+    """``system``: input tensors (and outputs of known size) cross to Triton in mmguard's own
+    /dev/shm regions instead of the message (docs/shared-memory.md)."""
+    shared_memory_pool: SharedMemoryHandoff = SharedMemoryHandoff()
 
     @model_validator(mode="after")
     def _verify(self) -> TritonGrpcBackend:
+        _check_colocated(self.url, self.shared_memory)
         if self.tls is not None and self.tls.insecure_skip_verify:
             raise ValueError("tls.insecure_skip_verify is not available for triton_grpc "
                              "(grpcio always verifies); give tls.ca_file instead")
@@ -178,10 +202,15 @@ class TritonHttpBackend(Strict):
     """Keep-alive connections kept open to the server."""
     tls: TlsClient | None = None
     """TLS to Triton; an ``https://`` url without it uses the system's trust store."""
+    shared_memory: Literal["off", "system"] = "off"
+    """``system``: input tensors (and outputs of known size) cross to Triton in mmguard's own
+    /dev/shm regions instead of the body (docs/shared-memory.md)."""
+    shared_memory_pool: SharedMemoryHandoff = SharedMemoryHandoff()
 
     @model_validator(mode="after")
     def _scheme(self) -> TritonHttpBackend:
         _check_scheme(self.url, self.tls)
+        _check_colocated(self.url, self.shared_memory)
         return self
 
 
@@ -277,6 +306,31 @@ class TelemetryConfig(Strict):
     otlp_endpoint: str | None = None
     """OTLP/gRPC collector for traces; tracing export is off without it."""
     service_name: str = "mmguard"
+    access_log_sample: float = Field(0.0, ge=0, le=1)
+    """Share of requests that write an access log line at INFO (0: none, the default; every
+    decision is still a header, a metric and a span event, and a DEBUG log line)."""
+
+
+class SharedMemoryConfig(Strict):
+    """Triton's system shared memory extension on the v2 fronts (docs/shared-memory.md)."""
+
+    system: bool = False
+    """Serve system shared memory: clients on this host (loopback peers only) register regions of
+    /dev/shm and send/receive tensors in them. Off: the register/status/unregister calls and any
+    tensor in a region answer UNIMPLEMENTED / 501 saying how to turn it on."""
+    allowed_uids: tuple[int, ...] | None = None
+    """If set, only client processes running as one of these uids may use shared memory (the uid
+    is asked of the kernel for the client's socket, never read from the request)."""
+    max_regions_per_client: int = Field(64, ge=1)
+    """Regions one client uid may hold registered at once."""
+    max_region_bytes: int = Field(1024 * MiB, gt=0)
+    """The largest region a client may register (mmguard maps it whole)."""
+    zero_copy: bool = False
+    """Map regions and read input tensors in place (a memoryview over the mapping) instead of one
+    pread per tensor. Only for clients trusted not to crash mmguard: a client that shrinks its
+    file while it is mapped makes the next read of it kill mmguard with SIGBUS, and one that
+    rewrites its region while its request is in flight can make the backend see other bytes than
+    the filters checked. Off: each tensor is copied once, and a shrunk file is a clear error."""
 
 
 class Config(Strict):
@@ -287,6 +341,7 @@ class Config(Strict):
     telemetry: TelemetryConfig = TelemetryConfig()
     openai: OpenAIConfig = OpenAIConfig()
     canary: CanaryConfig = CanaryConfig()
+    shared_memory: SharedMemoryConfig = SharedMemoryConfig()
     contract_refresh_s: float = Field(30.0, gt=0)
     """How often each backend's contract is re-read (a model reload is noticed within this)."""
     shutdown_grace_s: float = Field(10.0, ge=0)

@@ -13,9 +13,9 @@ from opentelemetry import propagate, trace
 from proxy import __version__
 from proxy.call import CANARY, Call, LocalReply, Reply, Result, StreamItem
 from proxy.contract import ModelContract
-from proxy.errors import ErrorKind, ProxyError
+from proxy.errors import STATUS, ErrorKind, ProxyError
 from proxy.runtime import Runtime
-from proxy.telemetry import Telemetry, tracing_on
+from proxy.telemetry import Telemetry, end_server_span, server_span, tracing_on
 
 EXTENSIONS = ("classification", "binary_tensor_data", "statistics", "model_configuration")
 _tracer = trace.get_tracer("mmguard")
@@ -70,13 +70,17 @@ class DataPlane:
         if not tracing_on():
             return await self._infer(call)
         ctx = propagate.extract(call.headers)
-        with _tracer.start_as_current_span(f"mmguard {call.front} infer", context=ctx,
-                                           kind=trace.SpanKind.SERVER) as span:
-            span.set_attribute("mmguard.model", call.model)
+        name, attrs = server_span(call)
+        with _tracer.start_as_current_span(name, context=ctx, kind=trace.SpanKind.SERVER,
+                                           attributes=attrs) as span:
             reply = await self._infer(call)
             if isinstance(reply, LocalReply):
                 span.set_status(trace.StatusCode.ERROR, reply.message)
-                span.set_attribute("mmguard.error_kind", reply.kind.value)
+                status = STATUS[reply.kind]
+                end_server_span(span, call, reply.kind.value, reply.status or status.http,
+                                status.grpc.value[0])
+            else:
+                end_server_span(span, call, None, 200, 0)
         return reply
 
     async def _infer(self, call: Call) -> Reply:
@@ -109,6 +113,7 @@ class DataPlane:
         self.telemetry.count_request(m, model, backend, call.front, code)
         self.telemetry.observe_latency(m, elapsed / 1e9)
         m.request_bytes.inc(call.nbytes)
+        self.telemetry.access(call, code, elapsed / 1e9)
         if route is not None:
             self._account(call, reply, elapsed)
             if call.state.get(CANARY):

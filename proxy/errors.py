@@ -56,6 +56,7 @@ class ErrorKind(enum.Enum):
     UNAUTHENTICATED = "unauthenticated"
     PERMISSION_DENIED = "permission_denied"
     INTERNAL = "internal"
+    ALREADY_EXISTS = "already_exists"  # a shared memory region name taken (Triton: 400 too)
 
 
 class Status(NamedTuple):
@@ -64,6 +65,8 @@ class Status(NamedTuple):
 
 
 STATUS: dict[ErrorKind, Status] = {
+    # First: where a lookup by HTTP status keeps the last kind, 400 stays INVALID_ARGUMENT.
+    ErrorKind.ALREADY_EXISTS: Status(400, grpc.StatusCode.ALREADY_EXISTS),
     ErrorKind.INVALID_ARGUMENT: Status(400, grpc.StatusCode.INVALID_ARGUMENT),
     ErrorKind.UNPROCESSABLE: Status(422, grpc.StatusCode.INVALID_ARGUMENT),
     ErrorKind.NOT_FOUND: Status(404, grpc.StatusCode.NOT_FOUND),
@@ -92,9 +95,11 @@ _FROM_GRPC: dict[grpc.StatusCode, ErrorKind] = {
     grpc.StatusCode.UNAUTHENTICATED: ErrorKind.UNAUTHENTICATED,
     grpc.StatusCode.PERMISSION_DENIED: ErrorKind.PERMISSION_DENIED,
     grpc.StatusCode.OUT_OF_RANGE: ErrorKind.INVALID_ARGUMENT,
-    grpc.StatusCode.ALREADY_EXISTS: ErrorKind.INVALID_ARGUMENT,
+    grpc.StatusCode.ALREADY_EXISTS: ErrorKind.ALREADY_EXISTS,
 }
-_FROM_HTTP: dict[int, ErrorKind] = {s.http: k for k, s in STATUS.items()}
+# 400 reads back as INVALID_ARGUMENT, never as ALREADY_EXISTS, which shares it.
+_FROM_HTTP: dict[int, ErrorKind] = {s.http: k for k, s in STATUS.items()
+                                    if k is not ErrorKind.ALREADY_EXISTS}
 
 
 def kind_from_grpc(code: grpc.StatusCode) -> ErrorKind:

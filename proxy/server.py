@@ -43,6 +43,7 @@ from proxy.errors import ErrorKind
 from proxy.fronts.grpc_v2 import SERVICE, GrpcFront
 from proxy.fronts.http_v2 import HttpFront, error_response
 from proxy.runtime import Runtime
+from proxy.shm import SharedMemory
 from proxy.telemetry import Telemetry
 from proxy.tls import ListenerTls, restart_needed
 
@@ -65,8 +66,11 @@ class Server:
         self._ports = ports
         self.clock = clock or SystemClock()
         self.telemetry = telemetry or Telemetry()
+        self.telemetry.configure(config.telemetry)
         self.plane = DataPlane(Runtime.build(config, self.telemetry, self.clock), self.telemetry)
         self.health = health.aio.HealthServicer()
+        # Read at start only: a reload keeps the regions and this setting (docs/shared-memory.md).
+        self.shm = SharedMemory(config.shared_memory, telemetry=self.telemetry)
         self._grpc: grpc.aio.Server | None = None
         self._runners: list[web.AppRunner] = []
         self.http_port = self.grpc_port = self.admin_port = 0
@@ -93,7 +97,7 @@ class Server:
             self._tls.get("admin"), lc.admin.max_header_bytes)
         self._grpc = grpc.aio.server(options=_grpc_options(lc.grpc),
                                      maximum_concurrent_rpcs=lc.grpc.max_concurrent_requests)
-        self._grpc.add_generic_rpc_handlers((GrpcFront(self.plane).handler(),))
+        self._grpc.add_generic_rpc_handlers((GrpcFront(self.plane, self.shm).handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
         address = f"{lc.grpc.host}:{_pick(self._ports.grpc, lc.grpc.port)}"
         grpc_tls = self._tls.get("grpc")
@@ -101,6 +105,7 @@ class Server:
                           self._grpc.add_secure_port(address, grpc_tls.grpc_credentials()))
         if self.grpc_port == 0:
             raise OSError(f"cannot bind gRPC port {lc.grpc.host}:{lc.grpc.port}")
+        self.shm.grpc_port = self.grpc_port  # grpc.aio tells a handler its peer, not its port
         await self._grpc.start()
         self._health_task = asyncio.create_task(self._track_health())
         log.info("mmguard serving: http %d, grpc %d, admin %d", self.http_port, self.grpc_port,
@@ -111,7 +116,8 @@ class Server:
 
     def _http_app(self, cfg: HttpListener) -> web.Application:
         app = HttpFront(self.plane, cfg.max_request_bytes,
-                        self.config.openai.image_url_allow_hosts, cfg.max_json_bytes).app()
+                        self.config.openai.image_url_allow_hosts, cfg.max_json_bytes,
+                        self.shm).app()
         guards = [_header_budget(cfg.max_header_bytes, "http", self._refused)]
         if cfg.max_concurrent_requests is not None:
             guards.append(_concurrency_limit(cfg.max_concurrent_requests, "http", self._refused))
@@ -183,6 +189,7 @@ class Server:
                             "answer UNAVAILABLE until they have", slow)
             self.plane.runtime = new
             self.config = config
+            self.telemetry.configure(config.telemetry)
             self._reload_listeners(config.listeners)
             self.telemetry.config_reloads.labels("applied").inc()
             log.info("config reloaded from %s", self.config_path)
@@ -234,6 +241,7 @@ class Server:
         if self._grpc is not None:
             tasks.append(self._grpc.stop(grace))
         await asyncio.gather(*tasks, return_exceptions=True)
+        self.shm.close()  # calls have drained: unmap every client region
         for shadow in self.plane.runtime.store.get("shadow_filters", {}).values():
             await shadow.close()  # copies still queued for the canary are dropped
         await self.plane.runtime.close()

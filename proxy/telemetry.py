@@ -8,21 +8,41 @@ Traces use the OpenTelemetry API; the SDK and OTLP exporter are set up only when
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import random
 import sys
 from collections import deque
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
+from urllib.parse import urlsplit
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
 
 from proxy.errors import MAX_HEADER_CHARS, bounded
 
 if TYPE_CHECKING:
     from proxy.call import Call
+    from proxy.config import TelemetryConfig
 
 log = logging.getLogger("mmguard.decision")
+access_log = logging.getLogger("mmguard.access")
+
+# A `_created` series per counter and histogram child doubles the series count and no rule or
+# panel reads it.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 # 0.2 s is a bucket edge: the seeds' latency SLO (p99 <= 200 ms) is read off it exactly.
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.25, 0.5, 1.0,
@@ -64,6 +84,26 @@ class Jitter:
             self.gauge.set(var ** 0.5 / mean)
 
 
+class OneHot:
+    """A state as one gauge child per state, the current one at 1 and the others at 0.
+
+    Why not a number per state: ``max``/``sum`` across pods of "0 closed, 1 open, 3 forced open"
+    mean nothing (one forced-open pod and one closed pod read as "3"); ``sum by (state)`` of a
+    one-hot gauge is the number of pods in each state."""
+
+    __slots__ = ("gauge", "states")
+
+    def __init__(self, gauge: Any, states: Sequence[str]) -> None:
+        self.gauge = gauge
+        self.states = tuple(states)
+
+    def set(self, labels: Sequence[str], state: str) -> None:
+        if state not in self.states:
+            raise ValueError(f"state {state!r} is not one of {self.states}")
+        for s in self.states:
+            self.gauge.labels(*labels, s).set(1 if s == state else 0)
+
+
 class RequestMetrics(NamedTuple):
     """The label children of one (model, backend, front), looked up once, not per request."""
 
@@ -81,6 +121,13 @@ class Telemetry:
         self._jitter: dict[str, Jitter] = {}  # per model, shared by its fronts/backends
         self._extra: dict[str, Any] = {}
         r = self.registry = registry or CollectorRegistry()
+        self.access_sample = 0.0
+        self._access_rng = random.Random()
+        # The default collectors, on this server's own registry: CPU seconds, resident memory,
+        # open file descriptors (process_*), the Python version and GC counts.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
         self.requests = Counter("mmguard_requests_total", "Requests answered, by outcome code.",
                                 ["model", "backend", "front", "code"], registry=r)
         self.latency = Histogram("mmguard_request_duration_seconds",
@@ -118,8 +165,24 @@ class Telemetry:
                             "Response jitter: std / mean of the model's last "
                             f"{JITTER_WINDOW} request latencies (seeds: warn > 0.25, "
                             "critical > 0.42).", ["model"], registry=r)
+        self.inter_token = Histogram("mmguard_inter_token_latency_seconds",
+                                     "Streams: time between two events of one answer (vLLM's "
+                                     "inter-token latency as the client sees it).",
+                                     ["model", "backend"], buckets=_LATENCY_BUCKETS, registry=r)
         self.config_reloads = Counter("mmguard_config_reloads_total", "Config reload attempts.",
                                       ["result"], registry=r)
+        # Known label values start at 0: increase() over a child that first appears at 1 is 0,
+        # so the first rejected reload would never alert.
+        for result in ("applied", "rejected"):
+            self.config_reloads.labels(result)
+
+    def configure(self, cfg: TelemetryConfig) -> None:
+        """Settings that follow the config (and its reloads)."""
+        self.access_sample = cfg.access_log_sample
+
+    def one_hot(self, name: str, doc: str, labels: list[str], states: Sequence[str]) -> OneHot:
+        """A filter's state gauge, one child per state (label ``state``)."""
+        return OneHot(self.metric(Gauge, name, doc, [*labels, "state"]), states)
 
     def metric(self, kind: type[Any], name: str, doc: str, labels: list[str]) -> Any:
         """A filter's own metric, made once per registry however many routes use the filter."""
@@ -150,12 +213,24 @@ class Telemetry:
             child = m.codes[code] = self.requests.labels(model, backend, front, code)
         child.inc()
 
+    def access(self, call: Call, code: str, seconds: float) -> None:
+        """The sampled access log: one INFO line for a share ``telemetry.access_log_sample`` of
+        requests (0, the default, writes none; every decision is in headers, metrics, spans)."""
+        if self.access_sample <= 0 or self._access_rng.random() >= self.access_sample:
+            return
+        access_log.info("%s %s %s %.1f ms", call.front, call.model, code, seconds * 1000,
+                        extra={"fields": {"model": call.model, "front": call.front, "code": code,
+                                          "duration_ms": round(seconds * 1000, 3),
+                                          "decisions": dict(call.decisions),
+                                          "sample": self.access_sample}})
+
     def decide(self, call: Call, filter_name: str, decision: str, detail: str = "",
                header: str | None = None, **attributes: Any) -> None:
         """Record one filter decision everywhere at once: the ``mmguard-<filter>`` header /
         trailer (``mmguard-<filter>-<header>`` when a filter makes several kinds of decision;
-        the counter's label is then ``<header>:<decision>``), a counter, a span event and a log
-        line."""
+        the counter's label is then ``<header>:<decision>``), a counter, a span event and a
+        DEBUG log line (decisions are per request: at INFO they would be a log line per request;
+        the sampled access log carries them at INFO when asked for)."""
         value = bounded(f"{decision}; {detail}" if detail else decision, MAX_HEADER_CHARS)
         name = f"mmguard-{filter_name}" + (f"-{header}" if header else "")
         call.decisions[name] = value
@@ -167,8 +242,9 @@ class Telemetry:
         if detail:
             attrs["mmguard.detail"] = detail
         trace.get_current_span().add_event(f"{filter_name}.{decision}", attributes=attrs)
-        log.info("%s %s on model %r%s", filter_name, decision, call.model,
-                 f": {detail}" if detail else "", extra={"fields": attrs})
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s %s on model %r%s", filter_name, decision, call.model,
+                      f": {detail}" if detail else "", extra={"fields": attrs})
 
 
 def setup_tracing(otlp_endpoint: str | None, service_name: str) -> None:
@@ -198,6 +274,7 @@ class JsonFormatter(logging.Formatter):
         span = trace.get_current_span().get_span_context()
         if span.is_valid:
             out["trace_id"] = format(span.trace_id, "032x")
+            out["span_id"] = format(span.span_id, "016x")
         fields = getattr(record, "fields", None)
         if fields:
             out.update(fields)
@@ -214,3 +291,146 @@ def setup_logging(level: str = "info", fmt: str = "json") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+
+
+# --- spans in the OpenTelemetry semantic conventions ------------------------------------------
+# rpc.* for gRPC, http.* / url.* for HTTP, gen_ai.* for OpenAI calls; mmguard.* for mmguard's own.
+
+GRPC_SERVICE = "inference.GRPCInferenceService"
+_GEN_AI_OPERATION = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion"}
+
+
+def server_span(call: Call) -> tuple[str, dict[str, Any]]:
+    """The name and attributes of the span for one request as mmguard received it."""
+    attrs: dict[str, Any] = {"mmguard.model": call.model}
+    if call.front == "grpc":
+        method = "ModelStreamInfer" if call.streaming else "ModelInfer"
+        attrs.update({"rpc.system": "grpc", "rpc.service": GRPC_SERVICE, "rpc.method": method})
+        return f"{GRPC_SERVICE}/{method}", attrs
+    if call.front == "openai":
+        route = call.endpoint or "/v1/chat/completions"
+        attrs.update({"http.request.method": "POST", "http.route": route, "url.path": route,
+                      "gen_ai.operation.name": _GEN_AI_OPERATION.get(route, "chat"),
+                      "gen_ai.request.model": call.model})
+        return f"POST {route}", attrs
+    version = f"/versions/{call.version}" if call.version else ""
+    route = "/v2/models/{model_name}" + ("/versions/{model_version}" if version else "") + "/infer"
+    attrs.update({"http.request.method": "POST", "http.route": route,
+                  "url.path": f"/v2/models/{call.model}{version}/infer"})
+    return f"POST {route}", attrs
+
+
+def end_server_span(span: Any, call: Call, kind_value: str | None, http_status: int,
+                    grpc_code: int) -> None:
+    """Status attributes once the answer is known (kind_value None: a success)."""
+    if call.front == "grpc":
+        span.set_attribute("rpc.grpc.status_code", grpc_code)
+    else:
+        span.set_attribute("http.response.status_code", http_status)
+    if kind_value is not None:
+        span.set_attribute("error.type", kind_value)
+
+
+def backend_span(call: Call, protocol: str, backend: str, model: str, address: str) -> Any:
+    """The CLIENT span of the hop to the backend, started as the current span so that the W3C
+    headers forwarded to the backend name it as the parent. A no-op context manager when
+    tracing is off (no span costs nothing)."""
+    if not tracing_on():
+        return _NO_SPAN
+    name, attrs = _client_span(call, protocol, backend, model, address)
+    return _tracer.start_as_current_span(name, kind=trace.SpanKind.CLIENT, attributes=attrs)
+
+
+def _client_span(call: Call, protocol: str, backend: str, model: str,
+                 address: str) -> tuple[str, dict[str, Any]]:
+    parts = urlsplit(address if "://" in address else f"//{address}")
+    attrs: dict[str, Any] = {"mmguard.backend": backend,
+                             "server.address": parts.hostname or address}
+    with contextlib.suppress(ValueError):
+        if parts.port is not None:
+            attrs["server.port"] = parts.port
+    if protocol == "grpc":
+        method = "ModelStreamInfer" if call.streaming else "ModelInfer"
+        attrs.update({"rpc.system": "grpc", "rpc.service": GRPC_SERVICE, "rpc.method": method})
+        return f"{GRPC_SERVICE}/{method}", attrs
+    if protocol == "openai":
+        op = _GEN_AI_OPERATION.get(call.endpoint, "chat")
+        attrs.update({"gen_ai.operation.name": op, "gen_ai.system": "openai",
+                      "gen_ai.request.model": model, "http.request.method": "POST",
+                      "url.path": call.endpoint})
+        return f"{op} {model}", attrs
+    if protocol == "http":
+        attrs.update({"http.request.method": "POST", "url.path": f"/v2/models/{model}/infer"})
+        return "POST", attrs
+    attrs["mmguard.runtime"] = protocol  # in-process: no network hop
+    return f"{protocol} {model}", attrs
+
+
+def traced_stream(call: Call, protocol: str, backend: str, model: str, address: str,
+                  inner: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A backend stream inside its CLIENT span: the span is current only while the stream is
+    being read (each step attaches and detaches it, so no context leaks across the caller's
+    awaits), and ends with the stream. With tracing off, the stream itself."""
+    if not tracing_on():
+        return inner
+    name, attrs = _client_span(call, protocol, backend, model, address)
+    return _traced(_tracer.start_span(name, kind=trace.SpanKind.CLIENT, attributes=attrs), inner)
+
+
+async def _traced(span: Any, inner: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    from proxy.call import SseEvent
+
+    ctx = trace.set_span_in_context(span)
+    try:
+        while True:
+            token = otel_context.attach(ctx)
+            try:
+                item = await anext(inner)
+            except StopAsyncIteration:
+                return
+            except Exception as exc:
+                span.record_exception(exc)
+                span.set_status(trace.StatusCode.ERROR, str(exc))
+                raise
+            finally:
+                otel_context.detach(token)
+            if isinstance(item, SseEvent) and (b'"usage"' in item.raw
+                                               or b'"finish_reason":"' in item.raw
+                                               or b'"finish_reason": "' in item.raw):
+                gen_ai_usage(span, item.json())
+            yield item
+    finally:
+        aclose = getattr(inner, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        span.end()
+
+
+def gen_ai_usage(span: Any, doc: dict[str, Any] | None) -> None:
+    """gen_ai.* answer attributes from an OpenAI answer (or a streamed event carrying them)."""
+    if not doc or not span.is_recording():
+        return
+    if isinstance(doc.get("model"), str):
+        span.set_attribute("gen_ai.response.model", doc["model"])
+    usage = doc.get("usage")
+    if isinstance(usage, dict):
+        for ours, theirs in (("prompt_tokens", "input_tokens"),
+                             ("completion_tokens", "output_tokens")):
+            if isinstance(usage.get(ours), int):
+                span.set_attribute(f"gen_ai.usage.{theirs}", usage[ours])
+    reasons = [c["finish_reason"] for c in doc.get("choices") or []
+               if isinstance(c, dict) and isinstance(c.get("finish_reason"), str)]
+    if reasons:
+        span.set_attribute("gen_ai.response.finish_reasons", reasons)
+
+
+class _NoSpan:
+    def __enter__(self) -> Any:
+        return trace.INVALID_SPAN
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_SPAN = _NoSpan()
+_tracer = trace.get_tracer("mmguard")

@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
+
+try:
+    import onnxruntime as ort
+except ImportError as exc:  # `pip install mmguard` without an ONNX Runtime extra
+    raise ImportError("ONNX Runtime is not installed: install mmguard with the 'cpu' extra "
+                      "(pip install 'mmguard[cpu]') or, for CUDA, the 'gpu' extra (never both)",
+                      name="onnxruntime") from exc
 
 from proxy.answers import answer_source, check_outputs
 from proxy.backends.base import Backend

@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from proxy import codec_grpc
+from proxy import codec_grpc, shm_handoff
 from proxy.answers import answer_source
 from proxy.backends.base import Backend
 from proxy.backends.propagation import forward_metadata
@@ -24,6 +24,8 @@ from proxy.contract import ModelContract, TensorSpec, config_from_pb, fingerprin
 from proxy.errors import ErrorKind, ProxyError, kind_from_grpc
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.pb import grpc_service_pb2_grpc as pb_grpc
+from proxy.shm_handoff import HandoffPool
+from proxy.telemetry import backend_span, traced_stream
 from proxy.tls import grpc_channel_credentials
 
 _SERVICE = "/inference.GRPCInferenceService/"
@@ -38,6 +40,9 @@ class TritonGrpcBackend(Backend):
         self.timeout_s = cfg.timeout_s
         self._channels: list[grpc.aio.Channel] = []
         self._next = itertools.cycle(range(cfg.channels))
+        pool = cfg.shared_memory_pool
+        self.handoff = (HandoffPool(cfg.name, pool.slots, pool.max_slot_bytes)
+                        if cfg.shared_memory == "system" else None)
 
     async def start(self) -> None:
         # Channels bind to the running event loop, so they are made here, not in __init__.
@@ -94,25 +99,60 @@ class TritonGrpcBackend(Backend):
         # Our ModelConfig keeps the fields it does not know as unknown fields, so these bytes
         # are the whole config Triton sent; the full schema renders it for HTTP clients.
         raw = cfg.config.SerializeToString()
-        return contract_from_triton(meta.name, list(meta.versions), meta.platform,
-                                    [(t.name, t.datatype, tuple(t.shape)) for t in meta.inputs],
-                                    [(t.name, t.datatype, tuple(t.shape)) for t in meta.outputs],
-                                    config_from_pb(raw), raw)
+        contract = contract_from_triton(
+            meta.name, list(meta.versions), meta.platform,
+            [(t.name, t.datatype, tuple(t.shape)) for t in meta.inputs],
+            [(t.name, t.datatype, tuple(t.shape)) for t in meta.outputs],
+            config_from_pb(raw), raw)
+        if self.handoff is not None:
+            self.handoff.contracts[model] = contract
+        return contract
 
     async def infer(self, call: Call, target: Target) -> Result:
+        with backend_span(call, "grpc", self.name, target.model, self.cfg.url):
+            return await self._infer_once(call, target)
+
+    async def _infer_once(self, call: Call, target: Target) -> Result:
+        if self.handoff is not None:
+            result = await shm_handoff.grpc_infer(
+                self.handoff, call, target, lambda body: self._send(body, call, target),
+                self._register)
+            if result is not None:
+                return result
         body = codec_grpc.encode_request(call, target.model, target.version)
+        resp = await self._send(body, call, target)
+        return codec_grpc.decode_response(resp, answer_source(self.name, target.model))
+
+    async def _send(self, body: bytes, call: Call, target: Target) -> bytes:
         timeout = self.timeout_for(call)
         i = next(self._next)
         try:
-            resp = await self._infer[i](body, timeout=timeout,
-                                        metadata=forward_metadata(call.headers))
+            resp: bytes = await self._infer[i](body, timeout=timeout,
+                                               metadata=forward_metadata(call.headers))
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise self.deadline_error(target, timeout) from None
             raise self._error(exc, target.model) from None
-        return codec_grpc.decode_response(resp, answer_source(self.name, target.model))
+        return resp
 
-    async def stream(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
+    async def _register(self, name: str, key: str, size: int) -> None:
+        try:
+            await self._stubs[0].SystemSharedMemoryRegister(
+                pb.SystemSharedMemoryRegisterRequest(name=name, key=key, byte_size=size),
+                timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.ALREADY_EXISTS:  # ours already: a lost answer
+                raise
+
+    async def _unregister(self, name: str) -> None:
+        await self._stubs[0].SystemSharedMemoryUnregister(
+            pb.SystemSharedMemoryUnregisterRequest(name=name), timeout=2.0)
+
+    def stream(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
+        return traced_stream(call, "grpc", self.name, target.model, self.cfg.url,
+                             self._stream_once(call, target))
+
+    async def _stream_once(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
         # One backend stream per request: the request is written and the stream half-closed,
         # so Triton ends it once the model has sent its last response.
         body = codec_grpc.encode_request(call, target.model, target.version)
@@ -148,6 +188,8 @@ class TritonGrpcBackend(Backend):
         return ProxyError(kind_from_grpc(code), details, origin="backend")
 
     async def close(self) -> None:
+        if self.handoff is not None and self._channels:
+            await self.handoff.close(self._unregister)
         for c in self._channels:
             await c.close()
 

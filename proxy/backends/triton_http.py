@@ -4,12 +4,13 @@ keep-alive connections. An unedited HTTP request is forwarded as its original bo
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 
-from proxy import codec_http
+from proxy import codec_http, shm_handoff
 from proxy.answers import answer_source
 from proxy.backends.http_base import HttpBackend
 from proxy.backends.propagation import forward_headers
@@ -17,6 +18,8 @@ from proxy.backends.triton_grpc import contract_from_triton
 from proxy.call import Call, Result, Target
 from proxy.config import TritonHttpBackend as HttpConfig
 from proxy.contract import ModelContract
+from proxy.shm_handoff import HandoffPool
+from proxy.telemetry import backend_span
 
 _STREAM_ABOVE = 512 * 1024
 
@@ -34,6 +37,9 @@ class TritonHttpBackend(HttpBackend):
         super().__init__(cfg.name, cfg.url, cfg.timeout_s, cfg.pool_size, auto_decompress=False,
                          tls=cfg.tls)
         self.cfg = cfg
+        pool = cfg.shared_memory_pool
+        self.handoff = (HandoffPool(cfg.name, pool.slots, pool.max_slot_bytes)
+                        if cfg.shared_memory == "system" else None)
 
     async def ready(self) -> bool:
         return await self._ok("/v2/health/ready")
@@ -41,7 +47,7 @@ class TritonHttpBackend(HttpBackend):
     async def model_ready(self, model: str, version: str = "") -> bool:
         return await self._ok(self._model_path(model, version) + "/ready")
 
-    async def metadata(self, model: str, version: str = "") -> ModelContract:
+    async def _metadata(self, model: str, version: str) -> ModelContract:
         path = self._model_path(model, version)
         meta = await self._get_json(path, model)
         config = await self._get_json(path + "/config", model)
@@ -52,14 +58,32 @@ class TritonHttpBackend(HttpBackend):
             config)
 
     async def infer(self, call: Call, target: Target) -> Result:
+        with backend_span(call, "http", self.name, target.model, self.base):
+            return await self._infer_once(call, target)
+
+    async def _infer_once(self, call: Call, target: Target) -> Result:
+        if self.handoff is not None:
+            result = await shm_handoff.http_infer(
+                self.handoff, call, target,
+                lambda body, hlen: self._post_infer(call, target, body, hlen, len(body)),
+                self._register)
+            if result is not None:
+                return result
         parts, hlen, forwarded = codec_http.encode_request(call)
-        headers = forward_headers(call.headers)
         size = sum(len(p) for p in parts)
         body: Any = parts[0] if len(parts) == 1 else b"".join(parts)
         if size > _STREAM_ABOVE:
             # aiohttp warns (and copies) for large bytes bodies; stream the parts as they are.
-            headers["Content-Length"] = str(size)
             body = _parts(parts)
+        data, answer_hlen = await self._post_infer(call, target, body, hlen, size)
+        return codec_http.decode_response(data, answer_hlen, forwarded,
+                                          answer_source(self.name, target.model))
+
+    async def _post_infer(self, call: Call, target: Target, body: Any, hlen: int | None,
+                          size: int) -> tuple[bytes, str | None]:
+        """POST an infer body; the answer's bytes and its header length, or the error."""
+        headers = forward_headers(call.headers)
+        headers["Content-Length"] = str(size)
         headers["Accept-Encoding"] = "identity"  # loopback: compression only costs CPU
         headers["Content-Type"] = (codec_http.BINARY_TYPE if hlen is not None
                                    else codec_http.JSON_TYPE)
@@ -73,13 +97,40 @@ class TritonHttpBackend(HttpBackend):
                     data = await r.read()
                     if r.status != 200:
                         raise self._status_error(r.status, data)
-                    return codec_http.decode_response(
-                        data, r.headers.get(codec_http.HEADER_LENGTH), forwarded,
-                        answer_source(self.name, target.model))
+                    return data, r.headers.get(codec_http.HEADER_LENGTH)
         except TimeoutError:
             raise self.deadline_error(target, timeout) from None
         except aiohttp.ClientError as exc:
             raise self._transport_error(exc, target.model) from None
+
+    async def _register(self, name: str, key: str, size: int) -> None:
+        body = json.dumps({"key": key, "offset": 0, "byte_size": size}).encode()
+        async with self.session.post(f"{self.base}/v2/systemsharedmemory/region/{name}/register",
+                                     data=body, timeout=aiohttp.ClientTimeout(
+                                         total=self.timeout_s)) as r:
+            data = await r.read()
+            if r.status != 200 and b"already in manager" not in data:  # ours: a lost answer
+                raise self._status_error(r.status, data)
+
+    async def _unregister(self, name: str) -> None:
+        async with self.session.post(
+                f"{self.base}/v2/systemsharedmemory/region/{name}/unregister",
+                timeout=aiohttp.ClientTimeout(total=2.0)) as r:
+            await r.read()
+
+    async def metadata(self, model: str, version: str = "") -> ModelContract:
+        contract = await self._metadata(model, version)
+        if self.handoff is not None:
+            self.handoff.contracts[model] = contract
+        return contract
+
+    async def close(self) -> None:
+        if self.handoff is not None and self._session is not None:
+            try:
+                await self.handoff.close(self._unregister)
+            except aiohttp.ClientError:
+                pass
+        await super().close()
 
     @staticmethod
     def _model_path(model: str, version: str) -> str:

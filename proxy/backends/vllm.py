@@ -23,6 +23,7 @@ from proxy.call import Call, LocalReply, Result, SseEvent, StreamItem, Target, W
 from proxy.config import VllmBackend as VllmConfig
 from proxy.contract import ModelContract, fingerprint
 from proxy.errors import ErrorKind, ProxyError
+from proxy.telemetry import backend_span, gen_ai_usage, traced_stream
 
 # A 28 × 28 grey PNG: the smallest image the tiny test models and real ones all accept.
 _PROBE_PNG = base64.b64encode(bytes.fromhex(
@@ -111,6 +112,13 @@ class VllmBackend(HttpBackend):
         return self.base + call.endpoint, body, headers
 
     async def infer(self, call: Call, target: Target) -> Result:
+        with backend_span(call, "openai", self.name, target.model, self.base) as span:
+            result = await self._infer_once(call, target)
+            if span.is_recording() and result.wire is not None:
+                gen_ai_usage(span, _json_or_none(result.wire.body))
+            return result
+
+    async def _infer_once(self, call: Call, target: Target) -> Result:
         url, body, headers = self._request(call, target)
         timeout = self.timeout_for(call)
         try:
@@ -125,7 +133,11 @@ class VllmBackend(HttpBackend):
             raise self._transport_error(exc, target.model) from None
         return Result(target.model, wire=Wire("openai", data))
 
-    async def stream(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
+    def stream(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
+        return traced_stream(call, "openai", self.name, target.model, self.base,
+                             self._stream_once(call, target))
+
+    async def _stream_once(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
         url, body, headers = self._request(call, target)
         timeout = self.timeout_for(call)
         try:
@@ -155,3 +167,11 @@ class VllmBackend(HttpBackend):
                              f"'{target.model}': {type(exc).__name__}: {exc}")
         finally:
             resp.release()
+
+
+def _json_or_none(body: bytes) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None

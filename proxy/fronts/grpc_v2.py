@@ -16,11 +16,12 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from proxy import codec_grpc
+from proxy import codec_grpc, shm_fronts
 from proxy.call import Call, LocalReply, Result, StreamItem
 from proxy.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
+from proxy.shm import SharedMemory, uses_shared_memory
 
 SERVICE = "inference.GRPCInferenceService"
 STREAM_QUEUE = 8
@@ -30,15 +31,6 @@ _UNIMPLEMENTED = {
                        "ask the model server directly",
     "RepositoryModelLoad": "mmguard does not load models; load them on the model server",
     "RepositoryModelUnload": "mmguard does not unload models; unload them on the model server",
-    "SystemSharedMemoryStatus": "shared memory does not cross the proxy hop; send tensors inline",
-    "SystemSharedMemoryRegister": "shared memory does not cross the proxy hop; send tensors "
-                                  "inline",
-    "SystemSharedMemoryUnregister": "shared memory does not cross the proxy hop",
-    "CudaSharedMemoryStatus": "CUDA shared memory does not cross the proxy hop; send tensors "
-                              "inline",
-    "CudaSharedMemoryRegister": "CUDA shared memory does not cross the proxy hop; send tensors "
-                                "inline",
-    "CudaSharedMemoryUnregister": "CUDA shared memory does not cross the proxy hop",
     "TraceSetting": "trace settings are mmguard config (telemetry.otlp_endpoint), not an RPC",
     "LogSettings": "log settings are mmguard config (telemetry.log_level), not an RPC",
 }
@@ -59,8 +51,9 @@ async def abort(context: grpc.aio.ServicerContext, reply: LocalReply,
 
 
 class GrpcFront:
-    def __init__(self, plane: DataPlane) -> None:
+    def __init__(self, plane: DataPlane, shm: SharedMemory | None = None) -> None:
         self.plane = plane
+        self.shm = shm or SharedMemory()
 
     def handler(self) -> grpc.GenericRpcHandler:
         typed: dict[str, tuple[Callable[..., Awaitable[Message]], type[Message]]] = {
@@ -81,6 +74,7 @@ class GrpcFront:
         methods["ModelInfer"] = grpc.unary_unary_rpc_method_handler(self.model_infer)
         methods["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
             self.model_stream_infer)
+        methods.update(shm_fronts.grpc_methods(self.shm))
         for name, why in _UNIMPLEMENTED.items():
             methods[name] = grpc.unary_unary_rpc_method_handler(_unimplemented(name, why))
         return grpc.method_handlers_generic_handler(SERVICE, methods)
@@ -137,7 +131,7 @@ class GrpcFront:
 
     async def model_infer(self, body: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
-            call = codec_grpc.decode_request(body)
+            call = codec_grpc.decode_request(body, shared_memory=True)
         except ProxyError as err:
             await abort(context, LocalReply.from_error(err), {})
             return b""
@@ -145,7 +139,9 @@ class GrpcFront:
         remaining = context.time_remaining()
         if remaining is not None:
             call.deadline = time.monotonic() + remaining
-        reply = await self.plane.infer(call)
+        reply = await (self.shm.infer(call, self.shm.grpc_connection(context.peer()),
+                                      self.plane.infer)
+                       if uses_shared_memory(call) else self.plane.infer(call))
         if isinstance(reply, LocalReply):
             await abort(context, reply, call.decisions)
             return b""

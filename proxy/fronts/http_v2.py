@@ -14,12 +14,13 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from proxy import codec_http
+from proxy import codec_http, shm_fronts
 from proxy.call import LocalReply
 from proxy.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError
 from proxy.fronts.body import read_body
 from proxy.fronts.openai import OpenAIFront, drop_connection
+from proxy.shm import SharedMemory, uses_shared_memory
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TIMEOUT_HEADER = "mmguard-timeout-ms"
@@ -55,8 +56,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 class HttpFront:
     def __init__(self, plane: DataPlane, max_request_bytes: int,
                  image_url_allow_hosts: tuple[str, ...] = (),
-                 max_json_bytes: int | None = None) -> None:
+                 max_json_bytes: int | None = None,
+                 shm: SharedMemory | None = None) -> None:
         self.plane = plane
+        self.shm = shm or SharedMemory()
         self.max_request_bytes = max_request_bytes
         self.max_json_bytes = min(max_json_bytes or max_request_bytes, max_request_bytes)
         self.openai = OpenAIFront(plane, max_request_bytes, image_url_allow_hosts)
@@ -75,6 +78,7 @@ class HttpFront:
             r.add_get(base + "/config", self.model_config)
             r.add_get(base + "/stats", self.stats)
             r.add_post(base + "/infer", self.infer)
+        shm_fronts.add_http_routes(r, self.shm)
         return app
 
     async def live(self, request: web.Request) -> web.Response:
@@ -121,7 +125,7 @@ class HttpFront:
         header_length = request.headers.get(codec_http.HEADER_LENGTH)
         body = await self._read_infer_body(request, header_length)
         decode_args = (body, header_length, request.match_info["model"],
-                       request.match_info.get("version", ""), request.content_type)
+                       request.match_info.get("version", ""), request.content_type, True)
         if len(body) > DECODE_INLINE_BYTES:  # JSON and tensor building off the loop
             call = await asyncio.to_thread(codec_http.decode_request, *decode_args)
         else:
@@ -130,7 +134,9 @@ class HttpFront:
         timeout_ms = call.headers.get(TIMEOUT_HEADER)
         if timeout_ms is not None:
             call.deadline = time.monotonic() + _positive_ms(timeout_ms) / 1000
-        reply = await self.plane.infer(call)
+        reply = await (self.shm.infer(call, shm_fronts.http_connection(request),
+                                      self.plane.infer)
+                       if uses_shared_memory(call) else self.plane.infer(call))
         if isinstance(reply, LocalReply):
             if reply.reset:
                 drop_connection(request)

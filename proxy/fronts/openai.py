@@ -110,6 +110,8 @@ class OpenAIFront:
         await resp.prepare(request)
         rename = call.target is not None and call.target.model != call.model
         item: Any = first
+        gap = self.plane.telemetry.inter_token.labels(call.model, backend)
+        last = time.monotonic()
         try:
             while item is not None:
                 if request.transport is None or request.transport.is_closing():
@@ -130,6 +132,10 @@ class OpenAIFront:
                     else:
                         await resp.write(item.raw)
                 item = await anext(items, None)
+                if item is not None:  # inter-token latency, as the client sees it
+                    now = time.monotonic()
+                    gap.observe(now - last)
+                    last = now
         except ConnectionResetError:
             log.info("client of model %r closed the stream early", call.model)
         finally:

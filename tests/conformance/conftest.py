@@ -39,7 +39,8 @@ def same_name_routes(triton: TritonServer, kind: str) -> dict[str, object]:
     url = triton.grpc_url if kind == "triton_grpc" else triton.http_url
     names = [m for m in MODEL_NAMES if kind == "triton_grpc" or m not in DECOUPLED_MODELS]
     return {"backends": [{"kind": kind, "name": "triton", "url": url}],
-            "models": [{"name": m, "backend": "triton"} for m in names]}
+            "models": [{"name": m, "backend": "triton"} for m in names],
+            "shared_memory": {"system": True}}  # Triton serves it by default; mmguard opts in
 
 
 @pytest.fixture(scope="session")

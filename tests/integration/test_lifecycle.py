@@ -57,7 +57,9 @@ def test_embedded_default_serves_clip_demo_and_demo_command(tmp_path: Path) -> N
     try:
         url = f"127.0.0.1:{p.ports['grpc']}"
         _wait_ready(url, "clip_demo")
-        demo = subprocess.run([sys.executable, "-m", "proxy.cli", "demo", "--url", url],
+        demo = subprocess.run([sys.executable, "-m", "proxy.cli", "demo", "--url", url,
+                               "--http", f"127.0.0.1:{p.ports['http']}",
+                               "--admin", f"http://127.0.0.1:{p.ports['admin']}"],
                               capture_output=True, text=True, timeout=60)
         assert demo.returncode == 0, demo.stdout + demo.stderr
         assert "similarity (image vs text):" in demo.stdout

@@ -23,6 +23,7 @@ from tests.support.process import MmguardProcess
 from tests.support.wire import grpc_infer_raw, grpc_request
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+SERVER_SPAN = "inference.GRPCInferenceService/ModelInfer"  # OpenTelemetry RPC span name
 
 
 class Receiver(tgrpc.TraceServiceServicer):
@@ -82,7 +83,7 @@ def test_spans_reach_a_real_otlp_receiver(receiver: tuple[Receiver, int], ort_mo
         while time.monotonic() < deadline:
             with rec.lock:
                 names = [s.name for s in rec.spans]
-            if names.count("filter limits") >= 2 and names.count("mmguard grpc infer") >= 2:
+            if names.count("filter limits") >= 2 and names.count(SERVER_SPAN) >= 2:
                 break
             time.sleep(0.1)
     finally:
@@ -90,11 +91,15 @@ def test_spans_reach_a_real_otlp_receiver(receiver: tuple[Receiver, int], ort_mo
     with rec.lock:
         spans = list(rec.spans)
     ours = [s for s in spans if s.trace_id.hex() == TRACE_ID]
-    servers = [s for s in ours if s.name == "mmguard grpc infer"]
+    servers = [s for s in ours if s.name == SERVER_SPAN]
     filters = [s for s in ours if s.name == "filter limits"]
     assert len(servers) >= 2 and len(filters) >= 2, [s.name for s in spans]
     # each filter span is a child of its request span, in the client's trace
     assert {f.parent_span_id for f in filters} <= {s.span_id for s in servers}
     assert all(s.parent_span_id.hex() == "00f067aa0ba902b7" for s in servers)
+    # OpenTelemetry's RPC conventions on the server span; the exported resource names mmguard
+    attrs = {a.key: a.value.string_value for a in servers[0].attributes}
+    assert attrs["rpc.system"] == "grpc" and attrs["rpc.method"] == "ModelInfer"
+    assert attrs["rpc.service"] == "inference.GRPCInferenceService"
     events = [e for f in filters for e in f.events]
     assert any(e.name == "limits.reject-batch" for e in events), [e.name for e in events]

@@ -3,7 +3,7 @@ makes one span per request and one per filter, and a filter's decision is a span
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import numpy as np
 import pytest
@@ -60,10 +60,25 @@ def test_trace_context_reaches_backend_on_both_protocols(
     assert seen["traceparent"] != PARENT  # with mmguard's span as the parent
     assert seen["x-tenant"] == "blue"  # client metadata propagated
     spans = exporter.get_finished_spans()
-    root = next(s for s in spans if s.name == "mmguard grpc infer")
+    root = next(s for s in spans if s.kind == trace.SpanKind.SERVER)
+    # OpenTelemetry's RPC conventions: the client called gRPC ModelInfer
+    assert root.name == "inference.GRPCInferenceService/ModelInfer"
+    assert root.attributes is not None and root.attributes["rpc.system"] == "grpc"
+    assert root.attributes["rpc.grpc.status_code"] == 0
     assert format(root.context.trace_id, "032x") == TRACE_ID
     step = next(s for s in spans if s.name == "filter limits")  # every route has limits
     assert step.parent is not None and step.parent.span_id == root.context.span_id
+    # the hop to the backend is a CLIENT span, and the backend's parent is that span
+    hop = next(s for s in spans if s.kind == trace.SpanKind.CLIENT)
+    assert hop.parent is not None and hop.parent.span_id == step.context.span_id
+    assert seen["traceparent"].split("-")[2] == format(hop.context.span_id, "016x")
+    assert hop.attributes is not None and hop.attributes["server.address"] == "127.0.0.1"
+    assert hop.attributes["server.port"] in (fake.grpc_port, fake.http_port)
+    if route == "via_grpc":
+        assert hop.name == "inference.GRPCInferenceService/ModelInfer"
+        assert hop.attributes["rpc.method"] == "ModelInfer"
+    else:
+        assert hop.attributes["url.path"] == "/v2/models/echo/infer"
 
 
 def test_decision_is_a_span_event(setup: tuple[RunningMmguard, FakeV2],
@@ -79,3 +94,54 @@ def test_decision_is_a_span_event(setup: tuple[RunningMmguard, FakeV2],
     event = span.events[0]
     assert event.name == "limits.reject-batch"
     assert event.attributes is not None and event.attributes["mmguard.model"] == "via_grpc"
+    # the HTTP server span follows OpenTelemetry's HTTP conventions
+    root = next(s for s in exporter.get_finished_spans() if s.kind == trace.SpanKind.SERVER)
+    assert root.name == "POST /v2/models/{model_name}/infer"
+    assert root.attributes is not None
+    assert root.attributes["url.path"] == "/v2/models/via_grpc/infer"
+    assert root.attributes["http.response.status_code"] == 413
+    assert root.attributes["error.type"] == "too_large"
+
+
+def test_a_backend_stream_is_one_client_span_with_gen_ai_usage(
+        exporter: InMemorySpanExporter) -> None:
+    """traced_stream (the vLLM and Triton gRPC streams): the CLIENT span is current while the
+    backend stream is read (so its headers name it), ends with the stream, and carries the
+    usage and finish reasons of the last events."""
+    import asyncio
+
+    from proxy.call import Call, SseEvent
+    from proxy.telemetry import traced_stream
+
+    seen: list[int] = []
+
+    async def backend() -> AsyncIterator[SseEvent]:
+        for raw in (b'data: {"choices":[{"delta":{"content":"hi"},"finish_reason":null}]}\n\n',
+                    b'data: {"model":"tiny","choices":[{"finish_reason":"length"}],'
+                    b'"usage":{"prompt_tokens":5,"completion_tokens":2}}\n\n',
+                    b"data: [DONE]\n\n"):
+            seen.append(trace.get_current_span().get_span_context().span_id)
+            yield SseEvent(raw)
+
+    async def read() -> int:
+        call = Call(model="tiny", version="", inputs=[], front="openai", streaming=True,
+                    endpoint="/v1/chat/completions")
+        tracer = trace.get_tracer("test")
+        with tracer.start_as_current_span("outer") as outer:
+            items = [i async for i in traced_stream(call, "openai", "v", "tiny",
+                                                    "http://127.0.0.1:8000", backend())]
+            assert len(items) == 3
+            # after the stream, the caller's span is current again
+            assert trace.get_current_span() is outer
+            return outer.get_span_context().span_id
+
+    exporter.clear()
+    outer_id = asyncio.run(read())
+    (hop,) = [s for s in exporter.get_finished_spans() if s.kind == trace.SpanKind.CLIENT]
+    assert hop.name == "chat tiny" and hop.parent is not None and hop.parent.span_id == outer_id
+    assert set(seen) == {hop.context.span_id}
+    assert hop.attributes is not None
+    assert hop.attributes["gen_ai.usage.input_tokens"] == 5
+    assert hop.attributes["gen_ai.usage.output_tokens"] == 2
+    assert tuple(hop.attributes["gen_ai.response.finish_reasons"]) == ("length",)
+    assert hop.attributes["server.port"] == 8000

@@ -24,7 +24,12 @@ from tests.support.mmguard import RunningMmguard
 from tests.support.wire import grpc_infer_raw, grpc_request
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
-YAMLS = sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml"))
+PROMTOOL_TESTS = DEPLOY / "prometheus" / "tests"
+YAMLS = sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml")
+               and PROMTOOL_TESTS not in p.parents)
+TOKEN_FILE = "/var/run/secrets/mmguard/admin-token"
+IMAGE = re.compile(r"[a-z0-9.-]+\.[a-z]+(:[0-9]+)?/[a-z0-9/_.-]+:[\w.-]+")
+"""An image with a registry host (a dot in its first part), a path and a tag."""
 METRIC = re.compile(r"mmguard_[a-z0-9_]+")
 
 
@@ -68,8 +73,11 @@ def port_number(c: dict[str, Any], port: int | str) -> int:
 
 
 def config_of(path: Path) -> Config:
+    """The ConfigMap's mmguard config; the admin token file (a Secret in the pod) is stood in
+    for by a readable, non-empty file here (this module)."""
     cm = find("ConfigMap", path)
-    return parse_config(yaml.safe_load(cm["data"]["mmguard.yaml"]))
+    return parse_config(yaml.safe_load(cm["data"]["mmguard.yaml"].replace(TOKEN_FILE,
+                                                                            __file__)))
 
 
 def pre_stop_sleep(c: dict[str, Any]) -> float:
@@ -118,11 +126,116 @@ def test_there_are_mmguard_configs_in_base_canary_and_kserve() -> None:
 @pytest.mark.parametrize("where,text", mmguard_configs(), ids=[w for w, _ in mmguard_configs()])
 def test_every_configmap_config_passes_check_config(where: str, text: str,
                                                     tmp_path: Path) -> None:
+    # the admin token file is the Secret the pod mounts; here a file of our own stands in
+    token = tmp_path / "admin-token"
+    token.write_text("s3cret-token\n")
+    text = text.replace(TOKEN_FILE, str(token))
     cfg = parse_config(yaml.safe_load(text), where)
     assert cfg.models
     file = tmp_path / "mmguard.yaml"
     file.write_text(text)
     assert cli_main(["check-config", str(file)]) == 0
+
+
+@pytest.mark.parametrize("where,text", mmguard_configs(), ids=[w for w, _ in mmguard_configs()])
+def test_every_config_reads_the_admin_token_from_a_secret_file(where: str, text: str) -> None:
+    """Every config that opens the admin API to the pod network guards it with a token, and
+    the token is never in the ConfigMap itself."""
+    admin = yaml.safe_load(text)["listeners"]["admin"]
+    assert admin["host"] == "0.0.0.0"
+    assert admin.get("token_file") == TOKEN_FILE, where
+    assert "token" not in admin
+
+
+def pods_that_run_mmguard() -> list[tuple[str, dict[str, Any]]]:
+    out = [("k8s/base", find("Deployment", DEPLOY / "k8s/base/deployment.yaml")["spec"]
+            ["template"]["spec"])]
+    for name in ("inferenceservice.yaml", "inferenceservice-serverless.yaml"):
+        out.append((name, find("InferenceService", DEPLOY / "kserve" / name)["spec"]
+                    ["predictor"]))
+    return out
+
+
+@pytest.mark.parametrize("where,pod", pods_that_run_mmguard(), ids=lambda x: str(x)[:30])
+def test_the_admin_token_secret_is_mounted_where_the_config_reads_it(
+        where: str, pod: dict[str, Any]) -> None:
+    mm = container(pod, "mmguard")
+    mount = next(m for m in mm["volumeMounts"] if m["mountPath"] == str(Path(TOKEN_FILE).parent))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == "mmguard-admin-token"
+    assert {"key": "admin-token", "path": Path(TOKEN_FILE).name} in volume["secret"]["items"]
+    assert "optional" not in volume["secret"]  # no Secret, no pod: never an open admin API
+
+
+@pytest.mark.parametrize("where,pod", pods_that_run_mmguard(), ids=lambda x: str(x)[:30])
+def test_every_image_names_its_registry(where: str, pod: dict[str, Any]) -> None:
+    for c in pod["containers"]:
+        assert IMAGE.fullmatch(c["image"]), (where, c["name"], c["image"])
+
+
+def test_the_serverless_kserve_variant_is_what_knative_accepts() -> None:
+    raw = find("InferenceService", DEPLOY / "kserve/inferenceservice.yaml")
+    serverless = find("InferenceService", DEPLOY / "kserve/inferenceservice-serverless.yaml")
+    mode = "serving.kserve.io/deploymentMode"
+    assert raw["metadata"]["annotations"][mode] == "RawDeployment"
+    assert serverless["metadata"]["annotations"][mode] == "Serverless"
+    pred = serverless["spec"]["predictor"]
+    assert "terminationGracePeriodSeconds" not in pred
+    assert all("lifecycle" not in c for c in pred["containers"])
+    assert sum(len(c.get("ports", [])) for c in pred["containers"]) == 1
+    mm = container(pred, "mmguard")
+    for probe in ("readinessProbe", "livenessProbe"):  # Knative allows the serving port only
+        assert mm[probe]["httpGet"]["port"] == mm["ports"][0]["containerPort"]
+    cfg = config_of(DEPLOY / "kserve/inferenceservice-serverless.yaml")
+    assert mm["ports"][0]["containerPort"] == cfg.listeners.http.port
+    # Knative gives the pod the revision timeout (300 s default) to drain; mmguard's is shorter
+    assert cfg.shutdown_grace_s < 300
+
+
+def test_the_shared_memory_overlay_mounts_dev_shm_in_both_containers() -> None:
+    patch = find("Deployment", DEPLOY / "k8s/overlays/shared-memory/shm-patch.yaml")
+    pod = patch["spec"]["template"]["spec"]
+    mm = container(pod, "mmguard")
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in mm["volumeMounts"]
+    (volume,) = pod["volumes"]
+    assert volume["emptyDir"]["medium"] == "Memory"
+    base = find("Deployment", DEPLOY / "k8s/base/deployment.yaml")["spec"]["template"]["spec"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container(base, "triton")["volumeMounts"]
+
+
+def test_the_release_label_is_one_kustomize_value() -> None:
+    k = yaml.safe_load((DEPLOY / "k8s/base/kustomization.yaml").read_text())
+    (rep,) = k["replacements"]
+    assert rep["source"] == {"kind": "ConfigMap", "name": "mmguard-monitoring",
+                             "fieldPath": "data.release"}
+    kinds = {t["select"]["kind"] for t in rep["targets"]}
+    assert kinds == {"PodMonitor", "PrometheusRule"}
+    assert all(t["fieldPaths"] == ["metadata.labels.release"] for t in rep["targets"])
+    settings = find("ConfigMap", DEPLOY / "k8s/base/monitoring.yaml")
+    assert settings["metadata"]["annotations"]["config.kubernetes.io/local-config"] == "true"
+
+
+def test_the_image_pins_every_runtime_dependency() -> None:
+    """deploy/requirements.lock pins (==) every dependency pyproject.toml names for the image."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]
+    wanted = [Requirement(r).name for r in project["dependencies"]
+              + project["optional-dependencies"]["cpu"]]
+    lock = {}
+    for line in (DEPLOY / "requirements.lock").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            lock[re.sub(r"[-_.]+", "-", name).lower()] = version
+    for name in wanted:
+        assert lock.get(re.sub(r"[-_.]+", "-", name).lower()), f"{name} is not pinned"
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    assert "--requirement requirements.lock" in dockerfile and "--no-deps ." in dockerfile
+    assert re.search(r"pip install --no-cache-dir pip==[0-9.]+", dockerfile)
+    ignore = (DEPLOY.parent / ".dockerignore").read_text().split()
+    assert ignore[ignore.index("**") + 1:].count("!deploy/requirements.lock") == 1
 
 
 def test_the_canary_is_labelled_and_has_its_own_config() -> None:
@@ -141,7 +254,7 @@ def test_the_sidecar_pod_runs_triton_and_mmguard() -> None:
     assert re.fullmatch(r"nvcr\.io/nvidia/tritonserver:[\w.]+-py3", triton["image"])
     assert any(m["mountPath"] == "/models" for m in triton["volumeMounts"])
     mm = container(pod, "mmguard")
-    assert mm["image"] == "mmguard:latest"
+    assert IMAGE.fullmatch(mm["image"]) and "/mmguard:" in mm["image"]
     assert mm["args"] == ["serve", "--config", "/etc/mmguard/mmguard.yaml"]
     # the image's entrypoint is the bare CLI, so args begin with the subcommand
     assert 'ENTRYPOINT ["mmguard"]' in (DEPLOY / "Dockerfile").read_text()
@@ -230,7 +343,7 @@ def dashboard_exprs() -> list[str]:
         elif isinstance(o, list):
             for v in o:
                 walk(v)
-        elif isinstance(o, str) and "mmguard_" in o:
+        elif isinstance(o, str) and ("mmguard_" in o or "mmguard:" in o):
             out.append(o)
 
     walk(json.loads((DEPLOY / "grafana" / "mmguard-dashboard.json").read_text()))
@@ -308,7 +421,7 @@ def test_every_dashboard_metric_is_exported(exported: tuple[set[str], RunningMmg
     # the panels the dashboard promises
     assert {"mmguard_requests_total", "mmguard_request_duration_seconds_bucket",
             "mmguard_backend_duration_seconds_bucket", "mmguard_requests_in_flight",
-            "mmguard_breaker_state", "mmguard_fallback_answers_total",
+            "mmguard_breaker_status", "mmguard_fallback_answers_total",
             "mmguard_filter_decisions_total", "mmguard_input_drift", "mmguard_router_weight",
             "mmguard_tokens_total", "mmguard_time_to_first_token_seconds_bucket"} <= used
 
@@ -318,7 +431,7 @@ def test_every_alert_metric_is_exported(exported: tuple[set[str], RunningMmguard
     used = {n for e in alert_exprs() for n in METRIC.findall(e)}
     assert used and used <= names, sorted(used - names)
     assert {"mmguard_requests_total", "mmguard_request_duration_seconds_bucket",
-            "mmguard_breaker_state", "mmguard_input_drift", "mmguard_fallback_answers_total",
+            "mmguard_breaker_status", "mmguard_input_drift", "mmguard_fallback_answers_total",
             "mmguard_backend_ready"} <= used
 
 
@@ -345,3 +458,95 @@ def test_the_probe_paths_answer_on_a_running_mmguard(
 def http_get(url: str) -> tuple[int, dict[str, str], bytes]:
     with urllib.request.urlopen(url, timeout=10) as r:
         return r.status, dict(r.headers), r.read()
+
+
+# --- one definition of an error, states that aggregate, the series mmguard exports ------------
+
+CODE_FILTER = re.compile(r'code!~"([^"]+)"')
+
+
+def recording_rules() -> dict[str, str]:
+    rule = find("PrometheusRule", DEPLOY / "prometheus" / "alerts.yaml")
+    return {r["record"]: r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]
+            if "record" in r}
+
+
+def test_one_definition_of_an_error_for_rules_dashboard_and_fleet() -> None:
+    from proxy.errors import ErrorKind
+
+    rules = recording_rules()
+    defs = {m for e in rules.values() for m in CODE_FILTER.findall(e)}
+    (definition,) = defs  # every recording rule uses the same code regex
+    not_errors = set(definition.split("|"))
+    assert not_errors <= {k.value for k in ErrorKind} | {"ok", "injected"}
+    assert {"unavailable", "deadline_exceeded", "internal", "overloaded"}.isdisjoint(not_errors)
+    # the alerts read the recording rules, never a regex of their own
+    assert not any(CODE_FILTER.search(e) for e in alert_exprs() if e not in rules.values())
+    # the dashboard reads the same recording rule, and names no code list of its own
+    used = " ".join(dashboard_exprs())
+    assert "mmguard:request_error_ratio:rate5m" in used and not CODE_FILTER.search(used)
+    assert set(re.findall(r"mmguard:[a-z0-9_:]+", used)) <= set(rules)
+    # the fleet templates repeat it (they select canary pods, which the rules do not group by)
+    fleet = [q for p in sorted((DEPLOY / "fleet").glob("*.yaml")) for d in docs(p)
+             for q in _queries(d)]
+    assert fleet and {m for q in fleet for m in CODE_FILTER.findall(q)} == {definition}
+
+
+def _queries(d: dict[str, Any]) -> list[str]:
+    if d.get("kind") == "MetricTemplate":
+        return [d["spec"]["query"]]
+    if d.get("kind") == "AnalysisTemplate":
+        return [m["provider"]["prometheus"]["query"] for m in d["spec"]["metrics"]]
+    return []
+
+
+def test_error_ratios_fall_back_to_zero_when_a_track_has_no_errors() -> None:
+    for name, expr in recording_rules().items():
+        if name.startswith("mmguard:request_error_ratio:"):
+            assert "or 0 * sum by (namespace, track, model) (rate(mmguard_requests_total" in expr
+
+
+def test_states_are_never_aggregated_as_numbers() -> None:
+    """A numeric state gauge (0 closed, 1 open, 3 forced open...) means nothing once max()ed or
+    summed across pods: the panels and alerts read the one-hot *_status gauges."""
+    used = dashboard_exprs() + alert_exprs()
+    assert not any(re.search(r"mmguard_(breaker_state|shadow_verdict)\b(?!_)", e) for e in used)
+    assert any("mmguard_breaker_status" in e for e in used)
+    assert any("mmguard_shadow_verdict_status" in e for e in used)
+
+
+def test_the_metrics_page_has_process_metrics_zeroes_and_no_created_series(
+        exported: tuple[set[str], RunningMmguard]) -> None:
+    _, m = exported
+    text = urllib.request.urlopen(m.admin_url + "/metrics", timeout=10).read().decode()
+    assert "_created" not in text
+    for name in ("process_cpu_seconds_total", "process_resident_memory_bytes",
+                 "process_open_fds"):
+        assert re.search(rf"^{name} [0-9.e+]+$", text, re.M), name
+    # known label values exist at 0 before their first event, so increase() sees the first one
+    assert 'mmguard_config_reloads_total{result="rejected"} 0.0' in text
+    assert re.search(r'mmguard_experiment_stops_total\{cause="slo",experiment="noop",'
+                     r'route="clip_b"\} 0.0', text)
+    assert 'mmguard_fallback_answers_total{level="3",model="guarded"} 0.0' in text
+    # one-hot: exactly one state at 1 per breaker
+    states = re.findall(r'mmguard_breaker_status\{level="clip_b",model="guarded",'
+                        r'state="(\w+)"\} ([01])\.0', text)
+    assert len(states) == 5 and [s for s, v in states if v == "1"] == ["closed"]
+
+
+def test_every_alert_has_a_promtool_case_that_fires_and_one_that_stays_quiet() -> None:
+    """deploy/prometheus/tests: scripts/ci_ops.sh runs them with `promtool test rules`; this
+    keeps them complete as alerts are added."""
+    rule = find("PrometheusRule", DEPLOY / "prometheus" / "alerts.yaml")
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    fires: set[str] = set()
+    quiet: set[str] = set()
+    for path in sorted(PROMTOOL_TESTS.glob("*_test.yaml")):
+        suite = yaml.safe_load(path.read_text())
+        assert suite["rule_files"] == ["mmguard-rules.yaml"]
+        for case in suite["tests"]:
+            for t in case.get("alert_rule_test", []):
+                (fires if t["exp_alerts"] else quiet).add(t["alertname"])
+    assert alerts - fires == set(), "no promtool case where these fire"
+    assert alerts - quiet == set(), "no promtool case where these stay quiet"
+    assert (fires | quiet) <= alerts
