@@ -30,16 +30,18 @@ def bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     """``text`` cut to at most ``limit`` characters; a cut says how much was left out."""
     if len(text) <= limit:
         return text
-    tail = f" … [cut: {len(text) - limit} more characters]"
+    # ASCII only: the text may become a gRPC trailer, where a non-ASCII character makes grpc
+    # refuse the whole answer ("Invalid metadata", INTERNAL).
+    tail = f" ... [cut: {len(text) - limit} more characters]"
     return text[:max(0, limit - len(tail))] + tail
 
 
 def name_list(names: Iterable[str], shown: int = SHOWN_NAMES) -> str:
-    """``['a', 'b', …] and N more``: the first few names of a list that may be huge."""
+    """``['a', 'b', ... and N more]``: the first few names of a list that may be huge."""
     items = list(names)
     head = ", ".join(repr(bounded(n, 64)) for n in items[:shown])
     more = len(items) - shown
-    return f"[{head}, … and {more} more]" if more > 0 else f"[{head}]"
+    return f"[{head}, ... and {more} more]" if more > 0 else f"[{head}]"
 
 
 class ErrorKind(enum.Enum):

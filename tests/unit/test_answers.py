@@ -66,3 +66,13 @@ def test_grpc_answer_in_typed_contents_is_read_and_checked() -> None:
     with pytest.raises(ProxyError) as err:
         codec_grpc.decode_response(resp.SerializeToString(), "backend 'b' for model 'm'")
     assert "output 'y': FP32 shape [3] needs 12 bytes, got 16" in err.value.message
+
+
+def test_a_cut_decision_detail_is_still_a_valid_grpc_trailer() -> None:
+    """A long reason cut for a header must stay ASCII: grpc refuses a trailer with any other
+    character and turns the whole answer into INTERNAL "Invalid metadata"."""
+    from proxy.errors import MAX_HEADER_CHARS, bounded, name_list
+
+    cut = bounded("x" * 1000, MAX_HEADER_CHARS)
+    assert len(cut) <= MAX_HEADER_CHARS and cut.isascii() and "cut: " in cut
+    assert name_list([f"m{i}" for i in range(9)]).isascii()
