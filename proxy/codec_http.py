@@ -368,6 +368,10 @@ def _response_outputs(doc: dict[str, Any], hlen: int | None, view: memoryview,
     return entries
 
 
+NO_JSON_OUTPUT = frozenset({"FP16", "BF16"})
+"""Datatypes Triton's HTTP server refuses to answer as JSON data (seen from Triton 2.51)."""
+
+
 def encode_response(call: Call, result: Result) -> tuple[bytes, int | None]:
     if result.wire is not None and result.wire.protocol == "http":
         wire = result.wire
@@ -383,10 +387,10 @@ def encode_response(call: Call, result: Result) -> tuple[bytes, int | None]:
         return header + memoryview(wire.body)[end:], len(header)
     want_binary_all = bool(call.parameters.get("binary_data_output", False))
     asked = {o.name: o.parameters for o in call.outputs}
-    head: dict[str, Any] = {"model_name": call.model, "model_version": result.version,
-                            "outputs": []}
-    if call.id or result.id:
+    head: dict[str, Any] = {}
+    if call.id or result.id:  # first, where Triton puts it: the same bytes as from Triton
         head["id"] = call.id or result.id
+    head.update({"model_name": call.model, "model_version": result.version, "outputs": []})
     if result.parameters:
         head["parameters"] = result.parameters
     chunks: list[Any] = []
@@ -402,6 +406,11 @@ def encode_response(call: Call, result: Result) -> tuple[bytes, int | None]:
             raw = t.raw_bytes()
             params["binary_data_size"] = len(raw)
             chunks.append(raw)
+        elif t.datatype in NO_JSON_OUTPUT:
+            # Triton refuses these as JSON (400) whichever backend answered: so does mmguard,
+            # so a client gets the same answer through every route and directly.
+            raise bad(f"output '{t.name}' is {t.datatype}, which a JSON answer cannot carry; "
+                      "ask for it in binary (binary_data: true)")
         else:
             entry["data"] = t.to_list()
         if params:

@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
@@ -135,10 +136,22 @@ def _json_value(f: FieldDescriptor, value: Any) -> Any:
         return named.name if named is not None else value
     if f.type == FieldDescriptor.TYPE_BYTES:
         return base64.b64encode(value).decode()
-    if f.type in (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE) \
-            and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if f.type in (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE):
+        return _json_number(value, f.type == FieldDescriptor.TYPE_FLOAT)
     return value  # int64 included: a JSON number, as Triton writes it
+
+
+def _json_number(value: float, single: bool) -> float | int | str:
+    """A float as protobuf's C++ printer writes it: the shortest text that reads back (for a
+    float field, as a 32-bit float: 0.1, not 0.10000000149011612), whole numbers without a
+    fraction (0, not 0.0)."""
+    if not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if single:
+        value = float(str(np.float32(value)))
+    if value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    return value
 
 
 def fingerprint(*parts: Any) -> str:

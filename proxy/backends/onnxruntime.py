@@ -28,6 +28,7 @@ except ImportError as exc:  # `pip install mmguard` without an ONNX Runtime extr
 from proxy.answers import answer_source, check_outputs
 from proxy.backends.base import Backend
 from proxy.call import Call, Result, Target
+from proxy.classification import class_count, classify
 from proxy.config import OnnxRuntimeBackend as OrtConfig
 from proxy.contract import ModelContract, TensorSpec
 from proxy.errors import ErrorKind, ProxyError, name_list
@@ -174,6 +175,8 @@ class OnnxRuntimeBackend(Backend):
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                              f"model '{target.model}' has no output {name_list(unknown)}; "
                              f"outputs are {name_list(m.output_types)}")
+        asked = {o.name: class_count(o.name, o.parameters) for o in call.outputs}
+        classes = [asked.get(n, 0) for n in names]
         timeout = self.timeout_for(call)
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(self._pool, _run, m.session, names, feeds)
@@ -183,6 +186,10 @@ class OnnxRuntimeBackend(Backend):
             raise self.deadline_error(target, timeout) from None
         outputs = [_to_tensor(n, a, m.output_types[n]) for n, a in zip(names, arrays, strict=True)]
         check_outputs(outputs, answer_source(self.name, target.model))
+        for i, k in enumerate(classes):
+            if k:  # Triton's classification extension, computed here as Triton would
+                outputs[i] = classify(outputs[i], k, m.contract.max_batch_size > 0,
+                                      target.model)
         return Result(target.model, m.contract.versions[0], call.id, outputs)
 
     async def close(self) -> None:

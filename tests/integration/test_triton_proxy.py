@@ -6,6 +6,7 @@ import json
 import queue
 import re
 import struct
+import urllib.request
 from collections.abc import Iterator
 
 import grpc
@@ -241,6 +242,37 @@ def test_metadata_and_config_come_from_triton(proxy: RunningMmguard) -> None:
     assert decoupled.model_transaction_policy.decoupled
 
 
+@pytest.mark.parametrize("route", ["g_clip_demo", "h_clip_demo"])
+def test_renamed_route_config_differs_from_tritons_only_in_name(
+        proxy: RunningMmguard, triton: TritonServer, route: str) -> None:
+    """A route serving a model under another name: config and metadata are Triton's own, over
+    both protocols, with the route's name in place of the model's and nothing else changed."""
+    want = json.loads(http_get(triton.http_url, "/v2/models/clip_demo/config"))
+    got = json.loads(http_get(proxy.http_url, f"/v2/models/{route}/config"))
+    assert got == {**want, "name": route} and list(got) == list(want)
+    want_meta = json.loads(http_get(triton.http_url, "/v2/models/clip_demo"))
+    assert json.loads(http_get(proxy.http_url, f"/v2/models/{route}")) == \
+        {**want_meta, "name": route}
+    direct = grpcclient.InferenceServerClient(triton.grpc_url)
+    client = grpcclient.InferenceServerClient(proxy.grpc_url)
+    try:
+        expected = direct.get_model_config("clip_demo").config
+        expected.name = route
+        assert client.get_model_config(route).config == expected
+        meta = direct.get_model_metadata("clip_demo")
+        meta.name = route
+        assert client.get_model_metadata(route) == meta
+    finally:
+        direct.close()
+        client.close()
+
+
+def http_get(url: str, path: str) -> bytes:
+    with urllib.request.urlopen(f"http://{url}{path}", timeout=30) as r:
+        body: bytes = r.read()
+        return body
+
+
 def test_max_in_flight_gives_429_with_retry_after(triton: TritonServer) -> None:
     cfg = triton_routes(triton, ["slow_fp32"])
     cfg["models"] = [{"name": "one_at_a_time", "backend": "triton-grpc",
@@ -267,3 +299,14 @@ def test_max_in_flight_gives_429_with_retry_after(triton: TritonServer) -> None:
             first.result(10)
         out, _ = grpc_infer_raw(m.grpc_url, grpc_request("one_at_a_time", _slow(0)))
         assert pb.ModelInferResponse.FromString(out).outputs[0].name == "y"
+
+
+def test_one_model_has_one_fingerprint_through_either_backend(proxy: RunningMmguard) -> None:
+    """The config both backends learn is the same document (Triton's HTTP form), so a version
+    fuse (``expect_fingerprint``) means the same through a gRPC and an HTTP backend."""
+    assert proxy.server is not None
+    contracts = proxy.server.plane.runtime.contracts
+    for model in ("clip_demo", "identity_bytes", "slow_fp32"):
+        grpc_side, http_side = contracts[f"g_{model}"], contracts[f"h_{model}"]
+        assert grpc_side.config == http_side.config
+        assert grpc_side.fingerprint == http_side.fingerprint
