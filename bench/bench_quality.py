@@ -58,7 +58,14 @@ TEXT_1KB = (TEXT_1KB * (1024 // len(TEXT_1KB) + 1))[:1024]
 
 
 def picture(size: int = 224, seed: int = 0) -> NDArray[np.uint8]:
-    """The tests' scene with mild noise: a natural-ish RGB picture."""
+    """A real photograph (scikit-image's astronaut, resized as a client would) when the test
+    extra is installed; else the tests' scene with mild noise."""
+    try:
+        from tests.support.photos import clean_set
+        if size == 224:
+            return next(c.image for c in clean_set() if c.name == "astronaut")
+    except ImportError:
+        pass
     img = scene(size, seed) / 255.0
     img += np.random.default_rng(seed).normal(0, 0.01, img.shape)
     return np.asarray(np.clip(img, 0, 1) * 255 + 0.5, np.uint8)

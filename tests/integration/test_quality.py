@@ -235,7 +235,7 @@ def test_a_blurred_image_is_annotated_on_both_fronts(ort: RunningMmguard) -> Non
     assert resp.outputs  # annotated, not refused
     note = trailers["mmguard-quality-sharpness"]
     assert note.startswith("annotate; input 'pixel_values' image 0: signal 'sharpness' is 0.000 (")
-    assert note.endswith("Laplacian variance); threshold 0.5")
+    assert note.endswith("second/first difference energy, lower axis); threshold 0.5")
     assert scores(trailers["mmguard-quality-scores"])["sharpness"] == 0.0
     status, headers, _ = http_infer(ort.http_url, "q_clip", clip_inputs(blurred(scene())))
     assert status == 200 and headers["mmguard-quality-sharpness"] == note
