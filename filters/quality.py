@@ -39,6 +39,7 @@ from filters.quality_graded import GradedActions, GradedConfig, trust_detail
 from filters.quality_report import Finding, Item, Report
 from filters.quality_signals import (
     IMAGE_SIGNALS,
+    REF_SIDE,
     TEXT_SIGNALS,
     ImageSpec,
     char_tables,
@@ -293,7 +294,7 @@ class Quality:
             if not image.url.startswith("data:"):
                 report.unscored.append(f"{image.param} is a remote URL")
                 continue
-            rgb = image.array()
+            rgb = image.array(max_side=REF_SIDE)  # reduced while decoding: never full size
             report.add(Item("image", image.param, image_signals(rgb, _HWC_RGB), image.param))
             rgbs.append(rgb)
         return rgbs
