@@ -39,12 +39,11 @@ SHARPNESS_BLURRED, SHARPNESS_SHARP = 0.3, 1.1  # second/first difference energy;
 EXPOSURE_DARK, EXPOSURE_LIT = 0.03, 0.2  # mean luminance
 HIGHLIGHTS_DIM, HIGHLIGHTS_LIT = 0.35, 0.6  # 99th-percentile luminance; see exposure()
 EXPOSURE_BLOWN, EXPOSURE_BRIGHT = 0.25, 0.05  # weighted blown-white share; see exposure()
-_LEVELS = np.arange(256, dtype=np.float64) / 255.0
-_MID_LOW, _MID_HIGH = 63, 191  # histogram bins of the mid-tones, 0.25-0.75
+_MID_LOW, _MID_HIGH = np.float32(0.25), np.float32(0.75)  # the mid-tones' luminance
 NOISE_BAD, NOISE_GOOD = 0.06, 0.02  # noise σ of the smoothest blocks; see noise()
 _NOISE_BLOCK = 8
 _NOISE_P25_GAIN = 1.135  # the 25th percentile of block means under pure noise, over their mean
-_BLOWN = 250  # of 255: a pixel at or above it is blown white
+_BLOWN = np.float32(250 / 255)  # a pixel at or above it is blown white
 
 F32 = NDArray[np.float32]
 
@@ -310,15 +309,17 @@ def exposure(plane: F32) -> Signal:
     white page."""
     if plane.size == 0:
         return Signal(0.0, 0.0, "mean luminance (empty image)")
-    q = np.multiply(plane.reshape(-1), 255.0, dtype=np.float32).astype(np.uint8)
-    hist = np.bincount(q, minlength=256)
-    n = q.size
-    cdf = np.cumsum(hist)
-    p99 = float(np.searchsorted(cdf, 0.99 * n)) / 255.0
-    mean = float(hist @ _LEVELS) / n
-    blown = float(cdf[-1] - cdf[_BLOWN - 1]) / n
-    mid = float(cdf[_MID_HIGH] - cdf[_MID_LOW]) / n
-    ink = float(cdf[_MID_LOW - 1]) / n
+    flat = plane.reshape(-1)
+    n = flat.size
+    mean = float(flat.sum(dtype=np.float64)) / n
+    # Counts by comparison, not a histogram: np.bincount widens uint8 to int64 (~0.3 ms).
+    blown = np.count_nonzero(flat >= _BLOWN) / n
+    ink = np.count_nonzero(flat < _MID_LOW) / n
+    mid = 1.0 - ink - np.count_nonzero(flat > _MID_HIGH) / n
+    # The 99th percentile of a 1/16 subsample: a few thousand values, exact enough for a ramp.
+    sub = plane[::4, ::4].reshape(-1)
+    k = int(0.99 * (sub.size - 1))
+    p99 = float(np.partition(sub, k)[k])
     # A page needs ink: white with neither mid-tones nor dark strokes is blown, not paper.
     weighted = blown * max(_ramp(mid, 0.15, 0.35), _ramp(ink, 0.03, 0.005))
     # A dark scene with bright highlights (a night sky, a lamp) was lit enough for what is in
