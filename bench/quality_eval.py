@@ -113,7 +113,7 @@ def evaluate() -> dict[str, Any]:
 
 def table(result: dict[str, Any], all_severities: bool) -> str:
     short = {"finite": "fin", "range": "rng", "constant": "cst", "sharpness": "shp",
-             "exposure": "exp", "noise": "noi"}
+             "exposure": "exp", "noise": "noi", "blockiness": "blk"}
     head = (f"{'degradation':13s} {'severity':>10s} " + " ".join(f"{short[k]:>5s}"
             for k in IMAGE_SIGNALS) + f" {'meant':>9s} {'detected':>8s}")
     lines = ["ROC AUC per signal (clean photos vs degraded copies); detected = share caught by a "

@@ -40,13 +40,11 @@ from filters.quality_report import Finding, Item, Report
 from filters.quality_signals import (
     IMAGE_SIGNALS,
     REF_SIDE,
-    TEXT_SIGNALS,
     ImageSpec,
-    char_tables,
     image_signals,
-    text_signals,
     trust_score,
 )
+from filters.quality_text import TEXT_SIGNALS, char_tables, text_signals
 from proxy.call import UNUSABLE_MODALITIES, Call, LocalReply, Reply
 from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind
@@ -129,7 +127,8 @@ DEFAULT_RULES = (Rule(signal="finite", below=1.0, action="reject"),
                  Rule(signal="range", below=0.5, action="annotate"),
                  Rule(signal="sharpness", below=0.5, action="annotate"),
                  Rule(signal="exposure", below=0.5, action="annotate"),
-                 Rule(signal="noise", below=0.5, action="annotate"))
+                 Rule(signal="noise", below=0.5, action="annotate"),
+                 Rule(signal="blockiness", below=0.5, action="annotate"))
 
 
 class QualityConfig(Strict):

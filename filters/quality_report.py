@@ -15,12 +15,12 @@ from numpy.typing import NDArray
 
 from filters.quality_signals import (
     IMAGE_SIGNALS,
-    TEXT_SIGNALS,
     Signal,
     fmt_value,
     modality_score,
     trust_score,
 )
+from filters.quality_text import TEXT_SIGNALS
 
 
 @dataclass(slots=True)

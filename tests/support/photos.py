@@ -256,7 +256,7 @@ DEGRADATIONS = (
     Degradation("defocus", defocus, (1.0, 2.0, 3.0, 4.0), 3.0, "sharpness", "radius px"),
     Degradation("motion", motion, (5, 9, 15), 9, "sharpness", "length px"),
     Degradation("collapse", collapse, (2.0, 4.0, 8.7), 8.7, "sharpness", "factor"),
-    Degradation("jpeg", jpeg, (30, 20, 10), 10, "", "quality"),
+    Degradation("jpeg", jpeg, (30, 20, 10), 10, "blockiness", "quality"),
     Degradation("ghost", ghost, (0.05, 0.10, 0.15), 0.15, "", "opacity"),
     Degradation("perspective", perspective, (0.1, 0.2, 0.3), 0.2, "", "corner shift"),
     Degradation("nan", nan, (0.001, 0.01), 0.001, "finite", "share"),

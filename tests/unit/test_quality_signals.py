@@ -18,18 +18,18 @@ from numpy.typing import NDArray
 from PIL import Image, ImageFilter
 from prometheus_client import CollectorRegistry
 
-from filters.quality import Item, Quality, QualityConfig, Report, resolve_layout
+from filters.quality import Quality, QualityConfig, resolve_layout
 from filters.quality_drift import DriftConfig, DriftMonitor, compare, drift_gauges
+from filters.quality_report import Item, Report
 from filters.quality_signals import (
     IMAGE_SIGNALS,
-    TEXT_SIGNALS,
     ImageSpec,
     Signal,
     image_signals,
     modality_score,
-    text_signals,
     trust_score,
 )
+from filters.quality_text import TEXT_SIGNALS, text_signals
 from proxy.call import UNUSABLE_MODALITIES, Call, LocalReply, Reply, Result, Target
 from proxy.chain import FilterContext
 from proxy.clock import ManualClock
