@@ -294,7 +294,8 @@ def blockiness(plane: F32, energies: tuple[F32, F32] | None = None) -> Signal:
         # 2 or 4 px, the same at both; only an 8-px grid differs.
         on = np.arange(7, e.size - 4, 8)
         beside = np.maximum((e[on - 4] + e[on + 4]) * 0.5, _FLAT_ENERGY * length)
-        ratios.append(float(np.median(e[on] / beside)))
+        r = e[on] / beside
+        ratios.append(float(np.partition(r, r.size // 2)[r.size // 2]))  # np.median: 5x dearer
     ratio = sum(ratios) / 2
     return Signal(_ramp(ratio, BLOCKY, NOT_BLOCKY), ratio,
                   "gradient energy on the 8-px grid over mid-block")
