@@ -83,11 +83,12 @@ DECODE_BUDGET = DecodeBudget()
 
 
 def _return_big_buffers_to_the_system() -> None:
-    """Make glibc serve every allocation of 1 MiB or more with its own mmap, so the memory of a
-    decoded image goes back to the system when the image is freed. By default glibc raises that
-    threshold after each large free (up to 32 MiB), and PIL's 16 MiB image blocks then come
-    from per-thread heaps that keep them: four decodes in four worker threads left ~350 MB
-    resident after they were done."""
+    """Make glibc serve every allocation of 8 MiB or more with its own mmap, so the memory of a
+    decoded image goes back to the system when the image is freed; smaller ones, such as most
+    request tensors, keep reusing heap memory (a fresh mapping costs page faults). By default
+    glibc raises that threshold after each large free (up to 32 MiB), and PIL's 16 MiB image
+    blocks then come from per-thread heaps that keep them: four decodes in four worker threads
+    left ~350 MB resident after they were done."""
     import ctypes
     import ctypes.util
 
@@ -96,12 +97,13 @@ def _return_big_buffers_to_the_system() -> None:
         return
     try:
         libc = ctypes.CDLL(name)
-        libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_FROM)
     except (OSError, AttributeError):  # not glibc: its allocator has its own policy
         return
 
 
 _M_MMAP_THRESHOLD = -3
+_MMAP_FROM = 8 << 20  # PIL's blocks are 16 MiB; request tensors below this keep reusing the heap
 _return_big_buffers_to_the_system()
 
 
