@@ -41,6 +41,7 @@ from numpy.typing import NDArray  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from filters import quality_signals as qs  # noqa: E402
+from filters import quality_text as qt  # noqa: E402
 from filters.quality import Quality, QualityConfig  # noqa: E402
 from proxy.call import Call, Reply, Result, Target  # noqa: E402
 from proxy.chain import FilterContext  # noqa: E402
@@ -58,7 +59,14 @@ TEXT_1KB = (TEXT_1KB * (1024 // len(TEXT_1KB) + 1))[:1024]
 
 
 def picture(size: int = 224, seed: int = 0) -> NDArray[np.uint8]:
-    """The tests' scene with mild noise: a natural-ish RGB picture."""
+    """A real photograph (scikit-image's astronaut, resized as a client would) when the test
+    extra is installed; else the tests' scene with mild noise."""
+    try:
+        from tests.support.photos import clean_set
+        if size == 224:
+            return next(c.image for c in clean_set() if c.name == "astronaut")
+    except ImportError:
+        pass
     img = scene(size, seed) / 255.0
     img += np.random.default_rng(seed).normal(0, 0.01, img.shape)
     return np.asarray(np.clip(img, 0, 1) * 255 + 0.5, np.uint8)
@@ -80,6 +88,7 @@ def image_timings(arr: NDArray[Any], spec: qs.ImageSpec, n: int) -> list[tuple[s
     mins, maxs = qs.extrema(img, spec, 3)
     plane = qs.luminance(img, spec)
     diffs = qs.second_differences(plane)
+    energies = qs.gradient_energies(plane)
     timings: list[tuple[str, Callable[[], Any]]] = [
         ("float16 -> float32 (FP16 only)", lambda: arr.astype(np.float32)),
         ("extrema (min/max per channel)", lambda: qs.extrema(img, spec, 3)),
@@ -88,7 +97,10 @@ def image_timings(arr: NDArray[Any], spec: qs.ImageSpec, n: int) -> list[tuple[s
         ("luminance plane", lambda: qs.luminance(img, spec)),
         ("second differences (shared)", lambda: qs.second_differences(plane)),
         ("constant", lambda: qs.constant(plane)),
-        ("sharpness (given differences)", lambda: qs.sharpness(plane, diffs)),
+        ("gradient energies (shared)", lambda: qs.gradient_energies(plane)),
+        ("sharpness (given differences, energies)", lambda: qs.sharpness(plane, diffs,
+                                                                         energies)),
+        ("blockiness (given energies)", lambda: qs.blockiness(plane, energies)),
         ("exposure", lambda: qs.exposure(plane)),
         ("noise (given differences)", lambda: qs.noise(plane, diffs)),
         ("ALL image signals (image_signals)", lambda: qs.image_signals(arr, spec)),
@@ -112,16 +124,16 @@ def image_rows(n: int) -> list[tuple[str, list[float]]]:
 
 
 def text_rows(n: int) -> list[tuple[str, float]]:
-    cls, script = qs._classify(TEXT_1KB)
+    cls, script = qt._classify(TEXT_1KB)
     return [
-        ("classify code points (table lookup)", per_call_us(lambda: qs._classify(TEXT_1KB), n)),
+        ("classify code points (table lookup)", per_call_us(lambda: qt._classify(TEXT_1KB), n)),
         ("counts: empty/length/control/replacement/symbols",
          per_call_us(lambda: np.bincount(cls, minlength=6), n)),
         ("repetition (token runs, periods 1-3)", per_call_us(
-            lambda: qs.repeated_run(TEXT_1KB), n)),
+            lambda: qt.repeated_run(TEXT_1KB), n)),
         ("script (mixed-script words)", per_call_us(
-            lambda: qs.mixed_script_share(cls, script), n)),
-        ("ALL text signals (text_signals)", per_call_us(lambda: qs.text_signals(TEXT_1KB), n)),
+            lambda: qt.mixed_script_share(cls, script), n)),
+        ("ALL text signals (text_signals)", per_call_us(lambda: qt.text_signals(TEXT_1KB), n)),
     ]
 
 
@@ -204,7 +216,7 @@ def main() -> int:
     cpus = os.sched_getaffinity(0)
     cpu = args.cpu if args.cpu is not None else min(cpus)
     os.sched_setaffinity(0, {cpu})
-    qs.char_tables()
+    qt.char_tables()
     print(f"quality signals, one core (CPU {cpu}), median µs per call\n")
     print(f"{'image signal, 224x224':44} {'FP32 NCHW':>10} {'FP16 NCHW':>10} {'UINT8 HWC':>10}")
     for label, us in image_rows(args.n):

@@ -154,9 +154,16 @@ class Fallback:
         ctx.admin.setdefault("breakers", {}).update(
             {(ctx.route, name): b for name, b in self.breakers.items()})
         self.cache = AnswerCache(cfg.cache, ctx.clock.monotonic) if cfg.cache else None
+        if self.cache is not None:  # quality's graded actions serve it too
+            ctx.admin.setdefault("cached_answers", {})[ctx.route] = self.cached_answer
         self.in_flight = 0
         self.retrying = 0
         self._level_children: dict[tuple[str, str], Any] = {}
+
+    def cached_answer(self, call: Call) -> tuple[float, Result] | None:
+        """(age in seconds, the last good answer to the same request), if cached."""
+        found = self.cache.get(_fingerprint(call)) if self.cache is not None else None
+        return None if found is None else (self.ctx.clock.monotonic() - found[0], found[1])
 
     def _breaker(self, level: str) -> Breaker:
         b = self.cfg.breaker

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,8 @@ from numpy.typing import NDArray
 
 from proxy.call import Call, Wire
 from proxy.errors import STATUS, ErrorKind, ProxyError
+from proxy.image_decode import MAX_IMAGE_PIXELS as MAX_IMAGE_PIXELS  # where it was
+from proxy.image_decode import decode_rgb
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -40,9 +41,6 @@ def error_body(kind: ErrorKind, message: str, param: str | None = None) -> dict[
                       "param": param, "code": STATUS[kind].http}}
 
 
-MAX_IMAGE_PIXELS = 40_000_000
-"""Images larger than this (e.g. 8000 × 5000) are refused before decoding: a small PNG can
-declare 90 megapixels and cost a gigabyte to decode."""
 
 
 def _check_messages(messages: list[Any]) -> None:
@@ -149,31 +147,11 @@ class ImagePart:
         except (binascii.Error, ValueError) as exc:
             raise bad(f"{self.param}: invalid base64: {exc}", self.param) from None
 
-    def array(self) -> NDArray[np.uint8]:
-        """Decoded pixels, H × W × 3 uint8 (decoded now, not at request time). Images above
-        ``MAX_IMAGE_PIXELS`` are refused from their header, before any pixel is decoded."""
-        import warnings
-
-        from PIL import Image
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", Image.DecompressionBombWarning)
-                with Image.open(io.BytesIO(self.bytes())) as img:
-                    w, h = img.size
-                    if w * h > MAX_IMAGE_PIXELS:
-                        raise ProxyError(ErrorKind.TOO_LARGE,
-                                         f"{self.param}: the image is {w}×{h} = {w * h} pixels; "
-                                         f"mmguard decodes at most {MAX_IMAGE_PIXELS}",
-                                         param=self.param)
-                    return np.asarray(img.convert("RGB"), dtype=np.uint8)
-        except ProxyError:
-            raise
-        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-            raise ProxyError(ErrorKind.TOO_LARGE, f"{self.param}: {exc}",
-                             param=self.param) from None
-        except (OSError, ValueError, SyntaxError, EOFError, MemoryError) as exc:
-            # PIL reports broken files as any of these (UnidentifiedImageError is an OSError)
-            raise bad(f"{self.param}: not a decodable image: {exc}", self.param) from None
+    def array(self, max_side: int | None = None) -> NDArray[np.uint8]:
+        """Decoded pixels, H × W × 3 uint8 (decoded now, not at request time), under the
+        process-wide decode budget; with ``max_side``, reduced while decoding (short side
+        between max_side and twice it). See ``proxy.image_decode``."""
+        return decode_rgb(self.bytes(), self.param, max_side)
 
 
 class ChatView:

@@ -30,6 +30,7 @@ from tritonclient.utils import InferenceServerException
 from filters.quality_align import AlignmentConfig, EncoderPair
 from proxy.pb import grpc_service_pb2 as pb
 from tests.conftest import ort_config
+from tests.support import photos
 from tests.support.images import scene
 from tests.support.mmguard import RunningMmguard
 from tests.support.vllm import VllmServer
@@ -211,6 +212,13 @@ def ort(ort_models: Path, encoders: tuple[Path, Path, Path]) -> Iterator[Running
              {"signal": "alignment", "below": 0.5, "action": "annotate"}])},
         {"name": "q_sampled", "backend": "ort", "backend_model": "clip_demo",
          "filters": quality(sample=0.0)},
+        {"name": "q_photo", "backend": "ort", "backend_model": "clip_demo",
+         "filters": quality()},  # the shipped default rules
+        {"name": "q_photo_drop", "backend": "ort", "backend_model": "clip_demo",
+         "filters": quality(rules=[{"signal": "exposure", "below": 0.5,
+                                    "action": "drop-modality"}])},
+        {"name": "q_graded", "backend": "ort", "backend_model": "clip_demo",
+         "filters": quality(rules=[], graded={})},
         {"name": "q_text", "backend": "ort", "backend_model": "identity_bytes",
          "filters": [{"quality": {"texts": {"INPUT0": {}}, "drift": None, "rules": [
              {"signal": "text", "below": 0.5, "action": "reject"}]}}]},
@@ -225,7 +233,7 @@ def test_a_clean_image_is_scored_and_served(ort: RunningMmguard) -> None:
     assert [o.name for o in resp.outputs] == ["image_embeds", "text_embeds", "similarity"]
     assert scores(trailers["mmguard-quality-scores"]) == {
         "trust": 1.0, "image": 1.0, "finite": 1.0, "range": 1.0, "constant": 1.0,
-        "sharpness": 1.0, "exposure": 1.0, "noise": 1.0}
+        "sharpness": 1.0, "exposure": 1.0, "noise": 1.0, "blockiness": 1.0}
     assert not any(k.startswith("mmguard-quality-") and k != "mmguard-quality-scores"
                    for k in trailers)
 
@@ -235,10 +243,49 @@ def test_a_blurred_image_is_annotated_on_both_fronts(ort: RunningMmguard) -> Non
     assert resp.outputs  # annotated, not refused
     note = trailers["mmguard-quality-sharpness"]
     assert note.startswith("annotate; input 'pixel_values' image 0: signal 'sharpness' is 0.000 (")
-    assert note.endswith("Laplacian variance); threshold 0.5")
+    assert note.endswith("second/first difference energy, lower axis); threshold 0.5")
     assert scores(trailers["mmguard-quality-scores"])["sharpness"] == 0.0
     status, headers, _ = http_infer(ort.http_url, "q_clip", clip_inputs(blurred(scene())))
     assert status == 200 and headers["mmguard-quality-sharpness"] == note
+
+
+def test_a_darkened_real_photo_is_annotated_and_its_clean_source_is_not(
+        ort: RunningMmguard) -> None:
+    source = next(c.image for c in photos.clean_set() if c.name == "chelsea")
+    darkened = photos.low_light(source, 0.1, np.random.default_rng(0))
+    _, clean = answer(ort.grpc_url, "q_photo", clip_inputs(source))
+    assert scores(clean["mmguard-quality-scores"])["exposure"] == 1.0
+    assert not [k for k in clean if k.startswith("mmguard-quality-") and k not in (
+        "mmguard-quality-scores",)], clean
+    resp, dark_trailers = answer(ort.grpc_url, "q_photo", clip_inputs(darkened))
+    assert resp.outputs  # annotated by default, not refused
+    note = dark_trailers["mmguard-quality-exposure"]
+    assert note.startswith("annotate; input 'pixel_values' image 0: signal 'exposure' is 0.")
+    assert "mean luminance" in note and note.endswith("threshold 0.5")
+    assert "mmguard-quality-sharpness" not in dark_trailers  # dark, but not blurred
+    status, headers, _ = http_infer(ort.http_url, "q_photo", clip_inputs(darkened))
+    assert status == 200 and headers["mmguard-quality-exposure"] == note
+
+
+def test_a_darkened_real_photo_has_its_modality_dropped_when_configured(
+        ort: RunningMmguard) -> None:
+    source = next(c.image for c in photos.clean_set() if c.name == "coffee")
+    darkened = photos.low_light(source, 0.1, np.random.default_rng(0))
+    _, trailers = answer(ort.grpc_url, "q_photo_drop", clip_inputs(darkened))
+    assert trailers["mmguard-quality-exposure"].startswith("drop-modality; input 'pixel_values'")
+    _, clean = answer(ort.grpc_url, "q_photo_drop", clip_inputs(source))
+    assert "mmguard-quality-exposure" not in clean
+
+
+def test_graded_actions_refuse_a_very_dark_photo_and_observe_its_source(
+        ort: RunningMmguard) -> None:
+    source = next(c.image for c in photos.clean_set() if c.name == "rocket")
+    err = refused(ort.grpc_url, "q_graded", clip_inputs(
+        photos.low_light(source, 0.05, np.random.default_rng(0))))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT  # 422 on HTTP
+    assert (err.details() or "").startswith("quality: trust score 0.")
+    _, trailers = answer(ort.grpc_url, "q_graded", clip_inputs(source))
+    assert trailers["mmguard-quality-graded"].startswith("observe; trust score 1.000")
 
 
 def test_a_nan_image_is_refused_naming_the_signal(ort: RunningMmguard) -> None:

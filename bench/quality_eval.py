@@ -1,0 +1,187 @@
+"""How well the quality signals catch real degradations of real photographs, in numbers.
+
+    python bench/quality_eval.py [--out bench/out] [--all-severities]
+
+Builds the evaluation set of ``tests/support/photos.py`` (scikit-image's photographs resized to
+224 × 224 as a client would, with seeded crops; documents and screenshots as clean inputs), makes
+every degradation at every severity of its ladder, and scores everything with the shipped
+signals. Prints, per degradation:
+
+- the ROC AUC of each signal at the severity the source documents name (clean photos against
+  their degraded copies; 1.0 = every degraded copy scores below every clean photo);
+- at the shipped default rules (``QualityConfig().rules``), the share of degraded copies that a
+  rule catches, per severity;
+
+and, per kind of clean input, the share that a default rule flags (the false-positive rate).
+Writes ``roc.png`` (one panel per degradation: the ROC of the signal meant for it, one curve per
+severity) and ``quality_eval.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from PIL import Image, ImageDraw
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from filters.quality import QualityConfig
+from filters.quality_signals import IMAGE_SIGNALS, ImageSpec, Signal, image_signals
+from tests.support import photos
+
+UINT8 = ImageSpec("HWC", (0.0,), (255.0,))
+FLOAT = ImageSpec("HWC", (0.0,), (1.0,))
+Scores = dict[str, Signal]
+
+
+def score(x: NDArray[Any]) -> Scores:
+    return image_signals(x, UINT8 if x.dtype == np.uint8 else FLOAT)
+
+
+def auc(clean: Sequence[float], degraded: Sequence[float]) -> float:
+    """P(a clean image scores above a degraded one), ties counted half (Mann-Whitney)."""
+    c = np.asarray(clean, np.float64)[:, None]
+    d = np.asarray(degraded, np.float64)[None, :]
+    return float(((c > d).sum() + 0.5 * (c == d).sum()) / (c.size * d.size))
+
+
+def roc(clean: Sequence[float], degraded: Sequence[float]) -> list[tuple[float, float]]:
+    """(false-positive rate, detection rate) for every threshold, degraded = below it."""
+    cuts = sorted({*clean, *degraded, 1.01})
+    c, d = np.asarray(clean), np.asarray(degraded)
+    return [(0.0, 0.0)] + [(float((c < t).mean()), float((d < t).mean())) for t in cuts]
+
+
+def default_thresholds() -> dict[str, float]:
+    """Image signal → the highest 'below' of the shipped default rules on it."""
+    out: dict[str, float] = {}
+    for rule in QualityConfig().rules:
+        if rule.signal in IMAGE_SIGNALS:
+            out[rule.signal] = max(out.get(rule.signal, 0.0), rule.below)
+    return out
+
+
+def flagged(s: Scores, thresholds: dict[str, float]) -> list[str]:
+    return [k for k, below in thresholds.items() if s[k].score < below]
+
+
+def evaluate() -> dict[str, Any]:
+    thresholds = default_thresholds()
+    clean = photos.clean_set()
+    clean_scores = [score(c.image) for c in clean]
+    photo = [s for c, s in zip(clean, clean_scores, strict=True) if c.kind == "photo"]
+    fp: dict[str, Any] = {}
+    for kind in ("photo", "scientific", "document", "screenshot"):
+        rows = [(c, s) for c, s in zip(clean, clean_scores, strict=True) if c.kind == kind]
+        hits = [(c.name, flagged(s, thresholds)) for c, s in rows]
+        fp[kind] = {"n": len(rows), "flagged": sum(1 for _, f in hits if f),
+                    "rate": sum(1 for _, f in hits if f) / max(len(rows), 1),
+                    "per_signal": {k: sum(1 for _, f in hits if k in f) for k in thresholds},
+                    "which": [f"{n}: {', '.join(f)}" for n, f in hits if f]}
+    faces = [score(f) for f in photos.faces()]
+    out: dict[str, Any] = {"thresholds": thresholds, "false_positives": fp, "degradations": {},
+                           "faces_lfw": {"n": len(faces), "detected": float(np.mean(
+                               [bool(flagged(s, thresholds)) for s in faces])),
+                               "sharpness_below": float(np.mean(
+                                   [s["sharpness"].score < thresholds.get("sharpness", 0)
+                                    for s in faces]))}}
+    for d in photos.DEGRADATIONS:
+        entry: dict[str, Any] = {"signal": d.signal, "source": d.source, "unit": d.unit,
+                                 "severities": {}}
+        for sev in d.ladder:
+            got = [score(x) for _, x in photos.degraded(d, sev)]
+            entry["severities"][f"{sev:g}"] = {
+                "auc": {k: auc([s[k].score for s in photo], [s[k].score for s in got])
+                        for k in IMAGE_SIGNALS},
+                "detected": float(np.mean([bool(flagged(s, thresholds)) for s in got])),
+                "detected_by_signal": float(np.mean(
+                    [s[d.signal].score < thresholds[d.signal] for s in got]))
+                if d.signal in thresholds else None,
+                "roc": roc([s[d.signal or "sharpness"].score for s in photo],
+                           [s[d.signal or "sharpness"].score for s in got]),
+            }
+        out["degradations"][d.name] = entry
+    return out
+
+
+def table(result: dict[str, Any], all_severities: bool) -> str:
+    short = {"finite": "fin", "range": "rng", "constant": "cst", "sharpness": "shp",
+             "exposure": "exp", "noise": "noi", "blockiness": "blk"}
+    head = (f"{'degradation':13s} {'severity':>10s} " + " ".join(f"{short[k]:>5s}"
+            for k in IMAGE_SIGNALS) + f" {'meant':>9s} {'detected':>8s}")
+    lines = ["ROC AUC per signal (clean photos vs degraded copies); detected = share caught by a "
+             "default rule", head, "-" * len(head)]
+    for name, d in result["degradations"].items():
+        for sev, r in d["severities"].items():
+            is_source = float(sev) == d["source"]
+            if not (all_severities or is_source or len(d["severities"]) <= 4):
+                continue
+            mark = "*" if is_source else " "
+            lines.append(f"{name:13s} {sev + ' ' + d['unit'][:4]:>10s}{mark}"
+                         + " ".join(f"{r['auc'][k]:5.3f}" for k in IMAGE_SIGNALS)
+                         + f" {d['signal'] or '-':>9s} {r['detected']:8.0%}")
+    lines.append("* the severity the source documents name")
+    lines.append("")
+    lines.append("false positives at the default rules "
+                 + ", ".join(f"{k} < {v:g}" for k, v in result["thresholds"].items()))
+    for kind, fp in result["false_positives"].items():
+        lines.append(f"  {kind:11s} {fp['flagged']:3d} / {fp['n']:3d} = {fp['rate']:6.1%}  "
+                     + "; ".join(fp["which"][:4]) + (" ..." if len(fp["which"]) > 4 else ""))
+    f = result["faces_lfw"]
+    lines.append(f"lfw faces (25 px, up-scaled 9x by the client): {f['detected']:.0%} of {f['n']} "
+                 f"flagged, {f['sharpness_below']:.0%} by sharpness")
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """ROC panels, drawn with PIL (no plotting library needed)."""
+    names = list(result["degradations"])
+    cols, size, pad = 4, 240, 36
+    rows = (len(names) + cols - 1) // cols
+    img = Image.new("RGB", (cols * (size + pad) + pad, rows * (size + pad + 18) + pad), "white")
+    draw = ImageDraw.Draw(img)
+    palette = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189)]
+    for i, name in enumerate(names):
+        d = result["degradations"][name]
+        x0 = pad + (i % cols) * (size + pad)
+        y0 = pad + (i // cols) * (size + pad + 18)
+        draw.rectangle((x0, y0, x0 + size, y0 + size), outline=(0, 0, 0))
+        draw.line((x0, y0 + size, x0 + size, y0), fill=(200, 200, 200))
+        draw.text((x0, y0 - 14), f"{name} ({d['signal'] or 'sharpness, not meant'})",
+                  fill=(0, 0, 0))
+        for j, (sev, r) in enumerate(d["severities"].items()):
+            colour = palette[j % len(palette)]
+            pts = [(x0 + fpr * size, y0 + size - tpr * size) for fpr, tpr in r["roc"]]
+            draw.line(pts, fill=colour, width=2)
+            a = r["auc"][d["signal"] or "sharpness"]
+            draw.text((x0 + size * 0.42, y0 + size - 14 * (j + 1)), f"{sev}: AUC {a:.3f}",
+                      fill=colour)
+        draw.text((x0, y0 + size + 2), "false-positive rate ->", fill=(90, 90, 90))
+    img.save(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out")
+    parser.add_argument("--all-severities", action="store_true")
+    args = parser.parse_args()
+    result = evaluate()
+    print(table(result, args.all_severities))
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot(result, args.out / "roc.png")
+    for d in result["degradations"].values():
+        for r in d["severities"].values():
+            del r["roc"]
+    (args.out / "quality_eval.json").write_text(json.dumps(result, indent=1))
+    print(f"\nwrote {args.out / 'roc.png'} and {args.out / 'quality_eval.json'}")
+
+
+if __name__ == "__main__":
+    main()
