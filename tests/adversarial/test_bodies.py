@@ -196,4 +196,7 @@ def test_grpc_compressed_bomb_is_refused_with_bounded_memory(served: MmguardProc
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value
     probes.assert_served(minimum=2)
     assert peak[0] - before < 2 * 64 + 60, f"peak RSS {peak[0] - before:.0f} MiB"
-    assert rss_mib(served.proc.pid) - before < 60
+    # gRPC core's buffer for one message (64 MiB) may stay with the allocator afterwards; the
+    # 256 MiB the bomb inflates to must not.
+    left = rss_mib(served.proc.pid) - before
+    assert left < 64 + 40, f"{left:.0f} MiB still held"
