@@ -33,13 +33,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from filters.compare import (
     CompareConfig,
     Comparison,
-    Verdict,
     VerdictConfig,
     compare_status,
     compare_tensors,
     compare_text,
 )
-from proxy.call import CANARY, Call, CallState, LocalReply, Reply, Result, SseEvent
+
+# chaos (issue 16): clean-copy correctness and robustness experiments live in their own modules
+from filters.robustness import Baselines, RobustnessConfig, RobustnessExperiment, RobustnessMetrics
+from filters.verdict import ReleaseVerdict
+from proxy.call import CANARY, FAULTS, Call, CallState, LocalReply, Reply, Result, SseEvent
 from proxy.chain import FilterContext, Next
 from proxy.config_refs import ConfigReferences
 
@@ -75,6 +78,7 @@ class ShadowConfig(Strict):
     compare: CompareConfig = CompareConfig()
     verdict: VerdictConfig = VerdictConfig()
     on_abort: OnAbort = OnAbort()
+    robustness: RobustnessConfig | None = None  # chaos (issue 16): see filters/robustness.py
 
     def references(self) -> ConfigReferences:
         """The canary route (checked at load)."""
@@ -89,6 +93,7 @@ class _Copy:
     primary_text: str | None  # streams: the assembled text
     noise: bool
     resend: Next
+    primary_faults: tuple[str, ...] = ()  # chaos (issue 16): faults on production's answer
 
 
 @dataclass
@@ -96,7 +101,7 @@ class ShadowState:
     """What outlives a reload with the same config: the verdict and its evidence."""
 
     cfg: ShadowConfig
-    verdict: Verdict
+    verdict: ReleaseVerdict
     mirroring: bool = True
     stop_reason: str = ""
     mirrored: int = 0
@@ -111,7 +116,9 @@ class Shadow:
         shadows = ctx.store.setdefault("shadows", {})
         found = shadows.get(ctx.route)
         if found is None or found.cfg != cfg:
-            verdict = Verdict(cfg.verdict, ctx.clock, expect_noise=cfg.noise_floor_percent > 0)
+            verdict = ReleaseVerdict(cfg.verdict, ctx.clock,  # chaos (issue 16)
+                                     expect_noise=cfg.noise_floor_percent > 0,
+                                     robustness=cfg.robustness)
             found = ShadowState(cfg, verdict)
             found.verdict.on_change(self._changed)
         self.state: ShadowState = found
@@ -119,6 +126,12 @@ class Shadow:
         ctx.on_activate(self._take_over)
         self.queue: asyncio.Queue[_Copy] | None = None
         self.workers: list[asyncio.Task[None]] = []
+        self.robustness = self.robustness_metrics = None  # chaos (issue 16)
+        if cfg.robustness is not None and found.verdict.robustness is not None:
+            self.robustness = RobustnessExperiment(cfg.robustness, found.verdict.robustness,
+                                                   cfg.timeout_s)
+            self.robustness_metrics = RobustnessMetrics(ctx.telemetry, ctx.route, cfg.canary,
+                                                        cfg.robustness)
         t = ctx.telemetry
         labels = ["model", "canary"]
         self.m_mirrored = t.metric(Counter, "mmguard_shadow_mirrored_total",
@@ -202,6 +215,8 @@ class Shadow:
 
     def _enqueue(self, call: Call, item: _Copy) -> None:
         st = self.state
+        faults: list[str] = call.state.get(FAULTS) or []  # chaos (issue 16)
+        item.primary_faults = tuple(faults)
         self._ensure_workers()
         assert self.queue is not None
         try:
@@ -239,7 +254,8 @@ class Shadow:
             finally:
                 self.queue.task_done()
 
-    async def _send(self, item: _Copy, route: str | None) -> tuple[Reply, float, str | None]:
+    async def _send(self, item: _Copy,
+                    route: str | None) -> tuple[Reply, float, str | None, list[str]]:
         call = _fresh(item.call, self.cfg.timeout_s)
         start = time.monotonic()
         if route is None:  # noise floor: the primary again, through the rest of its chain
@@ -257,11 +273,11 @@ class Shadow:
                     reply = piece
                     break
             text = "".join(pieces)
-        return reply, time.monotonic() - start, text
+        return reply, time.monotonic() - start, text, list(call.state.get(FAULTS) or ())
 
     async def _compare(self, item: _Copy) -> None:
         st = self.state
-        reply, latency, text = await self._send(item, self.cfg.canary)
+        reply, latency, text, faults = await self._send(item, self.cfg.canary)
         c = self._judge(item.primary, item.primary_text, reply, text)
         st.compared += 1
         self.m_compared.labels(self.ctx.route, self.cfg.canary, str(c.agree).lower()).inc()
@@ -270,16 +286,41 @@ class Shadow:
                      c.reason, extra={"fields": {"model": self.ctx.route,
                                                  "canary": self.cfg.canary,
                                                  "reason": c.reason}})
-        st.verdict.add(c, item.primary_latency_s, latency)
+        # chaos (issue 16): a copy a fault touched on either side is counted, never judged
+        touched = [*item.primary_faults, *faults]
+        if touched:
+            st.verdict.exclude(touched)
+        else:
+            st.verdict.add(c, item.primary_latency_s, latency)
         experiments = self.ctx.store.get("experiments")
         if experiments is not None:
             for route in {self.ctx.route, self.cfg.canary}:
                 experiments.observe_divergence(route, c.agree)
         if item.noise:
-            again, _, again_text = await self._send(item, None)
+            again, _, again_text, _ = await self._send(item, None)
             st.verdict.add_noise(self._judge(item.primary, item.primary_text, again,
                                              again_text))
+        await self._measure_robustness(item, None if faults else (reply, text))  # chaos
         self._publish()
+
+    async def _measure_robustness(self, item: _Copy,
+                                  canary: tuple[Reply, str | None] | None) -> None:
+        """chaos (issue 16): the same seeded perturbations for both sides (filters/robustness)."""
+        if self.robustness is None or self.robustness_metrics is None or item.primary_faults:
+            return
+        shares = self.ctx.share_hash
+        key = shares.request_key(item.call)
+        pct = self.robustness.cfg.percent / 100
+        if not self.robustness.draw(shares.in_share(f"robustness:{self.ctx.route}", key, pct)):
+            self.robustness_metrics.publish(self.robustness.table)
+            return
+        assert self.ctx.reroute is not None
+        reroute, canary_route = self.ctx.reroute, self.cfg.canary
+        base = Baselines(item.primary, item.primary_text, *(canary or (None, None)))
+        await self.robustness.run(item.call, key, base, item.resend,
+                                  lambda call: reroute(canary_route, call), self._judge)
+        self.robustness_metrics.publish(self.robustness.table)
+        self.state.verdict.judge_robustness()
 
     def _judge(self, primary: Reply, primary_text: str | None, canary: Reply,
                canary_text: str | None) -> Comparison:

@@ -236,6 +236,16 @@ _MODELS: tuple[_Model, ...] = (
             _Tensor("similarity", "TYPE_FP32", (1,), reshape=()),
         ),
     ),
+    _Model(  # chaos (issue 16): clip_demo whose answers flip under small input noise
+        "clip_fragile",
+        "clip_fragile.py",
+        (_Tensor("pixel_values", "TYPE_FP32", _PIXEL), _Tensor("input_ids", "TYPE_INT64", (77,))),
+        (
+            _Tensor("image_embeds", "TYPE_FP32", (64,)),
+            _Tensor("text_embeds", "TYPE_FP32", (64,)),
+            _Tensor("similarity", "TYPE_FP32", (1,), reshape=()),
+        ),
+    ),
     _Model(
         "slow_fp32",
         "slow.py",
@@ -315,7 +325,8 @@ def write_model_repository(dst: Path, onnx_demo_path: Path) -> Path:
         version_dir.mkdir(parents=True, exist_ok=True)
         extra = ({"onnx_path": str(onnx_demo_path),
                   "cue_file": str(dst.resolve() / "clip_demo.cue.json")}
-                 if model.name == "clip_demo" else None)
+                 if model.name == "clip_demo" else
+                 {"onnx_path": str(onnx_demo_path)} if model.name == "clip_fragile" else None)
         (dst / model.name / "config.pbtxt").write_text(model.pbtxt(extra))
         shutil.copyfile(_SOURCES / model.source, version_dir / "model.py")
         for name, source in model.files:
