@@ -34,6 +34,7 @@ from proxy.call import FAULTS, Call, LocalReply, Reply, Result, Wire
 from proxy.chain import FilterContext, Next
 from proxy.config_refs import ConfigReferences
 from proxy.errors import ErrorKind, ProxyError
+from proxy.fingerprint import log_mismatch
 from proxy.openai_api import ChatView
 from proxy.tensor import Tensor
 
@@ -189,6 +190,10 @@ class Fallback:
 
     async def __call__(self, call: Call, next: Next) -> Reply:
         if call.streaming:
+            # chaos (issue 16): a stream goes through the version fuse before its first byte
+            why = self._fused(call, self.ctx.route)
+            if why:
+                return LocalReply(ErrorKind.UNAVAILABLE, f"model '{call.model}': {why}")
             return await next(call)  # a stream's first bytes are the client's; not retried
         self.in_flight += 1
         try:
@@ -318,7 +323,8 @@ class Fallback:
         if actual.startswith(expected) and (len(expected) >= 12 or actual == expected):
             return ""
         self.m_mismatch.labels(call.model, level).inc()
-        why = f"fingerprint mismatch: expected {expected[:16]}, backend has {actual[:16] or '?'}"
+        why = f"fingerprint mismatch: expected {expected}, backend has {actual or '?'}"
+        log_mismatch(log, call.model, level, expected, actual)  # chaos (issue 16)
         self.ctx.telemetry.decide(call, "fallback", "fused", f"'{level}': {why}", header="fuse",
                                   expected=expected, actual=actual)
         return why

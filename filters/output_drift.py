@@ -22,8 +22,9 @@ import logging
 import math
 
 from prometheus_client import CollectorRegistry
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, model_validator
 
+from filters.degradation import SimilarityAlarm, SimilarityAlarmConfig  # chaos (issue 16)
 from filters.modality_router import Confidence, confidence_of
 from filters.quality_drift import DriftConfig, DriftGauges, DriftMonitor, drift_gauges
 from proxy.call import Call, Reply, Result
@@ -35,10 +36,18 @@ log = logging.getLogger("mmguard.output_drift")
 class OutputDriftConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    outputs: dict[str, Confidence] = Field(min_length=1)
+    outputs: dict[str, Confidence] = {}
     """A name for each watched output → how its confidence is read (``kind``, ``output``,
     ``range``), as in the modality_router's paths."""
     drift: DriftConfig = DriftConfig()
+    similarity_alarm: SimilarityAlarmConfig | None = None
+    """chaos (issue 16): the silent-degradation alarm (filters/degradation.py)."""
+
+    @model_validator(mode="after")
+    def _something(self) -> OutputDriftConfig:
+        if not self.outputs and self.similarity_alarm is None:
+            raise ValueError("output_drift needs 'outputs' to watch or a 'similarity_alarm'")
+        return self
 
 
 def output_gauges(registry: CollectorRegistry) -> DriftGauges:
@@ -51,8 +60,15 @@ class OutputDrift:
     def __init__(self, cfg: OutputDriftConfig, ctx: FilterContext) -> None:
         self.cfg = cfg
         self.monitor = DriftMonitor(ctx.route, cfg.drift, output_gauges(ctx.telemetry.registry))
+        self.alarm = (SimilarityAlarm(cfg.similarity_alarm, ctx)  # chaos (issue 16)
+                      if cfg.similarity_alarm is not None else None)
 
     async def __call__(self, call: Call, next: Next) -> Reply:
+        if self.alarm is not None:  # chaos (issue 16): may send the call elsewhere
+            return await self.alarm.serve(call, next, self._watch)
+        return await self._watch(call, next)
+
+    async def _watch(self, call: Call, next: Next) -> Reply:
         reply = await next(call)
         if isinstance(reply, Result) and reply.stream is None:
             for name, spec in self.cfg.outputs.items():

@@ -23,6 +23,7 @@ from proxy.call import Call, LocalReply, Result, SseEvent, StreamItem, Target, W
 from proxy.config import VllmBackend as VllmConfig
 from proxy.contract import ModelContract, fingerprint
 from proxy.errors import ErrorKind, ProxyError
+from proxy.fingerprint import PROBES, tokenizer_part
 from proxy.telemetry import backend_span, gen_ai_usage, traced_stream
 
 # A 28 × 28 grey PNG: the smallest image the tiny test models and real ones all accept.
@@ -55,14 +56,36 @@ class VllmBackend(HttpBackend):
                              f"backend '{self.name}' serves {served}, not '{model}'")
         server_version = (await self._get_json("/version", model)).get("version", "")
         images = await self._image_input(model)
+        tokenizer = await self._tokenizer_fingerprint(model)  # the version fuse sees tokenizers
         return ModelContract(
             name=model, versions=("1",), platform=f"vllm {server_version}".strip(), inputs=(),
             outputs=(), context_length=entry.get("max_model_len"), accepts_images=images,
             fingerprint=fingerprint(entry.get("root"), entry.get("max_model_len"),
-                                    server_version),
+                                    server_version, tokenizer),
             config={"name": model, "backend": "vllm", "max_model_len": entry.get("max_model_len"),
-                    "root": entry.get("root"), "vllm_version": server_version},
+                    "root": entry.get("root"), "vllm_version": server_version,
+                    "tokenizer": tokenizer},
         )
+
+    async def _tokenizer_fingerprint(self, model: str) -> dict[str, Any]:
+        """``/tokenizer_info`` (when the server exposes it) and the probe set's token ids."""
+        info: dict[str, Any] | None = None
+        try:
+            async with self.session.get(self.base + "/tokenizer_info",
+                                        timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
+                if r.status == 200:
+                    doc = json.loads(await r.read())
+                    info = doc if isinstance(doc, dict) else None
+        except (aiohttp.ClientError, ValueError):
+            info = None
+        ids: list[list[int]] = []
+        for text in PROBES:
+            status, body = await self.tokenize("/tokenize", json.dumps(
+                {"model": model, "prompt": text}).encode(), {})
+            if status != 200:
+                raise self._status_error(status, body)
+            ids.append([int(t) for t in json.loads(body).get("tokens", [])])
+        return tokenizer_part(info, ids)
 
     async def _image_input(self, model: str) -> bool | None:
         if self.cfg.image_input != "auto":

@@ -1,0 +1,68 @@
+"""What a version fuse fingerprints beyond a model's path: its tokenizer and its processor.
+
+A canary that serves the same weights with another tokenizer answers differently while every
+field the old fingerprint hashed (path, max_model_len, server version) stays the same. The
+seeds' rule: compare a SHA-256 of each one's configuration. So:
+
+- vLLM: ``/tokenizer_info`` (served with ``--enable-tokenizer-info-endpoint``; absent otherwise)
+  and the token ids ``/tokenize`` gives for a fixed probe set — which changes whenever the
+  vocabulary, the merges, the normaliser or the special tokens do, endpoint or not;
+- Triton / ONNX Runtime: the model config and version (as before), plus the SHA-256 of the
+  files the operator declares (``fingerprint_files``: tokenizer.json, preprocessor_config.json).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+PROBES: tuple[str, ...] = (
+    "Hello, world!",
+    "A photo of two cats sleeping on a red sofa.",
+    "mmguard probe 0123456789 ~!@#$%^&*()_+{}|:<>?",
+    "tokenizer\nchange\tdetector  with   spaces",
+    "Ünïcödé naïve café – 日本語 😀",
+)
+"""Texts whose token ids go into a vLLM fingerprint (fixed: changing them changes every
+fingerprint)."""
+
+
+def file_digests(paths: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """SHA-256 of each declared file (``missing`` when it is not there: a fingerprint, not a
+    load check)."""
+    out = {}
+    for name in paths:
+        p = Path(name)
+        try:
+            out[p.name] = hashlib.sha256(p.read_bytes()).hexdigest()
+        except OSError:
+            out[p.name] = "missing"
+    return out
+
+
+def tokenizer_part(info: dict[str, Any] | None, probe_ids: list[list[int]]) -> dict[str, Any]:
+    """The tokenizer's share of a vLLM fingerprint (its digest, and what went into it)."""
+    canonical = repr(sorted((info or {}).items()))
+    return {"tokenizer_info_sha256": hashlib.sha256(canonical.encode()).hexdigest()
+            if info is not None else None,
+            "probe_ids_sha256": hashlib.sha256(repr(probe_ids).encode()).hexdigest()}
+
+
+_WARNED: set[tuple[str, str, str, str]] = set()
+_WARNED_MAX = 1024
+
+
+def log_mismatch(log: Any, model: str, level: str, expected: str, actual: str) -> None:
+    """Both fingerprints, in full, on a log line (the JSON log adds the call's trace id): at
+    WARNING the first time a route shows a given wrong fingerprint, at DEBUG after that (a
+    fused route refuses every call; a WARNING per call would flood the log)."""
+    key = (model, level, expected, actual)
+    first = key not in _WARNED
+    if first and len(_WARNED) < _WARNED_MAX:
+        _WARNED.add(key)
+    log.log(30 if first else 10,
+            "version fuse on %r: route %r has fingerprint %s, expected %s; refused", model,
+            level, actual or "?", expected,
+            extra={"fields": {"model": model, "level": level, "expected_fingerprint": expected,
+                              "actual_fingerprint": actual}})
