@@ -1,9 +1,13 @@
 """``mmguard canary-report``: the canary verdicts of a running mmguard, as a table or an HTML page.
 
 Reads ``GET /admin/shadows`` (route → ``{"canary": route, **Verdict.snapshot()}``) with the
-standard library, prints one row per shadowed route (or the raw JSON with ``--json``) and, with
-``--html FILE``, writes a self-contained page: summary tables and hand-written SVG histograms of
-each comparison metric and of primary vs canary latency (no scripts, nothing fetched).
+standard library, prints one row per shadowed route (or the raw JSON with ``--json``) — the
+correctness figures (clean copies only, with how many faulted copies were left out), latency,
+and, for a robustness experiment, production vs canary per perturbation with 95 % intervals —
+and, with ``--html FILE``, writes a self-contained page: summary tables, the robustness plot a
+release reviewer looks at first (each side's share of clean answers kept, per perturbation, with
+its interval), and hand-written SVG histograms of each comparison metric and of primary vs
+canary latency (no scripts, nothing fetched).
 Exit codes, for a CI gate or a rollout script:
 
 - 0: every route is ``collecting``, ``hold`` or ``promote``;
@@ -66,9 +70,44 @@ def render_table(shadows: dict[str, dict[str, Any]]) -> str:
     rows = [["route", "canary", "state", "samples", "agreement", "effective", "p99 primary",
              "p99 canary", "reasons"]]
     rows += [_summary(route, snap) for route, snap in sorted(shadows.items())]
+    out = _fixed(rows)
+    for route, snap in sorted(shadows.items()):
+        if "excluded" in snap:
+            out += (f"\n{route}: correctness on {snap.get('samples', 0)} clean copies; "
+                    f"{snap['excluded']} copies a fault touched left out\n")
+        table = robustness_rows(snap)
+        if len(table) > 1:
+            out += f"robustness of {route} vs {snap.get('canary', '-')}:\n" + _fixed(table)
+    return out
+
+
+def _fixed(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n"
                    for r in rows)
+
+
+def _ci(ci: Any) -> str:
+    if not isinstance(ci, list) or len(ci) != 2:
+        return "-"
+    return f"[{_num(ci[0]):.1%}, {_num(ci[1]):.1%}]"
+
+
+def robustness_rows(snap: dict[str, Any]) -> list[list[str]]:
+    """Header + one row per perturbation: each side's robustness with its interval, the
+    difference (canary − production, in points) with its interval, and the pairs."""
+    rows = [["perturbation", "pairs", "production", "95% CI", "canary", "95% CI", "difference",
+             "95% CI"]]
+    for row in ((snap.get("robustness") or {}).get("rows") or []):
+        p, c = row.get("production") or {}, row.get("canary") or {}
+        diff, dci = row.get("difference"), row.get("difference_ci95")
+        rows.append([str(row.get("perturbation", "?")), str(row.get("samples", 0)),
+                     _pct(p.get("robustness")), _ci(p.get("ci95")),
+                     _pct(c.get("robustness")), _ci(c.get("ci95")),
+                     f"{_num(diff) * 100:+.1f} pts" if isinstance(diff, int | float) else "-",
+                     (f"[{_num(dci[0]) * 100:+.1f}, {_num(dci[1]) * 100:+.1f}]"
+                      if isinstance(dci, list) and len(dci) == 2 else "-")])
+    return rows
 
 
 def exit_code(shadows: dict[str, dict[str, Any]]) -> int:
@@ -113,6 +152,49 @@ def _svg_histogram(title: str, edges: list[Any], series: list[tuple[str, list[An
     return "".join(parts)
 
 
+def _svg_robustness(snap: dict[str, Any], width: int = 520) -> str:
+    """Per perturbation, a bar per side (share of clean answers kept) with its 95 % interval as
+    a whisker: where the canary's bar sits below production's, it is less robust."""
+    rows = (snap.get("robustness") or {}).get("rows") or []
+    if not rows:
+        return ""
+    left, top, row_h = 110, 24, 34
+    plot_w = width - left - 60
+    height = top + row_h * len(rows) + 24
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'role="img" aria-label="robustness per perturbation">',
+             '<text x="4" y="14" font-size="12">robustness: share of clean answers kept '
+             '(95 % CI)</text>']
+    for side_i, side in enumerate(("production", "canary")):
+        colour = _COLOURS["primary" if side == "production" else "canary"]
+        parts.append(f'<text x="{left + plot_w - 150 + 80 * side_i}" y="14" font-size="11" '
+                     f'fill="{colour}">■ {side}</text>')
+    for i, row in enumerate(rows):
+        y0 = top + i * row_h
+        parts.append(f'<text x="4" y="{y0 + 18}" font-size="11">'
+                     f'{escape(str(row.get("perturbation", "?")))}</text>')
+        for side_i, side in enumerate(("production", "canary")):
+            fig = row.get(side) or {}
+            colour = _COLOURS["primary" if side == "production" else "canary"]
+            value, ci = fig.get("robustness"), fig.get("ci95") or [0, 0]
+            y = y0 + 4 + side_i * 13
+            w = _num(value) * plot_w
+            lo, hi = left + _num(ci[0]) * plot_w, left + _num(ci[1]) * plot_w
+            parts.append(f'<rect x="{left}" y="{y}" width="{w:.1f}" height="11" '
+                         f'fill="{colour}"><title>{side}: {_pct(value)} {_ci(ci)} over '
+                         f'{_num(row.get("samples")):.0f} pairs</title></rect>')
+            parts.append(f'<line x1="{lo:.1f}" y1="{y + 5.5}" x2="{hi:.1f}" y2="{y + 5.5}" '
+                         f'stroke="#222"/>')
+            parts.append(f'<text x="{left + plot_w + 4}" y="{y + 10}" font-size="10">'
+                         f'{_pct(value)}</text>')
+    axis_y = top + row_h * len(rows)
+    parts.append(f'<line x1="{left}" y1="{axis_y}" x2="{left + plot_w}" y2="{axis_y}" '
+                 f'stroke="#333"/><text x="{left}" y="{axis_y + 14}" font-size="10">0 %</text>'
+                 f'<text x="{left + plot_w}" y="{axis_y + 14}" font-size="10" '
+                 f'text-anchor="end">100 %</text></svg>')
+    return "".join(parts)
+
+
 def _html_table(rows: list[list[str]], header: bool = True) -> str:
     out = ["<table>"]
     for i, row in enumerate(rows):
@@ -132,6 +214,7 @@ def _route_section(route: str, snap: dict[str, Any]) -> str:
         ["primary self-agreement",
          f"{_pct(snap.get('self_agreement'))} over {snap.get('noise_samples', 0)}"],
         ["effective agreement", _pct(snap.get("effective_agreement"))],
+        ["copies a fault touched (left out)", str(snap.get("excluded", "-"))],
         ["latency p50 primary / canary", f"{_ms(latency.get('primary', {}).get('p50'))} / "
                                          f"{_ms(latency.get('canary', {}).get('p50'))}"],
         ["latency p99 primary / canary", f"{_ms(_p99(snap, 'primary'))} / "
@@ -143,6 +226,10 @@ def _route_section(route: str, snap: dict[str, Any]) -> str:
     if snap.get("reasons"):
         parts.append("<ul>" + "".join(f"<li>{escape(str(r))}</li>" for r in snap["reasons"])
                      + "</ul>")
+    robustness = robustness_rows(snap)
+    if len(robustness) > 1:
+        parts.append("<h3>robustness (same seeded perturbation on both sides)</h3>"
+                     + _svg_robustness(snap) + _html_table(robustness))
     metrics: dict[str, dict[str, Any]] = snap.get("metrics") or {}
     if metrics:
         cols = ["p50", "p90", "p99", "min", "max"]

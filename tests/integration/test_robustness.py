@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from proxy import report
 from proxy.demo_model import tokenize
 from proxy.pb import grpc_service_pb2 as pb
 from tests.conftest import ort_config
@@ -135,6 +136,9 @@ def test_an_identical_canary_under_chaos_is_promoted(ort_models: Path,
         pairs = sum(r["samples"] for r in table.values())
         assert counts["production_calls"] == pairs  # one extra production call per pair
         assert snap["state"] == "promote", snap["reasons"]
+        found = report.fetch_shadows(m.admin_url)
+        assert report.exit_code(found) == report.EXIT_OK
+        assert f"{snap['excluded']} copies a fault touched left out" in report.render_table(found)
         metrics = urllib.request.urlopen(m.admin_url + "/metrics").read().decode()
         assert (f'mmguard_robustness_calls_total{{canary="clip_canary",model="clip",'
                 f'side="production"}} {float(pairs)}') in metrics
@@ -161,6 +165,15 @@ def test_a_fragile_canary_keeps_correctness_and_fails_robustness(ort_models: Pat
         failed = [r for r in snap["reasons"] if "robustness under" in r]
         assert len(failed) == 1 and "'gaussian_noise'" in failed[0], snap["reasons"]
         assert "points" in failed[0]
+        # the report a release reviewer reads: robustness per perturbation, and exit code 3
+        found = report.fetch_shadows(m.admin_url)
+        assert report.exit_code(found) == report.EXIT_ABORT
+        text = report.render_table(found)
+        assert "robustness of clip vs clip_canary" in text
+        noise_line = next(x for x in text.splitlines() if x.startswith("gaussian_noise"))
+        assert "100.0%" in noise_line and "0.0%" in noise_line
+        page = report.render_html(found)
+        assert 'aria-label="robustness per perturbation"' in page and "gaussian_noise" in page
         exp = json.loads(urllib.request.urlopen(
             m.admin_url + "/admin/experiments/canary-chaos").read())
         assert exp["state"] == "stopped" and "robustness under 'gaussian_noise'" in \
