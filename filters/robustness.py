@@ -36,6 +36,7 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from filters import perturb
+from filters.compare import CompareConfig, Comparison, compare_status, compare_tensors, compare_text
 from proxy.call import CANARY, Call, CallState, LocalReply, Reply, Result, SseEvent
 from proxy.tensor import Tensor
 
@@ -87,6 +88,10 @@ class RobustnessConfig(Strict):
     """Paired samples kept per perturbation."""
     min_samples: int = Field(20, ge=1)
     """Per perturbation, before it is judged (and before the verdict may promote)."""
+    compare: CompareConfig | None = None
+    """How a perturbed answer is held to its side's clean one (what "kept" means); None: the
+    shadow's own ``compare``. A perturbation moves answers more than a release does, so this is
+    usually looser (e.g. ``cosine_min: 0.9``, or ``classification`` for top-1 kept)."""
     max_drop: float = Field(0.05, ge=0, le=1)
     """The margin: the canary's robustness may be at most this far below production's (as a
     share: 0.05 = 5 points) on every perturbation measured; further below aborts."""
@@ -337,6 +342,41 @@ Judge = Callable[[Reply, "str | None", Reply, "str | None"], Any]
 """The shadow's comparison: (clean, clean text, perturbed, perturbed text) → Comparison."""
 
 
+def kept(clean: Reply, clean_text: str | None, perturbed: Reply, perturbed_text: str | None,
+         cfg: CompareConfig) -> Comparison:
+    """Did the perturbed answer keep the clean one: the same outcome (status), then the text
+    (token F1 / normalised / exact) or the tensors (cosine, top-1, NaN where it was finite)."""
+    if isinstance(clean, LocalReply) or isinstance(perturbed, LocalReply):
+        return compare_status(not isinstance(clean, LocalReply), _code(clean),
+                              not isinstance(perturbed, LocalReply), _code(perturbed))
+    a = clean_text if clean_text is not None else _openai_text(clean)
+    b = perturbed_text if perturbed_text is not None else _openai_text(perturbed)
+    if a is not None or b is not None:
+        return compare_text(a or "", b or "", cfg)
+    return compare_tensors({t.name: np.asarray(t.numpy()) for t in clean.outputs},
+                           {t.name: np.asarray(t.numpy()) for t in perturbed.outputs}, cfg)
+
+
+def _code(reply: Reply) -> str:
+    return "ok" if isinstance(reply, Result) else reply.kind.value
+
+
+def _openai_text(reply: Result) -> str | None:
+    if reply.wire is None or reply.wire.protocol != "openai":
+        return None
+    try:
+        doc = json.loads(reply.wire.body)
+    except ValueError:
+        return None
+    texts = []
+    for choice in doc.get("choices") or []:
+        msg = choice.get("message") if isinstance(choice, dict) else None
+        text = msg.get("content") if isinstance(msg, dict) else None
+        if isinstance(text, str):
+            texts.append(text)
+    return "\n".join(texts)
+
+
 async def answer(send: Send, call: Call) -> tuple[Reply, str | None]:
     """Send ``call``; a stream is read to its end and its text assembled."""
     reply = await send(call)
@@ -394,6 +434,13 @@ class RobustnessExperiment:
 
     async def run(self, original: Call, key: str, base: Baselines, production: Send,
                   canary: Send, judge: Judge) -> list[str]:
+        """``judge`` is the shadow's comparison; ``cfg.compare``, when set, replaces it."""
+        if self.cfg.compare is not None:
+            loose = self.cfg.compare
+
+            def judge(a: Reply, at: str | None, b: Reply, bt: str | None) -> Comparison:
+                return kept(a, at, b, bt, loose)
+
         """Measure every perturbation on this copy; returns the labels measured."""
         counts = self.table.counts
         if isinstance(base.production, LocalReply):

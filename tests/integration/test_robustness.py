@@ -31,13 +31,17 @@ from tests.support.mmguard import RunningMmguard
 from tests.support.triton import TritonServer
 from tests.support.wire import grpc_infer_raw, grpc_request
 
-# Triton's Python backend costs a few ms more than in-process ONNX Runtime (~3×): the latency
-# bar allows that, while the injected 50 ms delays (~50×) would break it if they were counted
+# Latency is not judged here: in-process ONNX Runtime answers in ~0.5 ms and Triton's Python
+# backend in ~3 ms, so on a busy machine one scheduling stall of the canary's process moves the
+# p99 ratio past any bar. That the injected delays never reach the latency figures is in
+# tests/unit/test_verdict.py.
 VERDICT = {"window": 200, "min_samples": 8, "promote_agreement": 0.99, "abort_agreement": 0.9,
-           "max_latency_ratio": 10.0}
+           "max_latency_ratio": None}
 ROBUSTNESS = {"perturbations": [{"kind": "gaussian_noise", "sigma": 0.08},
                                 {"kind": "patch_mask", "ratio": 0.25}],
-              "seed": 7, "min_samples": 8, "max_drop": 0.1, "max_qps": 1000}
+              "seed": 7, "min_samples": 8, "max_drop": 0.1, "max_qps": 1000,
+              # kept = the perturbed answer's embeddings within cosine 0.9 of the clean ones
+              "compare": {"outputs": ["image_embeds", "text_embeds"], "cosine_min": 0.9}}
 CHAOS = {"name": "canary-chaos", "seed": 3, "actions": [
     {"kind": "gaussian_noise", "sigma": 0.08, "percent": 20},
     {"kind": "patch_mask", "ratio": 0.25, "percent": 20},
