@@ -40,7 +40,7 @@ from numpy.typing import NDArray
 from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from filters import perturb
+from filters import chaos_rules, perturb
 from proxy.call import CANARY, FAULTS, Call, CallKey, LocalReply, Reply, Result, SseEvent
 from proxy.chain import FilterContext, Next
 from proxy.clock import Clock
@@ -227,6 +227,10 @@ class StopConditions(Strict):
     max_p99_ms: float | None = Field(2000.0, gt=0)
     max_divergence: float | None = Field(None, ge=0, le=1)
     """Share of shadow comparisons on this route that disagreed (needs a ``shadow`` filter)."""
+    # chaos (issue 16): the golden rules, see filters/chaos_rules.py
+    baseline_calls: int = Field(0, ge=0)
+    min_success: float | None = Field(None, ge=0, le=1)
+    first_assertion_s: float = Field(15.0, gt=0)
 
 
 class ExperimentConfig(Strict):
@@ -285,6 +289,7 @@ class Experiment:
     skipped: int = 0
     window: deque[tuple[float, bool, float]] = field(default_factory=deque)
     divergence: deque[tuple[float, bool]] = field(default_factory=deque)
+    rules: chaos_rules.RuleState = field(default_factory=chaos_rules.RuleState)  # chaos
 
     @property
     def name(self) -> str:
@@ -318,6 +323,9 @@ class Experiment:
         if self.cfg.duration_s is not None and now - self.started >= self.cfg.duration_s:
             return f"duration {self.cfg.duration_s:g} s is over"
         self._trim(now)
+        why = chaos_rules.check(self, now)  # chaos (issue 16): baseline, success, 15 s rule
+        if why:
+            return why
         n = len(self.window)
         if n >= stop.min_requests:
             errors = sum(1 for _, ok, _ in self.window if not ok)
@@ -356,6 +364,7 @@ class Experiment:
                        "divergence": (sum(1 for _, a in self.divergence if not a)
                                       / len(self.divergence) if self.divergence else None)},
             "config": self.cfg.model_dump(mode="json"),
+            **chaos_rules.snapshot(self),  # chaos (issue 16)
         }
 
 
@@ -431,6 +440,8 @@ class ExperimentRegistry:
         for name in names:
             exp = self.experiments.get(name)
             if exp is not None and exp.running:
+                chaos_rules.record(exp, not ok and not getattr(reply, "injected", None),
+                                   self.clock.monotonic())  # chaos (issue 16)
                 why = exp.record(ok, latency_s)
                 if why:
                     self.auto_stop(exp, why)
@@ -520,6 +531,8 @@ class Fault:
             if seen is None:
                 call.state[SEEN] = seen = []
             seen.append(exp.name)
+            if chaos_rules.in_baseline(exp):  # chaos (issue 16): observed, not injected
+                continue
             if exp.cfg.max_active_faults is not None and exp.active >= exp.cfg.max_active_faults:
                 exp.skipped += 1
                 self.ctx.telemetry.decide(call, "fault", "skipped", f"{exp.name}: "
@@ -551,6 +564,7 @@ class Fault:
             call.state[FAULTS] = faults = []
         faults.append(tag)
         exp.injected[action.label] = exp.injected.get(action.label, 0) + 1
+        chaos_rules.injected(exp, self.ctx.clock.monotonic())  # chaos (issue 16)
         self.m_injected.labels(call.model, exp.name, action.label).inc()
         previous = call.decisions.get("mmguard-fault")
         self.ctx.telemetry.decide(call, "fault", tag, detail, experiment=exp.name,

@@ -1,0 +1,115 @@
+"""The chaos golden rules for fault experiments, on top of ``fault``'s stop conditions.
+
+Seeds: observability in place and baselined before injecting; the experiment stops by itself
+when a core SLO is out for its window (30 s: success < 99.5 % or p99 > 2 s); assertions run
+within 15 s of the first injection. ``fault``'s ``StopConditions`` already judge the error rate
+(what clients got, injected errors included), p99 and divergence once ``min_requests`` answers
+are in. This module adds, as ``stop`` options:
+
+- ``baseline_calls``: the first this many matching canary calls are observed without any fault
+  (the experiment's state says ``baseline`` until then);
+- ``min_success``: the share of the window's calls that did not fail on their own (an error the
+  experiment injected is the experiment, not the system failing) — below it, the SLO is out;
+- ``first_assertion_s``: once this long has passed since the first injection, the conditions
+  are judged on whatever answers the window holds (at least one), not only after
+  ``min_requests``; the moment of the first assertion is kept.
+
+Every stop reason starts with the figure it is about, and ``slo_of`` names it (``error_rate``,
+``p99``, ``success``, ``divergence``, ``duration``) for the admin API.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class RuleState:
+    """Per experiment: the baseline count, the first injection and first assertion, and the
+    window of (time, failed on its own) for ``min_success``."""
+
+    baseline_seen: int = 0
+    first_injection: float | None = None
+    first_assertion: float | None = None
+    own: deque[tuple[float, bool]] = field(default_factory=deque)
+
+
+def in_baseline(exp: Any) -> bool:
+    """This matching call is part of the baseline: observe it, inject nothing."""
+    want = exp.cfg.stop.baseline_calls
+    st: RuleState = exp.rules
+    if st.baseline_seen >= want:
+        return False
+    st.baseline_seen += 1
+    return True
+
+
+def injected(exp: Any, now: float) -> None:
+    st: RuleState = exp.rules
+    if st.first_injection is None:
+        st.first_injection = now
+
+
+def record(exp: Any, failed_on_its_own: bool, now: float) -> None:
+    exp.rules.own.append((now, failed_on_its_own))
+
+
+def check(exp: Any, now: float) -> str:
+    """The added conditions (and the early assertion); "" when all hold."""
+    stop = exp.cfg.stop
+    st: RuleState = exp.rules
+    edge = now - stop.window_s
+    while st.own and st.own[0][0] < edge:
+        st.own.popleft()
+    n = len(exp.window)
+    early = (st.first_injection is not None and n >= 1 and n < stop.min_requests
+             and now - st.first_injection >= stop.first_assertion_s)
+    judged = n >= stop.min_requests or early
+    if judged and st.first_assertion is None and st.first_injection is not None:
+        st.first_assertion = now
+    if not judged:
+        return ""
+    own = len(st.own)
+    if stop.min_success is not None and own:
+        success = 1 - sum(1 for _, bad in st.own if bad) / own
+        if success < stop.min_success:
+            return (f"success {success:.3%} < {stop.min_success:.1%} over the last "
+                    f"{stop.window_s:g} s ({own} canary calls, injected refusals not counted)")
+    if early:  # fault's own checks wait for min_requests; past first_assertion_s, not so
+        errors = sum(1 for _, ok, _ in exp.window if not ok)
+        if stop.max_error_rate is not None and errors / n > stop.max_error_rate:
+            return (f"error rate {errors / n:.3f} > {stop.max_error_rate:g} over the last "
+                    f"{stop.window_s:g} s ({errors} of {n} canary calls; first assertion "
+                    f"{stop.first_assertion_s:g} s after the first injection)")
+        if stop.max_p99_ms is not None:
+            p99 = float(np.quantile([lat for _, _, lat in exp.window], 0.99)) * 1000
+            if p99 > stop.max_p99_ms:
+                return (f"p99 latency {p99:.0f} ms > {stop.max_p99_ms:g} ms over the last "
+                        f"{stop.window_s:g} s ({n} canary calls; first assertion "
+                        f"{stop.first_assertion_s:g} s after the first injection)")
+    return ""
+
+
+_SLOS = (("error rate", "error_rate"), ("p99 latency", "p99"), ("success", "success"),
+         ("divergence", "divergence"), ("duration", "duration"))
+
+
+def slo_of(reason: str) -> str | None:
+    return next((name for prefix, name in _SLOS if reason.startswith(prefix)), None)
+
+
+def snapshot(exp: Any) -> dict[str, Any]:
+    st: RuleState = exp.rules
+    want = exp.cfg.stop.baseline_calls
+    return {"baseline": {"calls": min(st.baseline_seen, want), "of": want,
+                         "done": st.baseline_seen >= want},
+            "first_injection_s": (None if st.first_injection is None
+                                  else round(st.first_injection - exp.started, 3)),
+            "first_assertion_after_injection_s": (
+                None if st.first_assertion is None or st.first_injection is None
+                else round(st.first_assertion - st.first_injection, 3)),
+            "stop_slo": slo_of(exp.stop_reason) if exp.stop_reason else None}
