@@ -372,7 +372,8 @@ def exported(ort_models: Path) -> Iterator[tuple[set[str], RunningMmguard]]:
             {"fallback": {"degrade_to": ["clip_b"]}},
             {"output_drift": {"outputs": {"similarity": {"kind": "scalar", "output": "similarity",
                                                          "range": [-1, 1]}},
-                              "drift": {"baseline_size": 2, "window": 2, "every": 1}}}]},
+                              "drift": {"baseline_size": 2, "window": 2, "every": 1},
+                              "similarity_alarm": {}}}]},
         {"name": "routed", "backend": "ort", "backend_model": "clip_demo", "filters": [
             {"modality_router": {"paths": [{"route": "clip_a"}, {"route": "clip_b"}],
                                  "inputs": inputs, "dwell_s": 0}}]},
