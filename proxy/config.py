@@ -205,6 +205,10 @@ class TritonGrpcBackend(Strict):
     """``system``: input tensors (and outputs of known size) cross to Triton in mmguard's own
     /dev/shm regions instead of the message (docs/shared-memory.md)."""
     shared_memory_pool: SharedMemoryHandoff = SharedMemoryHandoff()
+    fingerprint_files: dict[str, tuple[str, ...]] = {}
+    """Model (as Triton names it) → files whose SHA-256 joins its fingerprint (tokenizer.json,
+    preprocessor_config.json, ...): the version fuse then sees a tokenizer or processor change
+    that the model config does not show (issue 16)."""
 
     @model_validator(mode="after")
     def _verify(self) -> TritonGrpcBackend:
@@ -229,6 +233,10 @@ class TritonHttpBackend(Strict):
     """``system``: input tensors (and outputs of known size) cross to Triton in mmguard's own
     /dev/shm regions instead of the body (docs/shared-memory.md)."""
     shared_memory_pool: SharedMemoryHandoff = SharedMemoryHandoff()
+    fingerprint_files: dict[str, tuple[str, ...]] = {}
+    """Model (as Triton names it) → files whose SHA-256 joins its fingerprint (tokenizer.json,
+    preprocessor_config.json, ...): the version fuse then sees a tokenizer or processor change
+    that the model config does not show (issue 16)."""
 
     @model_validator(mode="after")
     def _scheme(self) -> TritonHttpBackend:

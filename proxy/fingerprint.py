@@ -14,8 +14,11 @@ seeds' rule: compare a SHA-256 of each one's configuration. So:
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from proxy.contract import ModelContract, fingerprint
 
 PROBES: tuple[str, ...] = (
     "Hello, world!",
@@ -66,3 +69,12 @@ def log_mismatch(log: Any, model: str, level: str, expected: str, actual: str) -
             level, actual or "?", expected,
             extra={"fields": {"model": model, "level": level, "expected_fingerprint": expected,
                               "actual_fingerprint": actual}})
+
+
+def with_files(contract: ModelContract, files: tuple[str, ...]) -> ModelContract:
+    """The contract with the declared files' SHA-256 in its fingerprint (its config is what
+    clients may read: left as Triton sent it)."""
+    if not files:
+        return contract
+    return replace(contract, fingerprint=fingerprint(contract.fingerprint,
+                                                     file_digests(list(files))))

@@ -22,6 +22,7 @@ from proxy.call import Call, LocalReply, Result, StreamItem, Target, Wire
 from proxy.config import TritonGrpcBackend as GrpcConfig
 from proxy.contract import ModelContract, TensorSpec, config_from_pb, fingerprint
 from proxy.errors import ErrorKind, ProxyError, kind_from_grpc
+from proxy.fingerprint import with_files
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.pb import grpc_service_pb2_grpc as pb_grpc
 from proxy.shm_handoff import HandoffPool
@@ -104,6 +105,7 @@ class TritonGrpcBackend(Backend):
             [(t.name, t.datatype, tuple(t.shape)) for t in meta.inputs],
             [(t.name, t.datatype, tuple(t.shape)) for t in meta.outputs],
             config_from_pb(raw), raw)
+        contract = with_files(contract, self.cfg.fingerprint_files.get(model, ()))
         if self.handoff is not None:
             self.handoff.contracts[model] = contract
         return contract

@@ -20,6 +20,7 @@ from proxy.backends.triton_grpc import contract_from_triton
 from proxy.call import Call, Result, Target
 from proxy.config import TritonHttpBackend as HttpConfig
 from proxy.contract import ModelContract
+from proxy.fingerprint import with_files
 from proxy.shm_handoff import HandoffPool
 from proxy.telemetry import backend_span
 
@@ -121,7 +122,8 @@ class TritonHttpBackend(HttpBackend):
             await r.read()
 
     async def metadata(self, model: str, version: str = "") -> ModelContract:
-        contract = await self._metadata(model, version)
+        contract = with_files(await self._metadata(model, version),
+                              self.cfg.fingerprint_files.get(model, ()))
         if self.handoff is not None:
             self.handoff.contracts[model] = contract
         return contract
