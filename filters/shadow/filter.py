@@ -1,19 +1,4 @@
-"""``shadow``: mirror a share of a route's traffic to a canary route, compare every answer with
-production's, and give a verdict (promote / hold / abort) over a sliding window.
-
-Rules that MUST hold:
-
-- The primary is never delayed or failed by the shadow: the copy goes on a bounded queue after
-  the primary has its answer (put without waiting); a full queue drops the copy and counts it.
-  Workers send copies to the canary route through its own chain, off the request path.
-- The copy is the request as the client sent it (taken before inner filters edit the call), and
-  it is canary traffic (``CANARY`` set): fault experiments on the canary route apply to it.
-- Each comparison (``filters.compare``) feeds the verdict; an abort verdict stops the mirroring
-  and the fault experiments on both routes, and says why (log, metric, admin API).
-- Noise floor: a share of the mirrored calls is also sent a second time to the primary, so a
-  non-deterministic model is judged against its own disagreement, not against zero.
-- Streams (OpenAI SSE) are compared on the assembled text once the client's stream has ended.
-"""
+"""The shadow filter: mirror a share of calls to the canary and judge the pairs."""
 
 from __future__ import annotations
 
@@ -28,57 +13,23 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 from prometheus_client import Counter, Gauge
-from pydantic import BaseModel, ConfigDict, Field
 
 from filters.compare import (
-    CompareConfig,
     Comparison,
     Verdict,
-    VerdictConfig,
     compare_status,
     compare_tensors,
     compare_text,
 )
+from filters.shadow.config import (
+    ShadowConfig,
+)
 from proxy.call import CANARY, Call, CallState, LocalReply, Reply, Result, SseEvent
 from proxy.chain import FilterContext, Next
-from proxy.config_refs import ConfigReferences
 
 log = logging.getLogger("mmguard.shadow")
 
 _STATES = {"collecting": 0, "promote": 1, "hold": 2, "abort": 3}
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class OnAbort(Strict):
-    stop_mirroring: bool = True
-    stop_experiments: bool = True
-    """Stop the fault experiments running on the primary and the canary routes."""
-
-
-class ShadowConfig(Strict):
-    canary: str
-    """The route that serves the canary (its own filters run on the copies)."""
-    percent: float = Field(100.0, ge=0, le=100)
-    """Share of the route's calls mirrored (stable by request key)."""
-    headers: dict[str, str] = {}
-    """Only calls with these headers are mirrored (``"*"`` = any value)."""
-    queue_size: int = Field(64, ge=1)
-    """Copies waiting for the canary; a full queue drops new copies (counted)."""
-    workers: int = Field(2, ge=1, le=64)
-    timeout_s: float = Field(10.0, gt=0)
-    """Deadline of a copy on the canary."""
-    noise_floor_percent: float = Field(0.0, ge=0, le=100)
-    """Share of the mirrored calls also sent a second time to the primary."""
-    compare: CompareConfig = CompareConfig()
-    verdict: VerdictConfig = VerdictConfig()
-    on_abort: OnAbort = OnAbort()
-
-    def references(self) -> ConfigReferences:
-        """The canary route (checked at load)."""
-        return ConfigReferences(routes=(("canary", self.canary),))
 
 
 @dataclass
