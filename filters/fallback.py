@@ -30,10 +30,12 @@ from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field
 
 from filters.breaker import Breaker, BreakerSettings, State
+from filters.fallback_admin import BREAKERS, CACHED_ANSWERS, ROUTES
 from proxy.call import FAULTS, Call, LocalReply, Reply, Result, Wire
 from proxy.chain import FilterContext, Next
 from proxy.config_refs import ConfigReferences
 from proxy.errors import ErrorKind, ProxyError
+from proxy.lifecycle import FilterFactoryBase
 from proxy.openai_api import ChatView
 from proxy.tensor import Tensor
 
@@ -151,11 +153,11 @@ class Fallback:
         for name in self.levels:
             self.m_mismatch.labels(ctx.route, name)
         self.breakers = {name: self._breaker(name) for name in self.levels}
-        ctx.admin.setdefault("breakers", {}).update(
+        ctx.local.setdefault(BREAKERS, dict).update(
             {(ctx.route, name): b for name, b in self.breakers.items()})
         self.cache = AnswerCache(cfg.cache, ctx.clock.monotonic) if cfg.cache else None
         if self.cache is not None:  # quality's graded actions serve it too
-            ctx.admin.setdefault("cached_answers", {})[ctx.route] = self.cached_answer
+            ctx.local.setdefault(CACHED_ANSWERS, dict)[ctx.route] = self.cached_answer
         self.in_flight = 0
         self.retrying = 0
         self._level_children: dict[tuple[str, str], Any] = {}
@@ -446,9 +448,10 @@ def _frozen(result: Result) -> Result:
                    for t in result.outputs], parameters=dict(result.parameters))
 
 
-class FallbackFactory:
+class FallbackFactory(FilterFactoryBase):
     name = "fallback"
     config_model = FallbackConfig
+    admin_routes = ROUTES
 
     def build(self, config: FallbackConfig, ctx: FilterContext) -> Fallback:
         return Fallback(config, ctx)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from proxy.call import Call, LocalReply, Reply
 from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind
+from proxy.lifecycle import FilterFactoryBase
 
 
 class LimitsConfig(BaseModel):
@@ -61,7 +62,7 @@ class Limits:
             self.in_flight -= 1
 
 
-class LimitsFactory:
+class LimitsFactory(FilterFactoryBase):
     name = "limits"
     config_model = LimitsConfig
 

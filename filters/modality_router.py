@@ -28,6 +28,14 @@ from proxy.call import UNUSABLE_MODALITIES, Call, LocalReply, Reply, Result
 from proxy.chain import FilterContext, Next
 from proxy.config_refs import ConfigReferences
 from proxy.errors import ErrorKind
+from proxy.lifecycle import (
+    Access,
+    AdminAnswer,
+    AdminRequest,
+    AdminRoute,
+    FilterFactoryBase,
+    StateKey,
+)
 from proxy.openai_api import ChatView
 
 Modality = Literal["image", "text"]
@@ -109,7 +117,7 @@ class ModalityRouter:
                                           "Share of traffic each path gets.", ["model", "path"])
         for p in cfg.paths:
             self.gauge.labels(ctx.route, p.route).set(self.weights[p.route])
-        ctx.admin.setdefault("routers", {})[ctx.route] = self
+        ctx.local.setdefault(ROUTERS, dict)[ctx.route] = self
 
     # --- weights ----------------------------------------------------------------------------
 
@@ -260,9 +268,19 @@ def confidence_of(result: Result, cfg: Confidence) -> float | None:
     return float((1 - entropy / math.log(p.shape[-1])).mean()) if p.shape[-1] > 1 else 1.0
 
 
-class ModalityRouterFactory:
+ROUTERS: StateKey[dict[str, ModalityRouter]] = StateKey("routers")
+"""Route → its router in this runtime (``FilterContext.local``), for ``GET /admin/routers``."""
+
+
+async def list_routers(req: AdminRequest) -> AdminAnswer:
+    found = req.local.get(ROUTERS) or {}
+    return 200, {route: r.snapshot() for route, r in sorted(found.items())}
+
+
+class ModalityRouterFactory(FilterFactoryBase):
     name = "modality_router"
     config_model = RouterConfig
+    admin_routes = (AdminRoute("GET", "/admin/routers", Access.READ, list_routers),)
 
     def build(self, config: RouterConfig, ctx: FilterContext) -> ModalityRouter:
         return ModalityRouter(config, ctx)

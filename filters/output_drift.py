@@ -28,6 +28,7 @@ from filters.modality_router import Confidence, confidence_of
 from filters.quality_drift import DriftConfig, DriftGauges, DriftMonitor, drift_gauges
 from proxy.call import Call, Reply, Result
 from proxy.chain import FilterContext, Next
+from proxy.lifecycle import FilterFactoryBase
 
 log = logging.getLogger("mmguard.output_drift")
 
@@ -73,7 +74,7 @@ class OutputDrift:
         return reply
 
 
-class OutputDriftFactory:
+class OutputDriftFactory(FilterFactoryBase):
     name = "output_drift"
     config_model = OutputDriftConfig
 

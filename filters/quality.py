@@ -56,6 +56,7 @@ from filters.quality_text import TEXT_SIGNALS, char_tables, text_signals
 from proxy.call import UNUSABLE_MODALITIES, Call, LocalReply, Reply
 from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind
+from proxy.lifecycle import FilterFactoryBase
 from proxy.openai_api import ChatView
 from proxy.tensor import Tensor, decode_bytes_elements
 
@@ -399,7 +400,7 @@ class Quality:
                           f"threshold {rule.below:g}", param=found.param)
 
 
-class QualityFactory:
+class QualityFactory(FilterFactoryBase):
     name = NAME
     config_model = QualityConfig
 

@@ -22,14 +22,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from filters.fallback import StaticTensor
+from filters.fallback_admin import CACHED_ANSWERS
 from proxy.call import Call, LocalReply, Reply, Result
 from proxy.chain import FilterContext
 from proxy.errors import ErrorKind
 from proxy.tensor import Tensor
-
-CACHED_ANSWERS = "cached_answers"
-"""Key in ``FilterContext.admin``: route → a function giving the last good answer to a call
-(``(age_s, Result)`` or None). The fallback filter fills it."""
 
 Band = Literal["refuse", "shed", "observe"]
 
@@ -72,7 +69,7 @@ class GradedActions:
         self.decide = decide
 
     def _cached(self, call: Call) -> tuple[float, Result] | None:
-        lookup = self.ctx.admin.get(CACHED_ANSWERS, {}).get(self.ctx.route)
+        lookup = (self.ctx.local.get(CACHED_ANSWERS) or {}).get(self.ctx.route)
         found: tuple[float, Result] | None = lookup(call) if lookup is not None else None
         return found
 

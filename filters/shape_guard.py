@@ -30,6 +30,7 @@ from proxy.chain import FilterContext, Next
 from proxy.config_refs import ConfigReferences
 from proxy.contract import ModelContract, TensorSpec
 from proxy.errors import ErrorKind, ProxyError
+from proxy.lifecycle import FilterFactoryBase
 from proxy.openai_api import ChatView
 from proxy.tensor import Tensor, decode_bytes_elements, encode_bytes_elements
 
@@ -381,7 +382,7 @@ def _concat(pieces: list[Tensor], batch: int) -> Tensor:
     return Tensor(first.name, first.datatype, (batch, *first.shape[1:]), raw=raw)
 
 
-class ShapeGuardFactory:
+class ShapeGuardFactory(FilterFactoryBase):
     name = "shape_guard"
     config_model = ShapeGuardConfig
 

@@ -344,7 +344,8 @@ class KServeV2Config(Strict):
 
 class FilterSpec(Strict):
     name: str
-    config: Any
+    config: BaseModel
+    """The filter's own config model, validated once at load."""
 
 
 class ModelRoute(Strict):
@@ -398,6 +399,7 @@ class SharedMemoryConfig(Strict):
 
 
 class Config(Strict):
+    _chains: dict[str, tuple[FilterSpec, ...]] = PrivateAttr(default_factory=dict)
     listeners: Listeners = Listeners()
     backends: tuple[BackendConfig, ...]
     models: tuple[ModelRoute, ...]
@@ -464,6 +466,17 @@ class Config(Strict):
     def route_filters(self, route: ModelRoute) -> tuple[dict[str, Any], ...]:
         return route.filters if route.filters is not None else self.defaults.filters
 
+    def chain(self, route: ModelRoute) -> tuple[FilterSpec, ...]:
+        """The route's filters with their typed configs, validated once (``parse_config``
+        fills them; a ``Config`` made otherwise validates a route's list on first use)."""
+        found = self._chains.get(route.name)
+        if found is None:
+            where = (f"models[{route.name}].filters" if route.filters is not None
+                     else "defaults.filters")
+            found = self._chains[route.name] = tuple(
+                resolve_filters(self.route_filters(route), where))
+        return found
+
 
 class ConfigError(Exception):
     def __init__(self, problems: list[str], source: str = "config") -> None:
@@ -504,15 +517,15 @@ def parse_config(doc: Any, source: str = "config") -> Config:
     except ValidationError as exc:
         raise ConfigError(_format(exc, ""), source) from None
     problems: list[str] = []
-    try:
-        resolve_filters(cfg.defaults.filters, "defaults.filters")
-    except ConfigError as err:
-        problems.extend(err.problems)
-    for i, route in enumerate(cfg.models):
-        if route.filters is None:
-            continue
+    for i, route in enumerate(cfg.models):  # each list once: a default list is shared
+        where = f"models[{i}].filters" if route.filters is not None else "defaults.filters"
         try:
-            resolve_filters(route.filters, f"models[{i}].filters")
+            cfg._chains[route.name] = tuple(resolve_filters(cfg.route_filters(route), where))
+        except ConfigError as err:
+            problems.extend(p for p in err.problems if p not in problems)
+    if not cfg.models or all(r.filters is not None for r in cfg.models):
+        try:  # the defaults are checked even when no route uses them
+            resolve_filters(cfg.defaults.filters, "defaults.filters")
         except ConfigError as err:
             problems.extend(err.problems)
     if not problems:
@@ -527,7 +540,7 @@ def _route_references(cfg: Config) -> list[tuple[str, ConfigReferences]]:
     found = []
     for i, route in enumerate(cfg.models):
         where = f"models[{i}].filters" if route.filters is not None else "defaults.filters"
-        for j, spec in enumerate(resolve_filters(cfg.route_filters(route), where)):
+        for j, spec in enumerate(cfg.chain(route)):
             refs = getattr(spec.config, "references", None)
             if refs is not None:
                 found.append((f"models[{i}] ({route.name}): {where}[{j}].{spec.name}", refs()))

@@ -34,6 +34,7 @@ from prometheus_client import Counter
 from proxy import listeners as guard
 from proxy.admin import admin_app
 from proxy.canary import log_membership
+from proxy.chain import filter_factories
 from proxy.clock import Clock, SystemClock
 from proxy.config import (
     AdminListener,
@@ -288,9 +289,8 @@ class Server:
     async def stop(self) -> None:
         grace = self.config.shutdown_grace_s
         self.plane.draining = True
-        experiments = self.plane.runtime.store.get("experiments")
-        if experiments is not None:  # faults end first: draining calls get clean answers
-            experiments.stop_all("mmguard is shutting down", "shutdown")
+        for factory in filter_factories().values():  # e.g. faults end: drains get clean answers
+            await factory.before_drain(self.plane.runtime.state)
         log.info("shutting down: draining for up to %.1fs", grace)
         if self._watch is not None:
             await self._watch.stop()
@@ -303,8 +303,8 @@ class Server:
             tasks.append(self._grpc.stop(grace))
         await asyncio.gather(*tasks, return_exceptions=True)
         self.shm.close()  # calls have drained: unmap every client region
-        for shadow in self.plane.runtime.store.get("shadow_filters", {}).values():
-            await shadow.close()  # copies still queued for the canary are dropped
+        for factory in filter_factories().values():  # e.g. queued mirror copies are dropped
+            await factory.after_drain(self.plane.runtime.state)
         await self.plane.runtime.close()
         self._stopped.set()
         log.info("stopped")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from prometheus_client import Counter
+from pydantic import BaseModel
 
+from filters.fault.admin import ROUTES
 from filters.fault.config import (
     SEEN,
     Abort,
@@ -27,12 +29,15 @@ from filters.fault.injectors import (
     _perturb_tensors,
 )
 from filters.fault.registry import (
+    EXPERIMENTS,
+    FAULT_ROUTES,
     Experiment,
     registry,
 )
 from proxy.call import CANARY, FAULTS, Call, LocalReply, Reply
 from proxy.chain import FilterContext, Next
 from proxy.errors import STATUS, ErrorKind, kind_from_grpc, kind_from_http
+from proxy.lifecycle import FilterFactoryBase, Observer, Store
 
 log = logging.getLogger("mmguard.fault")
 
@@ -57,12 +62,11 @@ class Fault:
             Counter, "mmguard_faults_injected_total",
             "Faults injected into canary calls (never counted as the backend's failures).",
             ["model", "experiment", "action"])
-        ctx.admin.setdefault("config_experiments", set()).update(e.name for e in cfg.experiments)
         for exp in cfg.experiments:  # at 0 from the start, so increase() sees the first
             for action in exp.actions:
                 self.m_injected.labels(ctx.route, exp.name, action.label)
         ctx.on_activate(self._start_experiments)
-        ctx.admin.setdefault("fault_routes", set()).add(ctx.route)
+        ctx.local.setdefault(FAULT_ROUTES, set).add(ctx.route)
 
     def _start_experiments(self) -> None:
         for exp in self.cfg.experiments:  # a reload restarts only what changed
@@ -233,10 +237,28 @@ def _abort(a: Abort, tag: str) -> LocalReply:
 
 
 
-class FaultFactory:
+class FaultFactory(FilterFactoryBase):
     name = "fault"
     config_model = FaultConfig
+    admin_routes = ROUTES
 
     def build(self, config: FaultConfig, ctx: FilterContext) -> Fault:
         return Fault(config, ctx)
+
+    def activated(self, state: Store, local: Store, configs: Mapping[str, BaseModel]) -> None:
+        """The config's experiments that the new config no longer has end."""
+        reg = state.get(EXPERIMENTS)
+        if reg is not None:
+            reg.retire({e.name for c in configs.values() if isinstance(c, FaultConfig)
+                        for e in c.experiments})
+
+    def observers(self, state: Store, local: Store) -> Sequence[Observer]:
+        reg = state.get(EXPERIMENTS)
+        return () if reg is None else (reg.observe,)
+
+    async def before_drain(self, state: Store) -> None:
+        """Faults end first: draining calls get clean answers."""
+        reg = state.get(EXPERIMENTS)
+        if reg is not None:
+            reg.stop_all("mmguard is shutting down", "shutdown")
 

@@ -17,6 +17,7 @@ from filters.fault.config import (
 from proxy.call import Call, LocalReply, Reply
 from proxy.chain import FilterContext
 from proxy.clock import Clock
+from proxy.lifecycle import StateKey
 
 log = logging.getLogger("mmguard.fault")
 
@@ -208,14 +209,12 @@ class ExperimentRegistry:
                 self.stop(exp.name, "removed from the config", "config")
 
 
+EXPERIMENTS: StateKey[ExperimentRegistry] = StateKey("experiments")
+"""The process's experiments (``FilterContext.state``: they outlive reloads)."""
+FAULT_ROUTES: StateKey[set[str]] = StateKey("fault_routes")
+"""The routes whose chain has a fault filter (``FilterContext.local``: per runtime)."""
+
+
 def registry(ctx: FilterContext) -> ExperimentRegistry:
-    """The process's registry (made on first use, kept across reloads)."""
-    found = ctx.store.get("experiments")
-    if found is None:
-        found = ctx.store["experiments"] = ExperimentRegistry(ctx.clock, ctx.telemetry)
-        ctx.store.setdefault("observers", {})["experiments"] = found.observe
-    assert isinstance(found, ExperimentRegistry)
-    return found
-
-
-# --- the filter -----------------------------------------------------------------------------
+    """The process's registry (made, empty, on first use; kept across reloads)."""
+    return ctx.state.setdefault(EXPERIMENTS, lambda: ExperimentRegistry(ctx.clock, ctx.telemetry))

@@ -21,11 +21,14 @@ from filters.compare import (
     compare_tensors,
     compare_text,
 )
+from filters.fault.registry import EXPERIMENTS
+from filters.shadow.admin import LIVE_SHADOWS, ROUTES, SHADOW_STATES, SHADOWS
 from filters.shadow.config import (
     ShadowConfig,
 )
 from proxy.call import CANARY, Call, CallState, LocalReply, Reply, Result, SseEvent
 from proxy.chain import FilterContext, Next
+from proxy.lifecycle import FilterFactoryBase, Store
 
 log = logging.getLogger("mmguard.shadow")
 
@@ -59,14 +62,13 @@ class Shadow:
     def __init__(self, cfg: ShadowConfig, ctx: FilterContext) -> None:
         self.cfg = cfg
         self.ctx = ctx
-        shadows = ctx.store.setdefault("shadows", {})
-        found = shadows.get(ctx.route)
+        found = (ctx.state.get(SHADOW_STATES) or {}).get(ctx.route)
         if found is None or found.cfg != cfg:
             verdict = Verdict(cfg.verdict, ctx.clock, expect_noise=cfg.noise_floor_percent > 0)
             found = ShadowState(cfg, verdict)
             found.verdict.on_change(self._changed)
         self.state: ShadowState = found
-        ctx.admin.setdefault("shadows", {})[ctx.route] = self
+        ctx.local.setdefault(SHADOWS, dict)[ctx.route] = self
         ctx.on_activate(self._take_over)
         self.queue: asyncio.Queue[_Copy] | None = None
         self.workers: list[asyncio.Task[None]] = []
@@ -97,8 +99,8 @@ class Shadow:
     def _take_over(self) -> None:
         """Once this filter's runtime serves (never at build: a rejected reload changes
         nothing): its state is the route's, and the old filter's workers end."""
-        self.ctx.store.setdefault("shadows", {})[self.ctx.route] = self.state
-        live = self.ctx.store.setdefault("shadow_filters", {})
+        self.ctx.state.setdefault(SHADOW_STATES, dict)[self.ctx.route] = self.state
+        live = self.ctx.state.setdefault(LIVE_SHADOWS, dict)
         old = live.get(self.ctx.route)
         if old is not None and old is not self:
             old.cancel()
@@ -222,7 +224,7 @@ class Shadow:
                                                  "canary": self.cfg.canary,
                                                  "reason": c.reason}})
         st.verdict.add(c, item.primary_latency_s, latency)
-        experiments = self.ctx.store.get("experiments")
+        experiments = self.ctx.state.get(EXPERIMENTS)
         if experiments is not None:
             for route in {self.ctx.route, self.cfg.canary}:
                 experiments.observe_divergence(route, c.agree)
@@ -267,7 +269,7 @@ class Shadow:
         if self.cfg.on_abort.stop_mirroring:
             st.mirroring = False
             st.stop_reason = f"abort verdict: {why}"
-        experiments = self.ctx.store.get("experiments")
+        experiments = self.ctx.state.get(EXPERIMENTS)
         if self.cfg.on_abort.stop_experiments and experiments is not None:
             for route in {self.ctx.route, self.cfg.canary}:
                 for exp in experiments.running(route):
@@ -358,9 +360,15 @@ def _arrays(reply: Result) -> dict[str, NDArray[Any]]:
     return {t.name: np.asarray(t.numpy()) for t in reply.outputs}
 
 
-class ShadowFactory:
+class ShadowFactory(FilterFactoryBase):
     name = "shadow"
     config_model = ShadowConfig
+    admin_routes = ROUTES
+
+    async def after_drain(self, state: Store) -> None:
+        """Copies still queued for the canary are dropped."""
+        for shadow in (state.get(LIVE_SHADOWS) or {}).values():
+            await shadow.close()
 
     def build(self, config: ShadowConfig, ctx: FilterContext) -> Shadow:
         return Shadow(config, ctx)
