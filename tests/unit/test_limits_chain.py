@@ -34,16 +34,16 @@ async def test_request_bytes_over_the_limit_are_refused() -> None:
 
 
 async def test_past_max_in_flight_the_caller_is_told_when_to_retry() -> None:
-    release = asyncio.Event()
+    release, holding = asyncio.Event(), asyncio.Event()
 
     async def slow(call: Call, target: Target) -> Result:
+        holding.set()
         await release.wait()
         return echo(call, target)
 
     async with ChainHarness.open(limits(max_in_flight=1, retry_after_s=2.5), answer=slow) as h:
         first = asyncio.create_task(h.infer("m"))
-        while not h.backend.calls:  # the first call holds the only slot
-            await asyncio.sleep(0)
+        await asyncio.wait_for(holding.wait(), 10)  # the first call holds the only slot
         refused = await h.infer("m")
         release.set()
         assert isinstance(await first, Result)
