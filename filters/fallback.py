@@ -30,8 +30,9 @@ from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field
 
 from filters.breaker import Breaker, BreakerSettings, State
+from filters.call_keys import FAULTS
 from filters.fallback_admin import BREAKERS, CACHED_ANSWERS, ROUTES
-from proxy.call import FAULTS, Call, LocalReply, Reply, Result, Wire
+from proxy.call import Call, LocalReply, Reply, Result, Wire
 from proxy.chain import FilterContext, Next
 from proxy.config_refs import ConfigReferences
 from proxy.errors import ErrorKind, ProxyError

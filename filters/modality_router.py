@@ -24,7 +24,8 @@ import numpy as np
 from prometheus_client import Gauge
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from proxy.call import UNUSABLE_MODALITIES, Call, LocalReply, Reply, Result
+from filters.call_keys import UNUSABLE_MODALITIES
+from proxy.call import Call, LocalReply, Reply, Result
 from proxy.chain import FilterContext, Next
 from proxy.config_refs import ConfigReferences
 from proxy.errors import ErrorKind

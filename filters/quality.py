@@ -41,6 +41,7 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from filters.call_keys import UNUSABLE_MODALITIES
 from filters.quality_align import AlignmentConfig, AlignmentUnavailable, EncoderPair
 from filters.quality_drift import DriftConfig, DriftMonitor, drift_gauges
 from filters.quality_graded import GradedActions, GradedConfig, trust_detail
@@ -53,7 +54,7 @@ from filters.quality_signals import (
     trust_score,
 )
 from filters.quality_text import TEXT_SIGNALS, char_tables, text_signals
-from proxy.call import UNUSABLE_MODALITIES, Call, LocalReply, Reply
+from proxy.call import Call, LocalReply, Reply
 from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind
 from proxy.lifecycle import FilterFactoryBase

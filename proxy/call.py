@@ -38,15 +38,10 @@ class CallKey(Generic[T]):
         return f"CallKey({self.name!r})"
 
 
-# Standard keys that several filters share (a producer and a consumer in different modules).
-UNUSABLE_MODALITIES: CallKey[dict[str, str]] = CallKey("unusable_modalities")
-"""modality ("image", "text") → why it must not be used (set by quality, read by the router)."""
+# The one standard key the runtime sets (keys filters share among themselves: filters/call_keys.py).
 CANARY: CallKey[bool] = CallKey("canary")
-"""Set for every call by the runtime: the call is canary traffic (``Config.canary``). Faults and
-experiments touch only calls where this is True."""
-FAULTS: CallKey[list[str]] = CallKey("faults")
-"""``<experiment>/<action>`` of each fault injected into this call (shared by its attempts), so
-the fallback's breakers never count an injected failure as the backend's."""
+"""Set for every call by the runtime: the call is canary traffic (``Config.canary``); what acts
+on canary traffic only (experiments, verdicts) tests this one flag."""
 
 
 class CallState:

@@ -11,6 +11,7 @@ import numpy as np
 from prometheus_client import Counter
 from pydantic import BaseModel
 
+from filters.call_keys import FAULTS
 from filters.fault.admin import ROUTES
 from filters.fault.config import (
     SEEN,
@@ -34,7 +35,7 @@ from filters.fault.registry import (
     Experiment,
     registry,
 )
-from proxy.call import CANARY, FAULTS, Call, LocalReply, Reply
+from proxy.call import CANARY, Call, LocalReply, Reply
 from proxy.chain import FilterContext, Next
 from proxy.errors import STATUS, ErrorKind, kind_from_grpc, kind_from_http
 from proxy.lifecycle import FilterFactoryBase, Observer, Store
