@@ -17,7 +17,7 @@ from tests.support.models import write_identity
 def backend(tmp_path: Path, device: str) -> OnnxRuntimeBackend:
     write_identity(tmp_path, "FP32")
     return OnnxRuntimeBackend(OrtConfig(kind="onnxruntime", name="ort", model_dir=tmp_path,
-                                        device=device))  # type: ignore[arg-type]
+                                        device=device))
 
 
 async def test_auto_and_cpu_load_what_is_really_there(tmp_path: Path) -> None:

@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.admin import admin_app
-from proxy.call import Call, LocalReply, Reply, Result, Target
+from proxy.call import Call, LocalReply, Result, Target
 from proxy.config import parse_config
 from proxy.errors import ErrorKind
 from proxy.runtime import Runtime
@@ -57,10 +58,12 @@ async def test_observers_see_canary_answers_only() -> None:
     assert seen == [("m", False)]  # the canary call, aborted by the experiment
 
 
+AdminClient = TestClient[web.Request, web.Application]
+
+
 @asynccontextmanager
-async def admin(h: ChainHarness, token: str | None) -> AsyncIterator[TestClient[Reply, Reply]]:
-    client: TestClient[Reply, Reply] = TestClient(TestServer(admin_app(h.plane, token),
-                                                             host="127.0.0.1"))
+async def admin(h: ChainHarness, token: str | None) -> AsyncIterator[AdminClient]:
+    client: AdminClient = TestClient(TestServer(admin_app(h.plane, token), host="127.0.0.1"))
     await client.start_server()
     try:
         yield client
