@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 from prometheus_client import Counter, Gauge
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from filters.breaker import Breaker, BreakerSettings, State
 from filters.call_keys import FAULTS
@@ -38,13 +38,10 @@ from proxy.config_refs import ConfigReferences
 from proxy.errors import ErrorKind, ProxyError
 from proxy.lifecycle import FilterFactoryBase
 from proxy.openai_api import ChatView
+from proxy.strict import Strict
 from proxy.tensor import Tensor
 
 log = logging.getLogger("mmguard.fallback")
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class BreakerConfig(Strict):
@@ -103,7 +100,7 @@ class FallbackConfig(Strict):
     cache: CacheConfig | None = CacheConfig()
     static_answer: tuple[StaticTensor, ...] | None = None
     """L3 when nothing is cached: these outputs (v2 models)."""
-    expect_fingerprint: dict[str, str] = {}
+    expect_fingerprint: dict[str, str] = Field(default_factory=dict)
     """Route name → the contract fingerprint (or a prefix of it, 12+ characters) it must have;
     a route whose fingerprint differs takes no traffic until it matches again."""
 

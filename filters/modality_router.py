@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 from prometheus_client import Gauge
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from filters.call_keys import UNUSABLE_MODALITIES
 from proxy.call import Call, LocalReply, Reply, Result
@@ -38,13 +38,10 @@ from proxy.lifecycle import (
     StateKey,
 )
 from proxy.openai_api import ChatView
+from proxy.strict import Strict
 
 Modality = Literal["image", "text"]
 _SERVER_ERRORS = ("unavailable", "deadline_exceeded", "internal", "overloaded", "not_found")
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Confidence(Strict):
@@ -65,7 +62,7 @@ class PathConfig(Strict):
 
 class RouterConfig(Strict):
     paths: tuple[PathConfig, ...] = Field(min_length=1)
-    inputs: dict[str, Modality] = {}
+    inputs: dict[str, Modality] = Field(default_factory=dict)
     """v2 input name → the modality it carries (OpenAI calls: image parts and text)."""
     alpha: float = Field(0.7, ge=0, le=1)
     temperature: float = Field(0.1, gt=0)

@@ -22,20 +22,19 @@ import logging
 import math
 
 from prometheus_client import CollectorRegistry
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from filters.modality_router import Confidence, confidence_of
 from filters.quality_drift import DriftConfig, DriftGauges, DriftMonitor, drift_gauges
 from proxy.call import Call, Reply, Result
 from proxy.chain import FilterContext, Next
 from proxy.lifecycle import FilterFactoryBase
+from proxy.strict import Strict
 
 log = logging.getLogger("mmguard.output_drift")
 
 
-class OutputDriftConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class OutputDriftConfig(Strict):
     outputs: dict[str, Confidence] = Field(min_length=1)
     """A name for each watched output → how its confidence is read (``kind``, ``output``,
     ``range``), as in the modality_router's paths."""

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from filters.call_keys import UNUSABLE_MODALITIES
 from filters.quality_align import AlignmentConfig, AlignmentUnavailable, EncoderPair
@@ -59,6 +59,7 @@ from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind
 from proxy.lifecycle import FilterFactoryBase
 from proxy.openai_api import ChatView
+from proxy.strict import Strict
 from proxy.tensor import Tensor, decode_bytes_elements
 
 log = logging.getLogger("mmguard.quality")
@@ -68,10 +69,6 @@ _INLINE_BYTES = 1 << 20  # above this, v2 images are measured in a worker thread
 _HWC_RGB = ImageSpec("HWC", (0.0,), (255.0,))  # decoded OpenAI images
 _IMAGE_TYPES = ("FP32", "FP16", "FP64", "BF16", "UINT8")
 _UNPRINTABLE = {c: "?" for c in (*range(0x20), 0x7F)}
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ImageInput(Strict):
@@ -142,9 +139,9 @@ DEFAULT_RULES = (Rule(signal="finite", below=1.0, action="reject"),
 
 
 class QualityConfig(Strict):
-    images: dict[str, ImageInput] = {}
+    images: dict[str, ImageInput] = Field(default_factory=dict)
     """v2: the inputs that are images, and how to read them."""
-    texts: dict[str, TextInput] = {}
+    texts: dict[str, TextInput] = Field(default_factory=dict)
     """v2: the BYTES inputs that are text."""
     chat: TextInput = TextInput()
     """OpenAI requests: limits for their texts (images are decoded and always scored)."""

@@ -19,21 +19,20 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from filters.fallback import StaticTensor
 from filters.fallback_admin import CACHED_ANSWERS
 from proxy.call import Call, LocalReply, Reply, Result
 from proxy.chain import FilterContext
 from proxy.errors import ErrorKind
+from proxy.strict import Strict
 from proxy.tensor import Tensor
 
 Band = Literal["refuse", "shed", "observe"]
 
 
-class GradedConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class GradedConfig(Strict):
     refuse_below: float = Field(0.3, ge=0.0, le=1.0)
     """Trust below this: refused, with the cached or static answer when there is one."""
     shed_below: float = Field(0.7, ge=0.0, le=1.0)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from filters.tokens import TextTokenizer, load_tokenizer
 from proxy.call import Call, LocalReply, Reply, Result, SseEvent
@@ -32,11 +32,8 @@ from proxy.contract import ModelContract, TensorSpec
 from proxy.errors import ErrorKind, ProxyError
 from proxy.lifecycle import FilterFactoryBase
 from proxy.openai_api import ChatView
+from proxy.strict import Strict
 from proxy.tensor import Tensor, decode_bytes_elements, encode_bytes_elements
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class InputDeclaration(Strict):
@@ -51,7 +48,7 @@ class InputDeclaration(Strict):
 
 
 class ShapeGuardConfig(Strict):
-    inputs: dict[str, InputDeclaration] = {}
+    inputs: dict[str, InputDeclaration] = Field(default_factory=dict)
     on_batch: Literal["reject", "split"] = "reject"
     """A batch above max_batch_size: refuse, or cut it into chunks and merge the answers."""
     on_tokens: Literal["reject", "truncate", "reroute"] = "reject"

@@ -18,7 +18,6 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
     SecretStr,
@@ -34,13 +33,10 @@ from proxy.config_refs import (
     reference_problems,
     unreadable_value,
 )
+from proxy.strict import Strict
 from proxy.tls import TlsClient, TlsServer
 
 MiB = 1024 * 1024
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class HttpListener(Strict):
@@ -250,7 +246,7 @@ class OnnxRuntimeBackend(Strict):
     """ONNX Runtime's own threads per run; 0 lets it decide."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto: CUDA when onnxruntime-gpu is installed and CUDA really loads, else CPU."""
-    max_batch_size: dict[str, int] = {}
+    max_batch_size: dict[str, int] = Field(default_factory=dict)
     """Per model: declare the leading dim a batch dim of at most this size (Triton's meaning)."""
     timeout_s: float = Field(30.0, gt=0)
 
@@ -292,7 +288,7 @@ class OpenAIConfig(Strict):
 class CanaryConfig(Strict):
     """Which calls are canary traffic: the only calls that fault experiments may touch."""
 
-    headers: dict[str, str] = {}
+    headers: dict[str, str] = Field(default_factory=dict)
     """Header → value that marks a call as canary (all must match; ``"*"`` matches any value).
     Clients' copies are stripped unless the listener has ``trust_canary_headers``."""
     share: float = Field(0.0, ge=0.0, le=1.0)

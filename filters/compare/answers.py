@@ -10,7 +10,9 @@ from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from proxy.strict import Strict
 
 State = Literal["collecting", "promote", "hold", "abort"]
 
@@ -27,9 +29,7 @@ class Comparison:
     """Empty when they agree; else what differs, with the figure and the tolerance."""
 
 
-class CompareConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class CompareConfig(Strict):
     kind: Literal["tensors", "text", "auto"] = "auto"
     """What the answers are. ``compare`` dispatches on it: ``text`` answers are strings,
     ``tensors`` answers are output name → array; ``auto`` goes by the answer's type. BYTES

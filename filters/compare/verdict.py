@@ -9,18 +9,17 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from filters.compare.answers import (
     Comparison,
     State,
 )
 from proxy.clock import Clock
+from proxy.strict import Strict
 
 
-class VerdictConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class VerdictConfig(Strict):
     window: int = Field(200, gt=0)
     """The verdict judges the last ``window`` comparisons (and as many primary self-comparisons)."""
     window_s: float | None = Field(None, gt=0)

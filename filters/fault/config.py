@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from proxy.call import CallKey
 from proxy.config_refs import ConfigReferences
+from proxy.strict import Strict
 
 SEEN: CallKey[list[str]] = CallKey("fault_experiments")
 """The experiments whose canary population this call belongs to (their windows count it)."""
@@ -17,16 +18,12 @@ FLOAT_TYPES = ("FP16", "FP32", "FP64")
 INT_TYPES = ("INT32", "INT64")
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 class ActionBase(Strict):
     name: str = ""
     """Names the action in ``mmguard-fault`` and metrics; defaults to its kind."""
     percent: float = Field(100.0, ge=0.0, le=100.0)
     """Share of the experiment's calls that get this action."""
-    headers: dict[str, str] = {}
+    headers: dict[str, str] = Field(default_factory=dict)
     """Only calls with these headers (``"*"`` = any value) get this action."""
 
     @property
@@ -192,7 +189,7 @@ class StopConditions(Strict):
 class ExperimentConfig(Strict):
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
     actions: tuple[Action, ...] = Field(min_length=1)
-    headers: dict[str, str] = {}
+    headers: dict[str, str] = Field(default_factory=dict)
     """Within canary traffic, only calls with these headers."""
     share: float = Field(1.0, ge=0, le=1)
     """Blast radius: the share of the matching canary calls the experiment touches (stable by

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from filters.compare import (
     CompareConfig,
     VerdictConfig,
 )
 from proxy.config_refs import ConfigReferences
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from proxy.strict import Strict
 
 
 class OnAbort(Strict):
@@ -26,7 +23,7 @@ class ShadowConfig(Strict):
     """The route that serves the canary (its own filters run on the copies)."""
     percent: float = Field(100.0, ge=0, le=100)
     """Share of the route's calls mirrored (stable by request key)."""
-    headers: dict[str, str] = {}
+    headers: dict[str, str] = Field(default_factory=dict)
     """Only calls with these headers are mirrored (``"*"`` = any value)."""
     queue_size: int = Field(64, ge=1)
     """Copies waiting for the canary; a full queue drops new copies (counted)."""
