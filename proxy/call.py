@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -36,6 +36,13 @@ class CallKey(Generic[T]):
 
     def __repr__(self) -> str:
         return f"CallKey({self.name!r})"
+
+
+def headers_match(want: Mapping[str, str], have: Mapping[str, str]) -> bool:
+    """Every header in ``want`` is in ``have`` (a call's headers: lower-case names) with that
+    value, ``"*"`` matching any value. What canary membership, experiments and mirroring use."""
+    return all((got := have.get(name.lower())) is not None and (value == "*" or got == value)
+               for name, value in want.items())
 
 
 # The one standard key the runtime sets (keys filters share among themselves: filters/call_keys.py).

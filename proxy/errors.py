@@ -141,3 +141,8 @@ class ProxyError(Exception):
         self.status = status
         self.body = body
         self.param = param
+
+
+def retry_after(seconds: float) -> str:
+    """The ``Retry-After`` value (header or gRPC trailer) for a wait: whole seconds, at least 1."""
+    return str(max(1, round(seconds)))

@@ -35,7 +35,7 @@ from filters.fault.registry import (
     Experiment,
     registry,
 )
-from proxy.call import CANARY, Call, LocalReply, Reply
+from proxy.call import CANARY, Call, LocalReply, Reply, headers_match
 from proxy.chain import FilterContext, Next
 from proxy.errors import STATUS, ErrorKind, kind_from_grpc, kind_from_http
 from proxy.lifecycle import FilterFactoryBase, Observer, Store
@@ -43,10 +43,6 @@ from proxy.lifecycle import FilterFactoryBase, Observer, Store
 log = logging.getLogger("mmguard.fault")
 
 
-
-
-def _headers_match(want: dict[str, str], have: dict[str, str]) -> bool:
-    return all(k.lower() in have and (v == "*" or have[k.lower()] == v) for k, v in want.items())
 
 
 def _seed(*parts: object) -> int:
@@ -89,7 +85,7 @@ class Fault:
             if why:
                 self.registry.auto_stop(exp, why)
                 continue
-            if not _headers_match(exp.cfg.headers, call.headers):
+            if not headers_match(exp.cfg.headers, call.headers):
                 continue
             if exp.cfg.share < 1 and not shares.in_share(f"experiment:{exp.name}", key,
                                                          exp.cfg.share):
@@ -106,7 +102,7 @@ class Fault:
                                           f"{exp.cfg.max_active_faults})")
                 continue
             for i, action in enumerate(exp.cfg.actions):
-                if not _headers_match(action.headers, call.headers):
+                if not headers_match(action.headers, call.headers):
                     continue
                 if action.percent < 100 and not shares.in_share(
                         f"action:{exp.cfg.seed}:{exp.name}:{i}", key, action.percent / 100):

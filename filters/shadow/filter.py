@@ -26,7 +26,7 @@ from filters.shadow.admin import LIVE_SHADOWS, ROUTES, SHADOW_STATES, SHADOWS
 from filters.shadow.config import (
     ShadowConfig,
 )
-from proxy.call import CANARY, Call, CallState, LocalReply, Reply, Result, SseEvent
+from proxy.call import CANARY, Call, CallState, LocalReply, Reply, Result, SseEvent, headers_match
 from proxy.chain import FilterContext, Next
 from proxy.lifecycle import FilterFactoryBase, Store
 
@@ -129,10 +129,8 @@ class Shadow:
         return reply
 
     def _selected(self, call: Call) -> bool:
-        for k, v in self.cfg.headers.items():
-            have = call.headers.get(k.lower())
-            if have is None or (v != "*" and have != v):
-                return False
+        if not headers_match(self.cfg.headers, call.headers):
+            return False
         if self.cfg.percent >= 100:
             return True
         shares = self.ctx.share_hash

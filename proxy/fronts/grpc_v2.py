@@ -21,7 +21,7 @@ from proxy import __version__, codec_grpc, shm_fronts
 from proxy.backends.base import RepositoryParameter
 from proxy.call import Call, LocalReply, Result, StreamItem
 from proxy.dataplane import DataPlane
-from proxy.errors import STATUS, ErrorKind, ProxyError
+from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.shm import SharedMemory, uses_shared_memory
 
@@ -46,7 +46,7 @@ async def abort(context: grpc.aio.ServicerContext, reply: LocalReply,
                 decisions: dict[str, str]) -> None:
     trailers = [*decisions.items(), ("mmguard-error-origin", reply.origin)]
     if reply.retry_after_s is not None:
-        trailers.append(("retry-after", str(max(1, round(reply.retry_after_s)))))
+        trailers.append(("retry-after", retry_after(reply.retry_after_s)))
     context.set_trailing_metadata(tuple(trailers))
     await context.abort(STATUS[reply.kind].grpc, reply.message)
 

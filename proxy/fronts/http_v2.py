@@ -26,7 +26,7 @@ from proxy import __version__, codec_http, shm_fronts
 from proxy.backends.base import RepositoryParameter
 from proxy.call import Call, LocalReply, Result
 from proxy.dataplane import DataPlane
-from proxy.errors import STATUS, ErrorKind, ProxyError
+from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
 from proxy.fronts.body import read_body
 from proxy.fronts.openai import OpenAIFront, drop_connection
 from proxy.shm import SharedMemory, uses_shared_memory
@@ -43,7 +43,7 @@ _ANSWER_CODINGS = ("gzip", "deflate")
 def error_response(reply: LocalReply, decisions: dict[str, str] | None = None) -> web.Response:
     headers = {**(decisions or {}), "mmguard-error-origin": reply.origin}
     if reply.retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, round(reply.retry_after_s)))
+        headers["Retry-After"] = retry_after(reply.retry_after_s)
     return web.json_response({"error": reply.message}, status=STATUS[reply.kind].http,
                              headers=headers)
 

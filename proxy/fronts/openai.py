@@ -18,7 +18,7 @@ from aiohttp import web
 from proxy import openai_api
 from proxy.call import Call, LocalReply, Result, SseEvent
 from proxy.dataplane import DataPlane
-from proxy.errors import STATUS, ErrorKind, ProxyError
+from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
 from proxy.fronts.body import read_body
 
 log = logging.getLogger("mmguard.openai")
@@ -28,7 +28,7 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 def openai_error(reply: LocalReply, decisions: dict[str, str] | None = None) -> web.Response:
     headers = {**(decisions or {}), "mmguard-error-origin": reply.origin}
     if reply.retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, round(reply.retry_after_s)))
+        headers["Retry-After"] = retry_after(reply.retry_after_s)
     if reply.body is not None and reply.origin == "backend":
         return web.Response(body=reply.body, status=reply.status or STATUS[reply.kind].http,
                             headers=headers, content_type="application/json")
