@@ -1,31 +1,36 @@
 """mmguard's configuration: one YAML file validated into frozen, typed models.
 
 Unknown keys are refused everywhere (``extra="forbid"``). Errors name the key path and the reason,
-e.g. ``models[0].filters[1].limits.max_batch: Input should be greater than 0``. Each filter's own
-config model lives beside the filter and is found through its factory; ``load_config`` validates
-those too, so ``mmguard check-config`` catches a bad filter option before anything serves.
+e.g. ``models[0].filters[1].limits.max_batch: Input should be greater than 0``. The backends'
+models are in ``proxy.config_backends``. Each filter's own config model lives beside the filter
+and is found through its factory; ``load_config`` validates those too, so ``mmguard
+check-config`` catches a bad filter option before anything serves. The listeners' models are in
+``proxy.config_listeners``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
     Field,
     PrivateAttr,
-    SecretStr,
     ValidationError,
     model_validator,
 )
 
 from proxy.chain import filter_factories
+from proxy.config_backends import (
+    BackendConfig,
+    OnnxRuntimeBackendConfig,
+)
+from proxy.config_listeners import Listeners
 from proxy.config_refs import (
     ConfigReferences,
     model_dir_problems,
@@ -34,250 +39,8 @@ from proxy.config_refs import (
     unreadable_value,
 )
 from proxy.strict import Strict
-from proxy.tls import TlsClient, TlsServer
 
 MiB = 1024 * 1024
-
-
-class HttpListener(Strict):
-    host: str = "0.0.0.0"
-    """Address the KServe v2 HTTP front binds."""
-    port: int = Field(9000, ge=0, le=65535)
-    """0 picks a free port (logged at start)."""
-    max_request_bytes: int = Field(64 * MiB, gt=0)
-    """Bodies above this are refused with 413 before they are read; a compressed body is
-    refused as soon as it inflates past it (it is never held whole)."""
-    max_json_bytes: int = Field(16 * MiB, gt=0)
-    """Pure-JSON request bodies (no binary tensor part), and the JSON header of binary ones,
-    above this get 413. A quarter of ``max_request_bytes`` on purpose: a JSON tensor costs
-    about ten times its size in memory to parse (57 MiB of JSON held +700 MB), and parsing it
-    (and writing a JSON answer) holds the interpreter lock, worker thread or not, so one big
-    JSON body stalls every other request on the listener (about 0.15 s per MiB on two busy
-    cores). 16 MiB still takes two 224x224 RGB images as JSON (5.8 MB each, as tritonclient
-    writes them). Binary tensors cost neither, and tritonclient sends inputs binary by
-    default; raise this only for clients that cannot, knowing the stall grows with it."""
-    trust_canary_headers: bool = False
-    """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
-    tls: TlsServer | None = None
-    """TLS (and mutual TLS with ``client_ca_file``); plain HTTP when absent."""
-    max_header_bytes: int = Field(16 * 1024, gt=0)
-    """The request line, each header line, and all headers together; above it aiohttp answers
-    400 (one line too long) or mmguard 431 (the total)."""
-    max_concurrent_requests: int | None = Field(None, gt=0)
-    """Requests served at once on this listener (health probes aside); the next ones get 429
-    with Retry-After. Unlimited when absent."""
-    max_connections: int = Field(1000, gt=0)
-    """Open client connections at once. At the cap a new connection replaces the oldest one
-    that has no request in progress (idle, or still sending its headers); when every one has,
-    the new one gets 503 and is closed. Each refusal or eviction is counted."""
-    header_timeout_s: float = Field(10.0, gt=0)
-    """From a connection's start, or its previous answer, until the next request's headers are
-    complete; a connection idle that long is closed (so also the keep-alive idle time). A TLS
-    handshake has as long."""
-    body_timeout_s: float = Field(120.0, gt=0)
-    """From the headers until the whole body is in; slower: 408 and the connection closed."""
-    min_body_bytes_per_s: int = Field(1024, ge=0)
-    """Bodies that arrive slower than this (measured from 5 s after the headers) get 408 and
-    the connection closed, however long ``body_timeout_s`` is. 0: no minimum rate."""
-
-
-class GrpcListener(Strict):
-    host: str = "0.0.0.0"
-    port: int = Field(9001, ge=0, le=65535)
-    max_request_bytes: int = Field(64 * MiB, gt=0)
-    """Messages above this are refused by gRPC with RESOURCE_EXHAUSTED."""
-    trust_canary_headers: bool = False
-    """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
-    tls: TlsServer | None = None
-    """TLS (and mutual TLS with ``client_ca_file``); plaintext HTTP/2 when absent."""
-    max_header_bytes: int = Field(16 * 1024, gt=0)
-    """Request metadata (headers) in all; above it gRPC refuses the call with
-    RESOURCE_EXHAUSTED."""
-    max_concurrent_streams: int = Field(256, gt=0)
-    """Calls at once on one client connection (HTTP/2 SETTINGS); the client queues the rest.
-    (gRPC's own default is unbounded.)"""
-    max_concurrent_requests: int | None = Field(None, gt=0)
-    """Calls at once on the whole listener, health checks included; the next ones get
-    RESOURCE_EXHAUSTED. Unlimited when absent."""
-    max_connections: int = Field(1000, gt=0)
-    """Open client connections at once (gRPC refuses more before their handshake; gRPC does not
-    count them, so they are not in ``mmguard_listener_refusals_total``)."""
-    handshake_timeout_s: float = Field(10.0, gt=0)
-    """A new connection's TLS and HTTP/2 handshake must be done within this."""
-    max_connection_idle_s: float = Field(300.0, gt=0)
-    """A connection with no call for this long is closed (GOAWAY)."""
-
-    @model_validator(mode="after")
-    def _tls_version(self) -> GrpcListener:
-        if self.tls is not None and self.tls.min_version != "1.2":
-            raise ValueError("tls.min_version: grpcio cannot set a minimum TLS version; the gRPC "
-                             "listener always accepts TLS 1.2 and 1.3, so only '1.2' is allowed")
-        return self
-
-
-class AdminListener(Strict):
-    host: str = "127.0.0.1"
-    """Localhost by default: the admin port is not for the world."""
-    port: int = Field(9002, ge=0, le=65535)
-    token: SecretStr | None = None
-    """When set, requests that change state need ``Authorization: Bearer <token>``. Never shown
-    in logs or ``repr``; prefer ``token_file`` or ``token_env`` to keep it out of the file."""
-    token_file: Path | None = None
-    """The token from a file (a mounted Kubernetes Secret); surrounding whitespace is dropped."""
-    token_env: str | None = None
-    """The token from this environment variable."""
-    tls: TlsServer | None = None
-    """TLS (and mutual TLS with ``client_ca_file``) on the admin API."""
-    max_request_bytes: int = Field(1 * MiB, gt=0, le=1 * MiB)
-    """Bodies above this are refused with 413; bodies must declare Content-Length (411
-    otherwise). At most 1 MiB, aiohttp's own cap on the admin app."""
-    max_header_bytes: int = Field(8 * 1024, gt=0)
-    """As for the HTTP listener."""
-    max_connections: int = Field(64, gt=0)
-    """As for the HTTP listener (Prometheus, probes and an operator need few)."""
-    header_timeout_s: float = Field(10.0, gt=0)
-    """As for the HTTP listener."""
-    body_timeout_s: float = Field(30.0, gt=0)
-    """As for the HTTP listener."""
-    min_body_bytes_per_s: int = Field(1024, ge=0)
-    """As for the HTTP listener."""
-    _token_digest: str = PrivateAttr("")
-
-    @model_validator(mode="after")
-    def _one_token(self) -> AdminListener:
-        sources = [k for k in ("token", "token_file", "token_env") if getattr(self, k) is not None]
-        if len(sources) > 1:
-            raise ValueError(f"the admin token comes from one source; {' and '.join(sources)} "
-                             f"are both set")
-        token = self.resolve_token()
-        if token is not None:
-            self._token_digest = hashlib.sha256(token.encode()).hexdigest()
-        return self
-
-    def resolve_token(self) -> str | None:
-        """The token from whichever source is set (read now); ValueError if that source is
-        missing or empty. The message never contains the token."""
-        return read_secret("token", self.token, self.token_file, self.token_env,
-                           "an empty admin token would let anyone act")
-
-
-class Listeners(Strict):
-    http: HttpListener = HttpListener()
-    grpc: GrpcListener = GrpcListener()
-    admin: AdminListener = AdminListener()
-
-
-class SharedMemoryHandoff(Strict):
-    """Slots mmguard registers with a co-located Triton (``shared_memory: system``)."""
-
-    slots: int = Field(16, ge=1, le=1024)
-    """Calls that can be in a slot at once; a call that finds none free goes inline."""
-    max_slot_bytes: int = Field(64 * MiB, gt=0)
-    """A slot is sized from the live contracts (largest fixed-size request + answer), up to
-    this; a call that does not fit goes inline."""
-
-
-def _check_colocated(url: str, shared_memory: str) -> None:
-    if shared_memory == "off":
-        return
-    host = url.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-    if host not in ("localhost", "127.0.0.1", "::1"):
-        raise ValueError(f"shared_memory: {shared_memory} needs Triton beside mmguard (a "
-                         f"loopback url, sharing /dev/shm), not {url!r}")
-
-
-class TritonGrpcBackend(Strict):
-    kind: Literal["triton_grpc"]
-    name: str
-    url: str
-    """host:port of Triton's gRPC endpoint."""
-    timeout_s: float = Field(30.0, gt=0)
-    channels: int = Field(1, ge=1, le=64)
-    """gRPC channels (HTTP/2 connections) used round-robin."""
-    max_message_bytes: int = Field(256 * MiB, gt=0)
-    tls: TlsClient | None = None
-    """TLS to Triton (mutual with ``cert_file``/``key_file``); plaintext when absent."""
-    shared_memory: Literal["off", "system"] = "off"
-    """``system``: input tensors (and outputs of known size) cross to Triton in mmguard's own
-    /dev/shm regions instead of the message (docs/shared-memory.md)."""
-    shared_memory_pool: SharedMemoryHandoff = SharedMemoryHandoff()
-
-    @model_validator(mode="after")
-    def _verify(self) -> TritonGrpcBackend:
-        _check_colocated(self.url, self.shared_memory)
-        if self.tls is not None and self.tls.insecure_skip_verify:
-            raise ValueError("tls.insecure_skip_verify is not available for triton_grpc "
-                             "(grpcio always verifies); give tls.ca_file instead")
-        return self
-
-
-class TritonHttpBackend(Strict):
-    kind: Literal["triton_http"]
-    name: str
-    url: str
-    """http://host:port (or host:port) of Triton's HTTP endpoint."""
-    timeout_s: float = Field(30.0, gt=0)
-    pool_size: int = Field(64, ge=1)
-    """Keep-alive connections kept open to the server."""
-    tls: TlsClient | None = None
-    """TLS to Triton; an ``https://`` url without it uses the system's trust store."""
-    shared_memory: Literal["off", "system"] = "off"
-    """``system``: input tensors (and outputs of known size) cross to Triton in mmguard's own
-    /dev/shm regions instead of the body (docs/shared-memory.md)."""
-    shared_memory_pool: SharedMemoryHandoff = SharedMemoryHandoff()
-
-    @model_validator(mode="after")
-    def _scheme(self) -> TritonHttpBackend:
-        _check_scheme(self.url, self.tls)
-        _check_colocated(self.url, self.shared_memory)
-        return self
-
-
-class OnnxRuntimeBackend(Strict):
-    kind: Literal["onnxruntime"]
-    name: str
-    model_dir: Path
-    """A repository laid out like Triton's: <model>/<version>/model.onnx (or <model>.onnx)."""
-    models: tuple[str, ...] | None = None
-    """Models to load; all found in model_dir when absent."""
-    threads: int = Field(2, ge=1, le=256)
-    """Worker threads running inference (the bounded pool)."""
-    intra_op_threads: int = Field(1, ge=0)
-    """ONNX Runtime's own threads per run; 0 lets it decide."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """auto: CUDA when onnxruntime-gpu is installed and CUDA really loads, else CPU."""
-    max_batch_size: dict[str, int] = Field(default_factory=dict)
-    """Per model: declare the leading dim a batch dim of at most this size (Triton's meaning)."""
-    timeout_s: float = Field(30.0, gt=0)
-
-
-class VllmBackend(Strict):
-    kind: Literal["vllm"]
-    name: str
-    url: str
-    """http://host:port of vLLM's OpenAI-compatible server."""
-    timeout_s: float = Field(60.0, gt=0)
-    """Until the answer starts (for streams) or ends (otherwise)."""
-    pool_size: int = Field(100, ge=1)
-    image_input: Literal["auto", "yes", "no"] = "auto"
-    """Whether the model takes images; auto probes once with a one-token request."""
-    tls: TlsClient | None = None
-    """TLS to vLLM; an ``https://`` url without it uses the system's trust store."""
-
-    @model_validator(mode="after")
-    def _scheme(self) -> VllmBackend:
-        _check_scheme(self.url, self.tls)
-        return self
-
-
-def _check_scheme(url: str, tls: TlsClient | None) -> None:
-    if tls is not None and url.lower().startswith("http://"):
-        raise ValueError(f"url '{url}' is plain http:// but tls is set; write https:// "
-                         f"(or host:port)")
-
-
-BackendConfig = Annotated[TritonGrpcBackend | TritonHttpBackend | OnnxRuntimeBackend | VllmBackend,
-                          Field(discriminator="kind")]
 
 
 class OpenAIConfig(Strict):
@@ -423,7 +186,7 @@ class Config(Strict):
         if dup:
             raise ValueError(f"model names must be unique; repeated: {sorted(dup)}")
         listed = {b.name: b.models for b in self.backends
-                  if isinstance(b, OnnxRuntimeBackend) and b.models is not None}
+                  if isinstance(b, OnnxRuntimeBackendConfig) and b.models is not None}
         for m in self.models:
             if m.backend not in names:
                 raise ValueError(f"model '{m.name}' names backend '{m.backend}', "
@@ -575,7 +338,7 @@ def file_problems(cfg: Config) -> list[str]:
     listed in them, and the files filters read when built."""
     problems = []
     for i, b in enumerate(cfg.backends):
-        if isinstance(b, OnnxRuntimeBackend):
+        if isinstance(b, OnnxRuntimeBackendConfig):
             problems += model_dir_problems(f"backends[{i}] ({b.name})", b.model_dir, b.models)
     for where, refs in _route_references(cfg):
         problems += [f"{where}.{option}: {path} is not a file"

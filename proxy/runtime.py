@@ -21,7 +21,8 @@ from proxy.call import Call, CallKey, LocalReply, Reply, Result, Target
 from proxy.canary import CanaryMatcher, ShareHash, share_hash_for
 from proxy.chain import FilterContext, Next, compose, filter_factories
 from proxy.clock import Clock
-from proxy.config import BackendConfig, Config, ModelRoute
+from proxy.config import Config, ModelRoute
+from proxy.config_backends import BackendConfig
 from proxy.contract import ModelContract
 from proxy.errors import ErrorKind, ProxyError
 from proxy.lifecycle import Observer, Store

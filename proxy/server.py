@@ -36,15 +36,8 @@ from proxy.admin import admin_app
 from proxy.canary import log_membership
 from proxy.chain import filter_factories
 from proxy.clock import Clock, SystemClock
-from proxy.config import (
-    AdminListener,
-    Config,
-    ConfigError,
-    GrpcListener,
-    HttpListener,
-    Listeners,
-    load_config,
-)
+from proxy.config import Config, ConfigError, load_config
+from proxy.config_listeners import AdminListener, GrpcListener, HttpListener, Listeners
 from proxy.dataplane import DataPlane
 from proxy.fronts.grpc_v2 import SERVICE, GrpcFront
 from proxy.fronts.http_v2 import HttpFront

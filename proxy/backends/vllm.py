@@ -20,7 +20,7 @@ from proxy import openai_api
 from proxy.backends.http_base import HttpBackend
 from proxy.backends.propagation import forward_headers
 from proxy.call import Call, LocalReply, Result, SseEvent, StreamItem, Target, Wire
-from proxy.config import VllmBackend as VllmConfig
+from proxy.config_backends import VllmBackendConfig
 from proxy.contract import ModelContract, fingerprint
 from proxy.errors import ErrorKind, ProxyError
 from proxy.telemetry import backend_span, gen_ai_usage, traced_stream
@@ -35,7 +35,7 @@ _PROBE_PNG = base64.b64encode(bytes.fromhex(
 class VllmBackend(HttpBackend):
     protocol = "openai"
 
-    def __init__(self, cfg: VllmConfig) -> None:
+    def __init__(self, cfg: VllmBackendConfig) -> None:
         super().__init__(cfg.name, cfg.url, cfg.timeout_s, cfg.pool_size, tls=cfg.tls)
         self.cfg = cfg
         self._accepts_images: dict[str, bool | None] = {}
