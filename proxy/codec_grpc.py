@@ -202,7 +202,7 @@ def decode_response(body: bytes, source: str = "backend") -> Result:
         head, raws = pbwire.split(body, _RAW_OUTPUTS)
         resp.ParseFromString(head)
     except (DecodeError, pbwire.WireError) as exc:
-        raise ProxyError(ErrorKind.INTERNAL, f"{source} sent a malformed ModelInferResponse: "
+        raise ProxyError(ErrorKind.BAD_GATEWAY, f"{source} sent a malformed ModelInferResponse: "
                          f"{exc}", origin="backend") from None
     _check_response(resp, raws, source)
     return Result(wire=Wire("grpc", body), decode=lambda: _decoded(resp, raws))
