@@ -65,7 +65,8 @@ def test_grpc_answer_in_typed_contents_is_read_and_checked() -> None:
     out.contents.fp32_contents.append(4.0)
     with pytest.raises(ProxyError) as err:
         codec_grpc.decode_response(resp.SerializeToString(), "backend 'b' for model 'm'")
-    assert "output 'y': FP32 shape [3] needs 12 bytes, got 16" in err.value.message
+    assert ("answered outside its contract: output 'y': shape [3] needs 3 FP32 elements, "
+            "fp32_contents holds 4") in err.value.message
 
 
 def test_a_cut_decision_detail_is_still_a_valid_grpc_trailer() -> None:
