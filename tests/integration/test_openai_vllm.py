@@ -6,6 +6,7 @@ import http.server
 import json
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,13 +151,13 @@ def test_backend_errors_keep_status_and_body(proxy: RunningMmguard, vllm_llama: 
 
 
 def test_remote_image_urls_are_refused_by_default(proxy: RunningMmguard) -> None:
-    content = [{"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest.png"}}]
+    content = [{"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/latest.png"}}]
     with pytest.raises(openai.BadRequestError) as exc:
         sdk(proxy.http_url).chat.completions.create(
             model="tiny-llava", messages=[{"role": "user", "content": content}], max_tokens=1)
     message = exc.value.message
-    assert "remote image URLs are refused by mmguard" in message and "169.254.169.254" in message
-    assert exc.value.body["param"] == "messages[0].content[0].image_url"  # type: ignore[index]
+    assert "remote media URLs are refused by mmguard" in message and "127.0.0.1:9" in message
+    assert exc.value.body["param"] == "messages[0].content[0].image_url.url"  # type: ignore[index]
 
 
 @pytest.fixture
@@ -181,7 +182,9 @@ def image_host(tmp_path: Path) -> Iterator[str]:
 
 def test_allow_listed_image_host_reaches_the_backend(vllm_llava: VllmServer,
                                                      image_host: str) -> None:
-    cfg = {**vllm_config(llava=vllm_llava), "openai": {"image_url_allow_hosts": ["127.0.0.1"]}}
+    port = urllib.parse.urlsplit(image_host).port
+    cfg = {**vllm_config(llava=vllm_llava),
+           "openai": {"image_url_allow_hosts": [f"127.0.0.1:{port}"]}}
     with RunningMmguard(cfg) as m:
         m.wait_ready(timeout=120)
         content = [{"type": "text", "text": "what?"},
