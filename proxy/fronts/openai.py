@@ -322,8 +322,10 @@ class OpenAIFront:
             except (ProxyError, ValueError, AttributeError):
                 versions[name] = ""
         first = next(iter(versions.values()))
-        return web.json_response({"version": first} if len(set(versions.values())) == 1
-                                 else {"version": first, "versions": versions})
+        doc = ({"version": first} if len(set(versions.values())) == 1
+               else {"version": first, "versions": versions})
+        return web.Response(body=json.dumps(doc, separators=(",", ":")).encode(),
+                            content_type="application/json")  # as vLLM writes it
 
 
 def _passed(status: int, ctype: str, body: bytes) -> web.Response:

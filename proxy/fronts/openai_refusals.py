@@ -33,6 +33,8 @@ NOT_PROXIED: dict[str, tuple[ErrorKind, str]] = {
         ("/v1/score", "call vLLM directly from a trusted client"),
         ("/rerank", "call vLLM directly from a trusted client"),
         ("/v1/rerank", "call vLLM directly from a trusted client"),
+        ("/v2/rerank", "call vLLM directly from a trusted client"),
+        ("/v2/embed", "use /v1/embeddings"),
         ("/v1/audio/transcriptions", "call vLLM directly from a trusted client"),
         ("/v1/audio/translations", "call vLLM directly from a trusted client"),
         ("/inference/v1/generate", "use /v1/completions with a token-id prompt"),
