@@ -87,6 +87,9 @@ def bad(message: str, param: str | None = None) -> ProxyError:
 
 
 def _check_completion(doc: dict[str, Any]) -> None:
+    if doc.get("prompt_embeds") is not None:
+        raise bad("'prompt_embeds' is refused by mmguard: its guards cannot inspect prompt "
+                  "embeddings; send the prompt as text or token ids", "prompt_embeds")
     if "prompt" not in doc:
         raise bad("'prompt' is required", "prompt")
     _check_prompt(doc["prompt"])

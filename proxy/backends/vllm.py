@@ -49,9 +49,11 @@ class VllmBackend(HttpBackend):
         models = await self._get_json("/v1/models", model)
         entry = next((m for m in models.get("data", []) if m.get("id") == model), None)
         if entry is None:
-            served = [m.get("id") for m in models.get("data", [])]
+            # the count only: this message can reach an unauthenticated caller
+            served = len(models.get("data", []))
             raise ProxyError(ErrorKind.NOT_FOUND,
-                             f"backend '{self.name}' serves {served}, not '{model}'")
+                             f"backend '{self.name}' does not serve '{model}' (it serves "
+                             f"{served} model(s); its /v1/models lists them)")
         server_version = (await self._get_json("/version", model)).get("version", "")
         images = await self._image_input(model)
         return ModelContract(
