@@ -387,3 +387,37 @@ def test_reload_applies_the_new_allow_list(ort_models: Path, vllm_llava: VllmSer
         assert status == 400, body
         assert "localhost resolved to ['127.0.0.1']" in body["error"]["message"]
         assert len(images.hits) == before
+
+
+def test_forward_mode_needs_the_vllm_flags_against_redirects(
+        ort_models: Path, vllm_models: dict[str, Path], vllm_llava: VllmServer,
+        forward: MmguardProcess, images: Recorder, secret: Recorder, tmp_path: Path) -> None:
+    """What docs/openai.md says about ``remote_images: forward``: mmguard checks the first URL
+    only, and a default vLLM follows an allow-listed host's redirect to anywhere (the gap is
+    real); the same request to a vLLM run with ``VLLM_MEDIA_URL_ALLOW_REDIRECTS=0`` and
+    ``--allowed-media-domains`` fetches only the allowed host's redirect answer, never the
+    target."""
+    target = urllib.parse.quote(f"http://127.0.0.1:{secret.port}/cat.png", safe="")
+    doc = chat({"type": "image_url",
+                "image_url": {"url": f"{images.url}/redirect?to={target}"}})
+    post(forward, "/v1/chat/completions", doc)
+    assert [h.path for h in secret.hits] == ["/cat.png"]  # default vLLM followed the redirect
+    secret.hits.clear()
+    hardened = VllmServer(vllm_models["tiny-llava"], "tiny-llava", log_path=tmp_path / "v.log",
+                          env={"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"},
+                          extra_args=["--allowed-media-domains", "127.0.0.1"])
+    try:
+        hardened.start()
+        cfg = proxy_config(ort_models, hardened, {
+            "remote_images": "forward", "image_url_allow_hosts": [f"127.0.0.1:{images.port}"]})
+        (tmp_path / "mmguard").mkdir()
+        with serve(tmp_path / "mmguard", cfg, ready_timeout=180) as proc:
+            before = len(images.hits)
+            status, body, _ = post(proc, "/v1/chat/completions", doc)
+            assert status != 200, body
+            assert [h.path.split("?")[0] for h in images.hits[before:]] == ["/redirect"]
+            time.sleep(0.2)
+            assert secret.hits == []
+    finally:
+        hardened.stop()
+        secret.hits.clear()
