@@ -106,9 +106,15 @@ class ImageFetcher:
         sites = [s for s in url_sites(call.document) if s.remote and s.image]
         if not sites:
             return 0
-        urls = await asyncio.gather(*(self._inline_one(site) for site in sites))
+        try:
+            async with asyncio.TaskGroup() as group:  # one refusal cancels the other fetches
+                for site in sites:
+                    group.create_task(self._inline_one(site))
+        except BaseExceptionGroup as failed:
+            first = failed.exceptions[0]
+            raise first if isinstance(first, ProxyError) else failed from None
         call.wire = None
-        return len(urls)
+        return len(sites)
 
     async def _inline_one(self, site: UrlSite) -> None:
         url = self.allow.check(site.url, site.where)
@@ -136,8 +142,8 @@ class ImageFetcher:
                     target = urljoin(url.text, r.headers["Location"])
                     nxt = parse_url(target, param)
                     if not self.allow.allows(nxt):
-                        log.warning("%s: %s redirects to %s, which is not allow-listed",
-                                    param, url.text, nxt.authority)
+                        log.debug("%s: %s redirects to %s, which is not allow-listed",
+                                  param, url.text, nxt.authority)
                         raise refused(f"{param}: {url.text} redirects to {nxt.authority}, which "
                                       "is not on openai.image_url_allow_hosts; mmguard did not "
                                       "follow it", param)
