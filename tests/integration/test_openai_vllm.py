@@ -244,3 +244,22 @@ def test_backend_killed_mid_stream(vllm_models: dict[str, Path], vllm_llava: Vll
             assert pgid is not None and _group_pids(pgid) == []
     finally:
         doomed.stop()
+
+
+def test_responses_images_are_seen_by_the_filters(vllm_llava: VllmServer) -> None:
+    """An input_image of /v1/responses is an image to the chain: quality scores and annotates
+    it by its JSON path, and the answer still comes from vLLM."""
+    cfg = vllm_config(llava=vllm_llava)
+    cfg["models"][0]["filters"] = [{"quality": {"rules": [
+        {"signal": "sharpness", "below": 0.5, "action": "annotate"}], "drift": None}}]
+    with RunningMmguard(cfg) as m:
+        m.wait_ready(timeout=120)
+        flat = png_data_url(64, 64, (120, 120, 120))  # one colour: no edges, sharpness 0
+        raw = sdk(m.http_url).responses.with_raw_response.create(
+            model="tiny-llava", max_output_tokens=2, temperature=0, input=[{
+                "role": "user", "content": [
+                    {"type": "input_text", "text": "what is in this picture?"},
+                    {"type": "input_image", "image_url": flat, "detail": "auto"}]}])
+        assert raw.parse().output_text is not None
+        assert raw.headers["mmguard-quality-sharpness"].startswith(
+            "annotate; input[0].content[1].image_url: signal 'sharpness' is 0.000")
