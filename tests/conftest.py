@@ -127,9 +127,9 @@ def vllm_llama(vllm_models: dict[str, Path],
 def vllm_llava(vllm_models: dict[str, Path],
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     """tiny-llava (text + up to 2 images, 4 tokens each), started once per session; it also
-    serves /tokenizer_info (off by default in vLLM), and runs without prefix caching: a cached
-    prefix changes the low bits of the logits, which flips a near-tie of this random model's
-    greedy choice, so the same request could answer differently the second time."""
+    serves /tokenizer_info (off by default in vLLM), and runs without prefix caching, so a
+    repeated request is computed as the first one was (a cached prefix may change the low bits
+    of the logits: enough to flip a near-tie of this random model's greedy choice)."""
     yield from start_vllm(vllm_models, "tiny-llava", tmp_path_factory.mktemp("vllm_llava"),
                           ("--enable-tokenizer-info-endpoint", "--no-enable-prefix-caching"))
 
