@@ -22,8 +22,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from typing import Any
+from urllib.parse import urlencode
 
 from aiohttp import web
 from prometheus_client import Counter
@@ -39,6 +41,7 @@ from proxy.media_urls import HostAllowList
 
 log = logging.getLogger("mmguard.openai")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+_RESPONSE_ID = re.compile(r"[A-Za-z0-9_-]{1,200}")  # nothing that could change the path
 
 
 def openai_error(reply: LocalReply, decisions: dict[str, str] | None = None) -> web.Response:
@@ -302,11 +305,19 @@ class OpenAIFront:
         backend = self._backend(request)
         if isinstance(backend, web.Response):
             return backend
-        query = "&".join(f"{k}={v}" for k, v in request.query.items() if k != "model")
+        path = request.path
+        response_id = request.match_info.get("response_id")
+        if response_id is not None:
+            if not _RESPONSE_ID.fullmatch(response_id):
+                return _refuse(ErrorKind.INVALID_ARGUMENT, "a response id is letters, digits, "
+                               "'_' and '-' (at most 200)", "response_id")
+            path = f"/v1/responses/{response_id}" + (
+                "/cancel" if request.method == "POST" else "")
+        query = urlencode([(k, v) for k, v in request.query.items() if k != "model"])
         body = await self._body(request) if request.can_read_body else None
         try:
             status, ctype, out = await backend.forward(
-                request.method, request.path + (f"?{query}" if query else ""), body)
+                request.method, path + (f"?{query}" if query else ""), body)
         except ProxyError as err:
             return openai_error(LocalReply.from_error(err))
         return _passed(status, ctype, out)

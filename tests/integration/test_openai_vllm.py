@@ -263,3 +263,22 @@ def test_responses_images_are_seen_by_the_filters(vllm_llava: VllmServer) -> Non
         assert raw.parse().output_text is not None
         assert raw.headers["mmguard-quality-sharpness"].startswith(
             "annotate; input[0].content[1].image_url: signal 'sharpness' is 0.000")
+
+
+@pytest.mark.parametrize("rid", ["..%2F..%2Fload", "..%2Fload", "%2E%2E%2F%2E%2E%2Fload",
+                                 "x%3Fy"])
+def test_a_response_id_cannot_reach_another_vllm_endpoint(proxy: RunningMmguard,
+                                                          rid: str) -> None:
+    """/v1/responses/{id} is forwarded, so its id must not walk to /load or add a query."""
+    status, body = _raw_get(f"http://{proxy.http_url}/v1/responses/{rid}?model=tiny-llava")
+    assert status in (400, 404), body
+    assert b"server_load" not in body
+
+
+def _raw_get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, e.read()
