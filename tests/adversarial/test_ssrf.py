@@ -42,7 +42,7 @@ class Hit:
 @dataclass
 class Recorder:
     """An HTTP server on loopback that records every request: /cat.png (a PNG), /big.png
-    (200 KB), /page.txt (text/plain), /redirect?to=URL (302)."""
+    (200 KB), /page.txt (text/plain), /slow.png (never finishes), /redirect?to=URL (302)."""
 
     family: socket.AddressFamily = socket.AF_INET
     hits: list[Hit] = field(default_factory=list)
@@ -56,6 +56,14 @@ class Recorder:
             def do_GET(self) -> None:
                 recorder.hits.append(Hit(self.path, self.headers.get("User-Agent", "")))
                 path, _, query = self.path.partition("?")
+                if path == "/slow.png":  # headers at once, then nothing for 10 s
+                    self.send_response(200)
+                    self.send_header("Content-Type", "image/png")
+                    self.send_header("Content-Length", str(len(CAT)))
+                    self.end_headers()
+                    self.wfile.flush()
+                    time.sleep(10)
+                    return
                 if path == "/redirect":
                     self.send_response(302)
                     self.send_header("Location", urllib.parse.parse_qs(query)["to"][0])
@@ -142,7 +150,7 @@ def fetching(ort_models: Path, vllm_llava: VllmServer, images: Recorder,
     """remote_images: fetch (the default) — mmguard fetches and inlines."""
     cfg = proxy_config(ort_models, vllm_llava, {
         "image_url_allow_hosts": [f"127.0.0.1:{images.port}", f"localhost:{images.port}"],
-        "fetch": {"max_bytes": 100_000, "allow_networks": ["127.0.0.1/32"]}})
+        "fetch": {"max_bytes": 100_000, "timeout_s": 2, "allow_networks": ["127.0.0.1/32"]}})
     with serve(tmp_path_factory.mktemp("ssrf_fetch"), cfg, ready_timeout=180) as proc:
         yield proc
 
@@ -339,6 +347,20 @@ def test_safe_mode_limits(fetching: MmguardProcess, images: Recorder, path: str,
     assert got == status, body
     assert words in body["error"]["message"]
     assert body["error"]["param"] == "messages[0].content[0].image_url.url"
+
+
+def test_safe_mode_slow_image_host_times_out_without_stalling(fetching: MmguardProcess,
+                                                              images: Recorder) -> None:
+    """An image host that never finishes: 400 after openai.fetch.timeout_s, and every other
+    client is served meanwhile (the fetch never holds the event loop)."""
+    with Prober(fetching.ports["http"]) as probes:
+        t0 = time.monotonic()
+        status, body, _ = post(fetching, "/v1/chat/completions", chat(
+            {"type": "image_url", "image_url": {"url": f"{images.url}/slow.png"}}))
+        waited = time.monotonic() - t0
+    assert status == 400 and "took longer than 2.0 s" in body["error"]["message"], body
+    assert waited < 8
+    probes.assert_served(minimum=10)
 
 
 def test_safe_mode_refuses_remote_audio(fetching: MmguardProcess, images: Recorder) -> None:
