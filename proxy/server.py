@@ -141,9 +141,7 @@ class Server:
                                                     "tls": sorted(self._tls)}})
 
     def _http_app(self, cfg: HttpListener) -> web.Application:
-        app = HttpFront(self.plane, cfg.max_request_bytes,
-                        self.config.openai.image_url_allow_hosts, cfg.max_json_bytes,
-                        self.shm).app()
+        app = HttpFront(self.plane, cfg.max_request_bytes, cfg.max_json_bytes, self.shm).app()
         guards = [guard.header_budget(cfg.max_header_bytes, "http", self._refused)]
         if cfg.max_concurrent_requests is not None:
             guards.append(guard.concurrency_limit(cfg.max_concurrent_requests, "http",

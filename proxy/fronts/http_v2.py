@@ -69,14 +69,13 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 class HttpFront:
     def __init__(self, plane: DataPlane, max_request_bytes: int,
-                 image_url_allow_hosts: tuple[str, ...] = (),
                  max_json_bytes: int | None = None,
                  shm: SharedMemory | None = None) -> None:
         self.plane = plane
         self.shm = shm or SharedMemory()
         self.max_request_bytes = max_request_bytes
         self.max_json_bytes = min(max_json_bytes or max_request_bytes, max_request_bytes)
-        self.openai = OpenAIFront(plane, max_request_bytes, image_url_allow_hosts)
+        self.openai = OpenAIFront(plane, max_request_bytes)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_request_bytes, middlewares=[_errors])

@@ -71,10 +71,9 @@ class MediaRules:
 
 
 class OpenAIFront:
-    def __init__(self, plane: DataPlane, max_request_bytes: int,
-                 image_url_allow_hosts: tuple[str, ...] = ()) -> None:
-        """``image_url_allow_hosts`` is what the caller read at start; it is not used: the live
-        ``openai`` config is read from the runtime on every request, so a reload applies."""
+    def __init__(self, plane: DataPlane, max_request_bytes: int) -> None:
+        """The ``openai`` config (allow-list, remote images) is read from the live runtime on
+        every request, so a reload applies it."""
         self.plane = plane
         self.max_request_bytes = max_request_bytes
         self._rules: MediaRules | None = None
