@@ -55,6 +55,13 @@ from proxy.watch import FileWatch, watched_files
 
 log = logging.getLogger("mmguard.server")
 
+_CAPS = ("max_header_bytes", "max_request_bytes", "max_connections", "max_connections_evicted",
+         "body_timeout_s", "min_body_bytes_per_s")
+LISTENER_LIMITS: tuple[tuple[str, str], ...] = (
+    *((listener, limit) for listener in ("http", "admin") for limit in _CAPS),
+    ("http", "max_concurrent_requests"))
+"""The refusals ``mmguard_listener_refusals_total`` can count, created at 0."""
+
 
 @dataclass(frozen=True)
 class ReloadOutcome:
@@ -100,6 +107,8 @@ class Server:
             Counter, "mmguard_listener_refusals_total",
             "Requests (and connections) a listener refused at one of its limits.",
             ["listener", "limit"])
+        for listener, limit in LISTENER_LIMITS:  # at 0 from the start: increase() sees the first
+            self._refused.labels(listener, limit)
         self._watch: FileWatch | None = None
         for result in ("applied", "rejected"):  # at 0 from the start: increase() sees the first
             self.telemetry.config_reloads.labels(result)
