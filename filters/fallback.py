@@ -83,7 +83,7 @@ class StaticTensor(Strict):
 class FallbackConfig(Strict):
     breaker: BreakerConfig = BreakerConfig()
     failure_kinds: tuple[str, ...] = ("unavailable", "deadline_exceeded", "internal",
-                                      "not_found")
+                                      "bad_gateway", "not_found")
     """Error kinds that count as the backend failing (and move to the next level). not_found:
     a model the route serves vanishing is the backend failing — Triton unloads its models while
     it shuts down and answers NOT_FOUND for a while before its port closes. (A model name

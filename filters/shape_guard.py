@@ -302,8 +302,8 @@ class ShapeGuard:
         if found:
             message = "; ".join(v.message for v in found)
             self._decide(call, "output", "reject", message)
-            return LocalReply(ErrorKind.INTERNAL, f"model '{contract.name}' answered outside its "
-                              f"contract: {message}", origin="backend")
+            return LocalReply(ErrorKind.BAD_GATEWAY, f"model '{contract.name}' answered outside "
+                              f"its contract: {message}", origin="backend")
         return result
 
     # --- OpenAI -----------------------------------------------------------------------------

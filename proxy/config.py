@@ -43,9 +43,49 @@ from proxy.strict import Strict
 MiB = 1024 * 1024
 
 
+class RemoteImageFetch(Strict):
+    """Limits of mmguard's own fetch of an allow-listed image (``remote_images: fetch``)."""
+
+    max_bytes: int = Field(8 << 20, gt=0)
+    """The most bytes one image may have (counted as it arrives, past any compression)."""
+    timeout_s: float = Field(5.0, gt=0, allow_inf_nan=False)
+    """The whole fetch of one image, redirects included."""
+    max_redirects: int = Field(3, ge=0, le=10)
+    """Redirects followed; each target must itself be allow-listed."""
+    max_images: int = Field(8, ge=1)
+    """Remote images one request may name (each is a fetch mmguard makes for the client)."""
+    content_types: tuple[str, ...] = ("image/png", "image/jpeg", "image/webp", "image/gif",
+                                      "image/bmp")
+    """Content-Types accepted from the image host (anything else is refused, SVG included)."""
+    allow_networks: tuple[str, ...] = ()
+    """CIDRs a host *name* may resolve into besides globally routable addresses (an allow-listed
+    IP literal is always allowed). Checked after DNS, on the address connected to."""
+
+    @model_validator(mode="after")
+    def _networks(self) -> RemoteImageFetch:
+        import ipaddress
+        for net in self.allow_networks:
+            ipaddress.ip_network(net, strict=False)  # ValueError names the bad entry
+        return self
+
+
 class OpenAIConfig(Strict):
     image_url_allow_hosts: tuple[str, ...] = ()
-    """Hosts whose http(s) image URLs may reach the backend; everything else must be data: URLs."""
+    """``host`` or ``host:port`` (``[::1]:port``) whose http(s) media URLs are allowed; a bare host
+    means the scheme's default port. Everything else must be inline ``data:`` URLs."""
+    remote_images: Literal["fetch", "forward"] = "fetch"
+    """``fetch``: mmguard fetches allow-listed images itself (``fetch`` limits, redirects and
+    resolved addresses checked) and sends them inline; remote audio/video URLs are refused.
+    ``forward``: the checked URL goes to the backend, which fetches it (see docs/openai.md for
+    the vLLM flags that must then close redirects and other hosts)."""
+    fetch: RemoteImageFetch = RemoteImageFetch()
+
+    @model_validator(mode="after")
+    def _hosts(self) -> OpenAIConfig:
+        from proxy.media_urls import parse_allow_entry
+        for entry in self.image_url_allow_hosts:
+            parse_allow_entry(entry)  # ValueError names the entry and what is wrong
+        return self
 
 
 class CanaryConfig(Strict):

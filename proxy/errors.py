@@ -66,6 +66,8 @@ class ErrorKind(enum.Enum):
     UNAUTHENTICATED = "unauthenticated"
     PERMISSION_DENIED = "permission_denied"
     INTERNAL = "internal"
+    BAD_GATEWAY = "bad_gateway"  # a backend answer mmguard cannot read: malformed, or bytes that
+    # do not fit their shape; HTTP 502, gRPC INTERNAL (gRPC has no status of its own for it)
     ALREADY_EXISTS = "already_exists"  # a shared memory region name taken (Triton: 400 too)
 
 
@@ -90,6 +92,7 @@ STATUS: dict[ErrorKind, Status] = {
     ErrorKind.UNAUTHENTICATED: Status(401, grpc.StatusCode.UNAUTHENTICATED),
     ErrorKind.PERMISSION_DENIED: Status(403, grpc.StatusCode.PERMISSION_DENIED),
     ErrorKind.INTERNAL: Status(500, grpc.StatusCode.INTERNAL),
+    ErrorKind.BAD_GATEWAY: Status(502, grpc.StatusCode.INTERNAL),
 }
 
 # Reverse lookups for errors that come back from a backend, so they pass through with their code.

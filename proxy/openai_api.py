@@ -1,7 +1,12 @@
 """OpenAI-compatible requests as a ``Call``: the JSON stays JSON, with a typed view for filters.
 
-``ChatView`` exposes the text parts, the images (``data:`` URLs decoded to arrays only when a
-filter asks) and ``max_tokens``, and lets a filter change them; any change drops the original
+``decode_request`` checks a body for the endpoint it came to (chat, completions, responses,
+embeddings, pooling, tokenize, SageMaker's invocations): every content part vLLM would read
+(``proxy.openai_parts``) and every URL anywhere in the body (``proxy.media_urls``): a ``data:``
+URL passes, a remote one must be allow-listed and is sent on as mmguard parsed it.
+
+``ChatView`` exposes the texts, the images (``data:`` URLs decoded to arrays only when a filter
+asks) and the output-token limit, and lets a filter change them; any change drops the original
 bytes so the request is re-encoded. Errors use OpenAI's shape:
 ``{"error": {"message", "type", "param", "code"}}``.
 """
@@ -11,20 +16,29 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from dataclasses import dataclass
-from typing import Any
-from urllib.parse import urlsplit
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
+from proxy import openai_parts
 from proxy.call import Call, Wire
 from proxy.errors import STATUS, ErrorKind, ProxyError
 from proxy.image_decode import MAX_IMAGE_PIXELS as MAX_IMAGE_PIXELS  # where it was
 from proxy.image_decode import decode_rgb
+from proxy.media_urls import HostAllowList
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+RESPONSES = "/v1/responses"
+EMBEDDINGS = "/v1/embeddings"
+POOLING = "/pooling"
+TOKENIZE = "/tokenize"
+DETOKENIZE = "/detokenize"
+INVOCATIONS = "/invocations"
+INFERENCE = (CHAT, COMPLETIONS, RESPONSES, EMBEDDINGS, POOLING, INVOCATIONS)
+"""Endpoints whose calls go through the model's filter chain."""
 
 _ERROR_TYPES = {
     ErrorKind.INVALID_ARGUMENT: "BadRequestError", ErrorKind.UNPROCESSABLE: "BadRequestError",
@@ -43,25 +57,17 @@ def error_body(kind: ErrorKind, message: str, param: str | None = None) -> dict[
 
 
 
-def _check_messages(messages: list[Any]) -> None:
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict):
-            raise bad(f"messages[{i}] must be an object", f"messages[{i}]")
-        content = msg.get("content")
-        if content is None or isinstance(content, str):
-            continue
-        if not isinstance(content, list):
-            raise bad(f"messages[{i}].content must be a string or a list of parts",
-                      f"messages[{i}].content")
-        for j, part in enumerate(content):
-            where = f"messages[{i}].content[{j}]"
-            if not isinstance(part, dict):
-                raise bad(f"{where} must be an object", where)
-            if part.get("type") == "text" and not isinstance(part.get("text"), str):
-                raise bad(f"{where}.text must be a string", f"{where}.text")
+@dataclass(frozen=True)
+class MediaPolicy:
+    """What remote media a request may name: the allow-list, and who fetches (``fetch``: mmguard,
+    then inline; ``forward``: the backend, from the URL mmguard re-wrote)."""
+
+    allow: HostAllowList = field(default_factory=lambda: HostAllowList(frozenset()))
+    mode: Literal["fetch", "forward"] = "forward"
+    max_remote: int = 8
 
 
-def _check_prompt(prompt: Any) -> None:
+def _check_prompt(prompt: Any, key: str = "prompt") -> None:
     """A string, a list of strings, a list of token ids, or a list of such lists (vLLM)."""
     def ids(x: Any) -> bool:
         return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool)
@@ -71,14 +77,67 @@ def _check_prompt(prompt: Any) -> None:
     if isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt)
                                                 or all(ids(p) for p in prompt)):
         return
-    raise bad("'prompt' must be a string, a list of strings or a list of token ids", "prompt")
+    raise bad(f"'{key}' must be a string, a list of strings or a list of token ids", key)
 
 
 def bad(message: str, param: str | None = None) -> ProxyError:
     return ProxyError(ErrorKind.INVALID_ARGUMENT, message, param=param)
 
 
-def decode_request(body: bytes, endpoint: str, allowed_hosts: frozenset[str]) -> Call:
+def _check_completion(doc: dict[str, Any]) -> None:
+    if doc.get("prompt_embeds") is not None:
+        raise bad("'prompt_embeds' is refused by mmguard: its guards cannot inspect prompt "
+                  "embeddings; send the prompt as text or token ids", "prompt_embeds")
+    if "prompt" not in doc:
+        raise bad("'prompt' is required", "prompt")
+    _check_prompt(doc["prompt"])
+    if "messages" in doc:
+        raise bad("a completion takes a 'prompt', not 'messages'", "messages")
+
+
+def _check_body(doc: dict[str, Any], endpoint: str) -> None:
+    """The fields the endpoint reads, where vLLM would read content or media from them."""
+    if endpoint == CHAT:
+        openai_parts.check_messages(doc.get("messages"))
+    elif endpoint == COMPLETIONS:
+        _check_completion(doc)
+    elif endpoint == RESPONSES:
+        if "input" not in doc:
+            raise bad("'input' is required", "input")
+        openai_parts.check_responses_input(doc["input"])
+    elif endpoint in (EMBEDDINGS, POOLING, TOKENIZE):
+        if "messages" in doc:
+            openai_parts.check_messages(doc["messages"])
+        elif endpoint == TOKENIZE:
+            _check_prompt(doc.get("prompt"))
+        elif "input" not in doc:
+            raise bad("'input' (or 'messages') is required", "input")
+        else:
+            _check_prompt(doc["input"], "input")
+    elif endpoint == INVOCATIONS:
+        if "messages" in doc:
+            openai_parts.check_messages(doc["messages"])
+        elif "prompt" in doc:
+            _check_completion(doc)
+        else:
+            raise bad("/invocations through mmguard takes a chat body ('messages') or a "
+                      "completion body ('prompt')", "messages")
+
+
+def decode_request(body: bytes, endpoint: str,
+                   policy: MediaPolicy | frozenset[str] = MediaPolicy()) -> Call:
+    """``parse_request``, then every URL in it checked against ``policy``."""
+    if not isinstance(policy, MediaPolicy):
+        policy = MediaPolicy(HostAllowList.of(policy))
+    call = parse_request(body, endpoint)
+    assert call.document is not None
+    if apply_url_policy(call.document, policy):
+        call.wire = None
+    return call
+
+
+def parse_request(body: bytes, endpoint: str) -> Call:
+    """The body as a call, its content parts checked for the endpoint (URLs not yet)."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -90,41 +149,34 @@ def decode_request(body: bytes, endpoint: str, allowed_hosts: frozenset[str]) ->
     model = doc.get("model")
     if not isinstance(model, str) or not model:
         raise bad("'model' is required and must be a string", "model")
-    if endpoint == CHAT:
-        messages = doc.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise bad("'messages' must be a non-empty list", "messages")
-        _check_messages(messages)
-    elif "prompt" not in doc:
-        raise bad("'prompt' is required", "prompt")
-    else:
-        _check_prompt(doc["prompt"])
-        if "messages" in doc:
-            raise bad("a completion takes a 'prompt', not 'messages'", "messages")
-    call = Call(model=model, version="", inputs=[], front="openai",
+    _check_body(doc, endpoint)
+    return Call(model=model, version="", inputs=[], front="openai",
                 streaming=bool(doc.get("stream", False)), wire=Wire("openai", body),
                 document=doc, endpoint=endpoint)
-    for image in ChatView(call).images():
-        check_image_url(image.url, allowed_hosts, image.param)
-    return call
 
 
-def check_image_url(url: str, allowed_hosts: frozenset[str], param: str) -> None:
-    """``data:`` URLs pass; a remote URL would make the backend fetch it, so only allow-listed
-    hosts pass (a client must not turn the model server into a fetcher of arbitrary URLs)."""
-    if url.startswith("data:"):
-        return
-    try:
-        parts = urlsplit(url)
-        host = (parts.hostname or "").lower()
-    except ValueError as exc:
-        raise bad(f"{param}: not a valid URL: {exc}", param) from None
-    if parts.scheme not in ("http", "https"):
-        raise bad(f"{param}: unsupported image URL scheme {parts.scheme!r}; use a data: URL",
-                  param)
-    if host not in allowed_hosts:
-        raise bad(f"{param}: remote image URLs are refused by mmguard (host {host!r} is not on "
-                  "openai.image_url_allow_hosts); send the image inline as a data: URL", param)
+def apply_url_policy(doc: dict[str, Any], policy: MediaPolicy) -> int:
+    """Check every URL in the body; returns how many remote URLs were re-written (each is
+    sent as mmguard parsed it, so the document changed). ``forward``: each
+    remote URL is replaced by mmguard's own writing of it. ``fetch``: remote images stay for
+    the fetcher (checked again there), any other remote URL is refused."""
+    rewritten = remote = 0
+    for site in openai_parts.url_sites(doc):
+        if not site.remote:
+            continue
+        url = policy.allow.check(site.url, site.where)
+        remote += 1
+        if remote > policy.max_remote:
+            raise bad(f"{site.where}: more than {policy.max_remote} remote URLs in one request "
+                      "(openai.fetch.max_images)", site.where)
+        if policy.mode == "fetch" and not site.image:
+            raise bad(f"{site.where}: mmguard fetches remote images only "
+                      "(openai.remote_images: fetch); the backend would fetch this URL itself; "
+                      "send it inline as a data: URL", site.where)
+        if policy.mode == "forward":
+            site.holder[site.key] = url.text
+            rewritten += 1
+    return rewritten
 
 
 @dataclass
@@ -132,10 +184,14 @@ class ImagePart:
     message: int
     part: int
     url: str
+    where: str = ""
+    """The part's JSON path; ``messages[message].content[part]`` when empty."""
+    container: list[Any] | None = field(default=None, repr=False, compare=False)
+    """The list the part is in (to drop it)."""
 
     @property
     def param(self) -> str:
-        return f"messages[{self.message}].content[{self.part}].image_url"
+        return f"{self.where or f'messages[{self.message}].content[{self.part}]'}.image_url"
 
     def bytes(self) -> bytes:
         """The image file bytes of a data: URL."""
@@ -154,92 +210,107 @@ class ImagePart:
         return decode_rgb(self.bytes(), self.param, max_side)
 
 
+
+
 class ChatView:
-    """Read and edit an OpenAI request's content on the call."""
+    """Read and edit an OpenAI request's content on the call (chat ``messages``, responses
+    ``input`` items, completion ``prompt``, embeddings ``input``)."""
 
     def __init__(self, call: Call) -> None:
         assert call.document is not None, "not an OpenAI call"
         self.call = call
         self.doc = call.document
 
-    def _parts(self) -> list[tuple[int, int, dict[str, Any]]]:
-        out: list[tuple[int, int, dict[str, Any]]] = []
-        for m_i, msg in enumerate(self.doc.get("messages") or []):
-            content = msg.get("content") if isinstance(msg, dict) else None
-            if isinstance(content, list):
-                out.extend((m_i, p_i, p) for p_i, p in enumerate(content) if isinstance(p, dict))
+    def _contents(self) -> list[tuple[str, dict[str, Any], str]]:
+        """(path, holder, key) of every message content, in order."""
+        out: list[tuple[str, dict[str, Any], str]] = []
+        for key in ("messages", "input"):
+            items = self.doc.get(key)
+            if not isinstance(items, list):
+                continue
+            for i, item in enumerate(items):
+                if isinstance(item, dict) and "content" in item:
+                    out.append((f"{key}[{i}].content", item, "content"))
         return out
+
+    def _parts(self) -> list[tuple[str, list[Any], int, dict[str, Any]]]:
+        out: list[tuple[str, list[Any], int, dict[str, Any]]] = []
+        for where, holder, key in self._contents():
+            content = holder[key]
+            if isinstance(content, list):
+                out.extend((f"{where}[{j}]", content, j, p) for j, p in enumerate(content)
+                           if isinstance(p, dict))
+        return out
+
+    def _text_slots(self) -> list[tuple[Any, Any]]:
+        """(holder, key) of every text the model reads, in order."""
+        slots: list[tuple[Any, Any]] = []
+        for key in ("prompt", "input"):
+            value = self.doc.get(key)
+            if isinstance(value, str):
+                slots.append((self.doc, key))
+            elif isinstance(value, list) and (key == "prompt"
+                                              or self.call.endpoint != RESPONSES):
+                slots.extend((value, i) for i, p in enumerate(value) if isinstance(p, str))
+        for _, holder, key in self._contents():
+            content = holder[key]
+            if isinstance(content, str):
+                slots.append((holder, key))
+            elif isinstance(content, list):
+                for part in content:
+                    if isinstance(part, dict) and part.get("type") in ("text", "input_text") \
+                            and isinstance(part.get("text"), str):
+                        slots.append((part, "text"))
+        return slots
 
     def texts(self) -> list[str]:
         """Every text the model reads: prompt(s), string contents and text parts, in order."""
-        prompt = self.doc.get("prompt")
-        if prompt is not None:
-            return [prompt] if isinstance(prompt, str) else [p for p in prompt
-                                                             if isinstance(p, str)]
-        out: list[str] = []
-        for msg in self.doc.get("messages") or []:
-            content = msg.get("content") if isinstance(msg, dict) else None
-            if isinstance(content, str):
-                out.append(content)
-            elif isinstance(content, list):
-                out.extend(p.get("text", "") for p in content
-                           if isinstance(p, dict) and p.get("type") == "text")
-        return out
+        return [holder[key] for holder, key in self._text_slots()]
 
     def images(self) -> list[ImagePart]:
+        """The images vLLM will read, as it reads them (a part with a uuid or no type is what its
+        first media key says); a part that only names a uuid has nothing to inspect."""
         out: list[ImagePart] = []
-        for m_i, p_i, part in self._parts():
-            if part.get("type") == "image_url":
-                image = part.get("image_url")
-                url = image.get("url") if isinstance(image, dict) else image
-                if not isinstance(url, str):
-                    raise bad(f"messages[{m_i}].content[{p_i}].image_url needs a 'url' string")
-                out.append(ImagePart(m_i, p_i, url))
+        for n, (where, container, j, part) in enumerate(self._parts()):
+            kind = openai_parts.part_kind(part, where)
+            if kind in openai_parts.IMAGE_TYPES:
+                url = openai_parts.media_url(part, kind)
+                if url is not None:
+                    out.append(ImagePart(n, j, url, where, container))
         return out
+
+    _LIMIT_KEYS = ("max_completion_tokens", "max_output_tokens", "max_tokens")
 
     @property
     def max_tokens(self) -> int | None:
-        value = self.doc.get("max_completion_tokens", self.doc.get("max_tokens"))
-        return value if isinstance(value, int) else None
+        for key in self._LIMIT_KEYS:
+            value = self.doc.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        return None
 
     @max_tokens.setter
     def max_tokens(self, value: int) -> None:
-        key = "max_completion_tokens" if "max_completion_tokens" in self.doc else "max_tokens"
+        key = next((k for k in self._LIMIT_KEYS if k in self.doc),
+                   "max_output_tokens" if self.call.endpoint == RESPONSES else "max_tokens")
         self.doc[key] = value
         self.call.wire = None
 
     def drop_image(self, image: ImagePart) -> None:
-        content = self.doc["messages"][image.message]["content"]
-        del content[image.part]
+        container = image.container
+        if container is None:
+            container = self.doc["messages"][image.message]["content"]
+        del container[image.part]
         self.call.wire = None
 
     def replace_text(self, index: int, text: str) -> None:
         """Replace the index-th text of ``texts()``."""
-        seen = 0
-        if "prompt" in self.doc:
-            if isinstance(self.doc["prompt"], str):
-                self.doc["prompt"] = text
-            else:
-                self.doc["prompt"][index] = text
-            self.call.wire = None
-            return
-        for msg in self.doc.get("messages") or []:
-            content = msg.get("content")
-            if isinstance(content, str):
-                if seen == index:
-                    msg["content"] = text
-                    self.call.wire = None
-                    return
-                seen += 1
-            elif isinstance(content, list):
-                for part in content:
-                    if isinstance(part, dict) and part.get("type") == "text":
-                        if seen == index:
-                            part["text"] = text
-                            self.call.wire = None
-                            return
-                        seen += 1
-        raise IndexError(index)
+        slots = self._text_slots()
+        if not 0 <= index < len(slots):
+            raise IndexError(index)
+        holder, key = slots[index]
+        holder[key] = text
+        self.call.wire = None
 
 
 def encode_request(call: Call, model: str) -> bytes:

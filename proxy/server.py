@@ -49,6 +49,13 @@ from proxy.watch import FileWatch, watched_files
 
 log = logging.getLogger("mmguard.server")
 
+_CAPS = ("max_header_bytes", "max_request_bytes", "max_connections", "max_connections_evicted",
+         "body_timeout_s", "min_body_bytes_per_s")
+LISTENER_LIMITS: tuple[tuple[str, str], ...] = (
+    *((listener, limit) for listener in ("http", "admin") for limit in _CAPS),
+    ("http", "max_concurrent_requests"))
+"""The refusals ``mmguard_listener_refusals_total`` can count, created at 0."""
+
 
 @dataclass(frozen=True)
 class ReloadOutcome:
@@ -94,6 +101,8 @@ class Server:
             Counter, "mmguard_listener_refusals_total",
             "Requests (and connections) a listener refused at one of its limits.",
             ["listener", "limit"])
+        for listener, limit in LISTENER_LIMITS:  # at 0 from the start: increase() sees the first
+            self._refused.labels(listener, limit)
         self._watch: FileWatch | None = None
         for result in ("applied", "rejected"):  # at 0 from the start: increase() sees the first
             self.telemetry.config_reloads.labels(result)
@@ -135,9 +144,7 @@ class Server:
                                                     "tls": sorted(self._tls)}})
 
     def _http_app(self, cfg: HttpListener) -> web.Application:
-        app = HttpFront(self.plane, cfg.max_request_bytes,
-                        self.config.openai.image_url_allow_hosts, cfg.max_json_bytes,
-                        self.shm).app()
+        app = HttpFront(self.plane, cfg.max_request_bytes, cfg.max_json_bytes, self.shm).app()
         guards = [guard.header_budget(cfg.max_header_bytes, "http", self._refused)]
         if cfg.max_concurrent_requests is not None:
             guards.append(guard.concurrency_limit(cfg.max_concurrent_requests, "http",
