@@ -34,10 +34,10 @@ from filters.call_keys import FAULTS
 from filters.fallback_admin import BREAKERS, CACHED_ANSWERS, ROUTES
 from proxy.call import Call, LocalReply, Reply, Result, Wire
 from proxy.chain import FilterContext, Next
+from proxy.codec_openai import ChatView
 from proxy.config_refs import ConfigReferences
 from proxy.errors import ErrorKind, ProxyError
 from proxy.lifecycle import FilterFactoryBase
-from proxy.openai_api import ChatView
 from proxy.strict import Strict
 from proxy.tensor import Tensor
 

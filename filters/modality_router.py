@@ -27,6 +27,7 @@ from pydantic import Field, model_validator
 from filters.call_keys import UNUSABLE_MODALITIES
 from proxy.call import Call, LocalReply, Reply, Result
 from proxy.chain import FilterContext, Next
+from proxy.codec_openai import ChatView
 from proxy.config_refs import ConfigReferences
 from proxy.errors import ErrorKind
 from proxy.lifecycle import (
@@ -37,7 +38,6 @@ from proxy.lifecycle import (
     FilterFactoryBase,
     StateKey,
 )
-from proxy.openai_api import ChatView
 from proxy.strict import Strict
 
 Modality = Literal["image", "text"]

@@ -56,9 +56,9 @@ from filters.quality_signals import (
 from filters.quality_text import TEXT_SIGNALS, char_tables, text_signals
 from proxy.call import Call, LocalReply, Reply
 from proxy.chain import FilterContext, Next
+from proxy.codec_openai import ChatView
 from proxy.errors import ErrorKind
 from proxy.lifecycle import FilterFactoryBase
-from proxy.openai_api import ChatView
 from proxy.strict import Strict
 from proxy.tensor import Tensor, decode_bytes_elements
 

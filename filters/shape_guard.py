@@ -27,11 +27,11 @@ from pydantic import Field, model_validator
 from filters.tokens import TextTokenizer, load_tokenizer
 from proxy.call import Call, LocalReply, Reply, Result, SseEvent
 from proxy.chain import FilterContext, Next
+from proxy.codec_openai import ChatView
 from proxy.config_refs import ConfigReferences
 from proxy.contract import ModelContract, TensorSpec
 from proxy.errors import ErrorKind, ProxyError
 from proxy.lifecycle import FilterFactoryBase
-from proxy.openai_api import ChatView
 from proxy.strict import Strict
 from proxy.tensor import Tensor, decode_bytes_elements, encode_bytes_elements
 
