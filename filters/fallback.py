@@ -32,7 +32,7 @@ from pydantic import Field
 from filters.breaker import Breaker, BreakerSettings, State
 from filters.call_keys import FAULTS
 from filters.fallback_admin import BREAKERS, CACHED_ANSWERS, ROUTES
-from proxy.call import Call, LocalReply, Reply, Result, Wire
+from proxy.call import Api, Call, LocalReply, Reply, Result, Wire
 from proxy.chain import FilterContext, Next
 from proxy.codec_openai import ChatView
 from proxy.config_refs import ConfigReferences
@@ -305,7 +305,7 @@ class Fallback:
             return reply.kind.value in self.cfg.failure_kinds
         if not self.cfg.nan_is_failure or reply.stream is not None:
             return False
-        if reply.wire is not None and reply.wire.protocol == "openai":
+        if reply.wire is not None and reply.wire.api is Api.OPENAI:
             return False
         return _unusable(reply) is not None
 
@@ -329,7 +329,7 @@ class Fallback:
         contract = found[1] if found else None
         if contract is None:
             return "its contract is not known yet"
-        if call.document is not None:
+        if call.api is Api.OPENAI:
             view = ChatView(call)
             images = view.images()
             if images and contract.accepts_images is False:
@@ -379,7 +379,7 @@ class Fallback:
                                       + "; ".join(reasons), header="level")
             call.decisions["mmguard-stale"] = "true"
             return cached[1]
-        if self.cfg.static_answer is not None and call.document is None:
+        if self.cfg.static_answer is not None and call.api is Api.KSERVE_V2:
             self._count(call.model, "3")
             self.ctx.telemetry.decide(call, "fallback", "3", "static answer: "
                                       + "; ".join(reasons), header="level")
@@ -425,7 +425,7 @@ def _static(s: StaticTensor) -> Tensor:
 def _fingerprint(call: Call) -> str:
     h = hashlib.sha256()
     h.update(f"{call.model}\0{call.version}\0".encode())
-    if call.document is not None:
+    if call.document is not None:  # an OpenAI call: its document
         doc = {k: v for k, v in call.document.items()
                if k not in ("stream", "stream_options", "user")}
         h.update(json.dumps(doc, sort_keys=True).encode())
@@ -439,7 +439,7 @@ def _fingerprint(call: Call) -> str:
 
 def _frozen(result: Result) -> Result:
     """A copy that owns its bytes (the original may point into a request buffer)."""
-    if result.wire is not None and result.wire.protocol == "openai":
+    if result.wire is not None and result.wire.api is Api.OPENAI:
         return Result(result.model, wire=Wire("openai", bytes(result.wire.body)))
     return Result(result.model, result.version, result.id,
                   [Tensor(t.name, t.datatype, t.shape, raw=bytes(t.raw_bytes()))

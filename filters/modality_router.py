@@ -25,7 +25,7 @@ from prometheus_client import Gauge
 from pydantic import Field, model_validator
 
 from filters.call_keys import UNUSABLE_MODALITIES
-from proxy.call import Call, LocalReply, Reply, Result
+from proxy.call import Api, Call, LocalReply, Reply, Result
 from proxy.chain import FilterContext, Next
 from proxy.codec_openai import ChatView
 from proxy.config_refs import ConfigReferences
@@ -223,13 +223,13 @@ class ModalityRouter:
         return self.ctx.rng.choices(eligible, weights=weights, k=1)[0]
 
     def _modalities(self, call: Call) -> set[str]:
-        if call.document is not None:
+        if call.api is Api.OPENAI:
             view = ChatView(call)
             return {"text"} | ({"image"} if view.images() else set())
         return {self.cfg.inputs[t.name] for t in call.inputs if t.name in self.cfg.inputs}
 
     def _drop(self, call: Call, modalities: list[str]) -> None:
-        if call.document is not None:
+        if call.api is Api.OPENAI:
             view = ChatView(call)
             if "image" in modalities:
                 for image in reversed(view.images()):

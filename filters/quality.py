@@ -54,7 +54,7 @@ from filters.quality_signals import (
     trust_score,
 )
 from filters.quality_text import TEXT_SIGNALS, char_tables, text_signals
-from proxy.call import Call, LocalReply, Reply
+from proxy.call import Api, Call, LocalReply, Reply
 from proxy.chain import FilterContext, Next
 from proxy.codec_openai import ChatView
 from proxy.errors import ErrorKind
@@ -241,7 +241,7 @@ class Quality:
         image decoding (OpenAI), or large tensors."""
         if align:
             return True
-        if call.document is not None:
+        if call.api is Api.OPENAI:
             return bool(ChatView(call).images())
         return sum(t.nbytes for t in call.inputs if t.name in self.cfg.images) > _INLINE_BYTES
 
@@ -249,7 +249,7 @@ class Quality:
 
     def measure(self, call: Call, align: bool) -> Report:
         report = Report()
-        if call.document is not None:
+        if call.api is Api.OPENAI:
             rgbs = self._measure_chat(call, report)
             if align and rgbs:
                 self._align_chat(report, rgbs, ChatView(call).texts())

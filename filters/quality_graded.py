@@ -23,7 +23,7 @@ from pydantic import Field, model_validator
 
 from filters.fallback import StaticTensor
 from filters.fallback_admin import CACHED_ANSWERS
-from proxy.call import Call, LocalReply, Reply, Result
+from proxy.call import Api, Call, LocalReply, Reply, Result
 from proxy.chain import FilterContext
 from proxy.errors import ErrorKind
 from proxy.strict import Strict
@@ -94,7 +94,7 @@ class GradedActions:
                         f"{cached[0]:.1f}s old")
             call.decisions["mmguard-stale"] = "true"
             return cached[1]
-        if self.cfg.static_answer is not None and call.document is None:
+        if self.cfg.static_answer is not None and call.api is Api.KSERVE_V2:
             self.decide(call, "graded", "refuse", f"{why}; served the static answer")
             call.decisions["mmguard-stale"] = "true"
             return Result(call.model, "", call.id, [_tensor(s) for s in self.cfg.static_answer])

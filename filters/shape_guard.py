@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from filters.tokens import TextTokenizer, load_tokenizer
-from proxy.call import Call, LocalReply, Reply, Result, SseEvent
+from proxy.call import Api, Call, LocalReply, Reply, Result, SseEvent
 from proxy.chain import FilterContext, Next
 from proxy.codec_openai import ChatView
 from proxy.config_refs import ConfigReferences
@@ -109,7 +109,7 @@ class ShapeGuard:
         return LocalReply(ErrorKind.INVALID_ARGUMENT, message)
 
     async def __call__(self, call: Call, next: Next) -> Reply:
-        if call.document is not None:
+        if call.api is Api.OPENAI:
             return await self._openai(call, next)
         contract = self.ctx.contract()
         if contract is None:

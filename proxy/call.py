@@ -14,6 +14,7 @@ to a backend. Rules that MUST hold:
 
 from __future__ import annotations
 
+import enum
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -36,6 +37,14 @@ class CallKey(Generic[T]):
 
     def __repr__(self) -> str:
         return f"CallKey({self.name!r})"
+
+
+class Api(enum.Enum):
+    """Which API a call speaks, and a backend serves: the one test of it (a call's ``document``,
+    a backend's or a wire's ``protocol`` say it only indirectly)."""
+
+    KSERVE_V2 = "kserve_v2"
+    OPENAI = "openai"
 
 
 def headers_match(want: Mapping[str, str], have: Mapping[str, str]) -> bool:
@@ -77,6 +86,10 @@ class Wire:
     body: bytes
     header_length: int | None = None
     content_type: str | None = None
+
+    @property
+    def api(self) -> Api:
+        return Api.OPENAI if self.protocol == "openai" else Api.KSERVE_V2
 
 
 @dataclass(slots=True)
@@ -123,6 +136,11 @@ class Call:
             if t.name == name:
                 return t
         return None
+
+    @property
+    def api(self) -> Api:
+        """OpenAI when the call came as an OpenAI document, else KServe v2."""
+        return Api.OPENAI if self.document is not None else Api.KSERVE_V2
 
     @property
     def nbytes(self) -> int:

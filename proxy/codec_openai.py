@@ -23,7 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from proxy import openai_parts
-from proxy.call import Call, Wire
+from proxy.call import Api, Call, Wire
 from proxy.errors import STATUS, ErrorKind, ProxyError
 from proxy.image_decode import MAX_IMAGE_PIXELS as MAX_IMAGE_PIXELS  # where it was
 from proxy.image_decode import decode_rgb
@@ -315,7 +315,7 @@ class ChatView:
 
 def encode_request(call: Call, model: str) -> bytes:
     """The body for the backend: the client's own bytes when nothing changed."""
-    if call.wire is not None and call.wire.protocol == "openai" and model == call.model:
+    if call.wire is not None and call.wire.api is Api.OPENAI and model == call.model:
         return call.wire.body
     assert call.document is not None
     return json.dumps({**call.document, "model": model}, separators=(",", ":")).encode()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from proxy.backends.base import Backend
-from proxy.call import Call, CallKey, LocalReply, Reply, Result, Target
+from proxy.call import Api, Call, CallKey, LocalReply, Reply, Result, Target
 from proxy.canary import CanaryMatcher, ShareHash, share_hash_for
 from proxy.chain import FilterContext, Next, compose, filter_factories
 from proxy.clock import Clock
@@ -202,8 +202,9 @@ class Runtime:
             return LocalReply(ErrorKind.NOT_FOUND,
                               f"model '{call.model}' is not served by mmguard "
                               f"(serving: {sorted(self.routes)})")
-        speaks_openai = self.backends[route.spec.backend].protocol == "openai"
-        if (call.document is not None) != speaks_openai:
+        backend_api = self.backends[route.spec.backend].api
+        if call.api is not backend_api:
+            speaks_openai = backend_api is Api.OPENAI
             api, front = (("the OpenAI API", "OpenAI") if speaks_openai
                           else ("KServe v2", "KServe v2 (/v2/models/…/infer or gRPC)"))
             return LocalReply(ErrorKind.INVALID_ARGUMENT,

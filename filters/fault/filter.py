@@ -35,7 +35,7 @@ from filters.fault.registry import (
     Experiment,
     registry,
 )
-from proxy.call import CANARY, Call, LocalReply, Reply, headers_match
+from proxy.call import CANARY, Api, Call, LocalReply, Reply, headers_match
 from proxy.chain import FilterContext, Next
 from proxy.errors import STATUS, ErrorKind, kind_from_grpc, kind_from_http
 from proxy.lifecycle import FilterFactoryBase, Observer, Store
@@ -210,7 +210,7 @@ class Fault:
     # --- inputs -------------------------------------------------------------------------------
 
     def _perturb_input(self, call: Call, a: InputAction, seed: int) -> str:
-        if call.document is not None:
+        if call.api is Api.OPENAI:
             return _perturb_openai(call, a, seed)
         return _perturb_tensors(call, a, seed)
 

@@ -26,7 +26,7 @@ from filters.fault.config import (
     TextCorrupt,
     TokenDropout,
 )
-from proxy.call import Call, Result, SseEvent
+from proxy.call import Api, Call, Result, SseEvent
 from proxy.tensor import Tensor, decode_bytes_elements, encode_bytes_elements
 
 
@@ -192,7 +192,7 @@ def _png_data_url(chw: NDArray[Any]) -> str:
 
 
 def _corrupt_output(reply: Result, a: OutputFault) -> str:
-    if reply.wire is not None and reply.wire.protocol == "openai":
+    if reply.wire is not None and reply.wire.api is Api.OPENAI:
         return _corrupt_openai_answer(reply, a)
     outs = list(reply.outputs)
     touched = []

@@ -26,7 +26,17 @@ from filters.shadow.admin import LIVE_SHADOWS, ROUTES, SHADOW_STATES, SHADOWS
 from filters.shadow.config import (
     ShadowConfig,
 )
-from proxy.call import CANARY, Call, CallState, LocalReply, Reply, Result, SseEvent, headers_match
+from proxy.call import (
+    CANARY,
+    Api,
+    Call,
+    CallState,
+    LocalReply,
+    Reply,
+    Result,
+    SseEvent,
+    headers_match,
+)
 from proxy.chain import FilterContext, Next
 from proxy.lifecycle import FilterFactoryBase, Store
 
@@ -112,7 +122,7 @@ class Shadow:
         st = self.state
         if not st.mirroring or not self._selected(call):
             return await next(call)
-        if call.streaming and call.document is None:
+        if call.streaming and call.api is Api.KSERVE_V2:
             # A v2 decoupled stream has no one answer to compare: not mirrored, and counted.
             self.m_dropped.labels(self.ctx.route, self.cfg.canary, "v2-stream").inc()
             return await next(call)

@@ -31,7 +31,7 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from proxy import codec_openai
-from proxy.call import Call, LocalReply, Result, SseEvent
+from proxy.call import Api, Call, LocalReply, Result, SseEvent
 from proxy.config import OpenAIConfig
 from proxy.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
@@ -269,7 +269,7 @@ class OpenAIFront:
 
     def _openai_backends(self) -> dict[str, Any]:
         runtime = self.plane.runtime
-        return {n: b for n, b in runtime.backends.items() if b.protocol == "openai"}
+        return {n: b for n, b in runtime.backends.items() if b.api is Api.OPENAI}
 
     async def health(self, request: web.Request) -> web.Response:
         """vLLM's /health and /ping: 200 with no body when every vLLM backend is healthy."""
