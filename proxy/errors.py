@@ -19,8 +19,10 @@ MAX_MESSAGE_CHARS = 1000
 ``grpc-message`` metadata, and clients refuse metadata past 8 KiB (RESOURCE_EXHAUSTED instead of
 the real error); 1000 characters stay under that even when every one is escaped."""
 
-MAX_HEADER_CHARS = 256
-"""The longest value of an ``mmguard-*`` header or trailer (a decision's detail)."""
+MAX_HEADER_CHARS = 512
+"""The longest value of an ``mmguard-*`` header or trailer (a decision's detail). The quality
+filter's scores (~300 characters with every signal) fit; a handful of decisions together stay
+well under the 8 KiB a gRPC client takes in metadata."""
 
 SHOWN_NAMES = 5
 """How many names an error lists before it gives the count of the rest."""

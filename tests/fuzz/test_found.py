@@ -113,7 +113,7 @@ def test_bracketed_host_that_does_not_close_is_400() -> None:
     # check_image_url: urlsplit raises ValueError("Invalid IPv6 URL").
     _openai_refuses({"model": "m", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://[::1/x.png"}}]}]},
-        "messages[0].content[0].image_url: not a valid URL: Invalid IPv6 URL")
+        "messages[0].content[0].image_url.url: not a valid URL (Invalid IPv6 URL)")
 
 
 def test_completions_with_messages_not_a_list_is_400() -> None:
