@@ -27,22 +27,22 @@ from typing import Any, Literal
 
 import numpy as np
 from prometheus_client import Counter, Gauge
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from filters.breaker import Breaker, BreakerSettings, State
-from proxy.call import FAULTS, Call, LocalReply, Reply, Result, Wire
+from filters.call_keys import FAULTS
+from filters.fallback_admin import BREAKERS, CACHED_ANSWERS, ROUTES
+from proxy.call import Api, Call, LocalReply, Reply, Result, Wire
 from proxy.chain import FilterContext, Next
+from proxy.codec_openai import ChatView
 from proxy.config_refs import ConfigReferences
 from proxy.errors import ErrorKind, ProxyError
 from proxy.fingerprint import log_mismatch
-from proxy.openai_api import ChatView
+from proxy.lifecycle import FilterFactoryBase
+from proxy.strict import Strict
 from proxy.tensor import Tensor
 
 log = logging.getLogger("mmguard.fallback")
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class BreakerConfig(Strict):
@@ -84,7 +84,7 @@ class StaticTensor(Strict):
 class FallbackConfig(Strict):
     breaker: BreakerConfig = BreakerConfig()
     failure_kinds: tuple[str, ...] = ("unavailable", "deadline_exceeded", "internal",
-                                      "not_found")
+                                      "bad_gateway", "not_found")
     """Error kinds that count as the backend failing (and move to the next level). not_found:
     a model the route serves vanishing is the backend failing — Triton unloads its models while
     it shuts down and answers NOT_FOUND for a while before its port closes. (A model name
@@ -101,7 +101,7 @@ class FallbackConfig(Strict):
     cache: CacheConfig | None = CacheConfig()
     static_answer: tuple[StaticTensor, ...] | None = None
     """L3 when nothing is cached: these outputs (v2 models)."""
-    expect_fingerprint: dict[str, str] = {}
+    expect_fingerprint: dict[str, str] = Field(default_factory=dict)
     """Route name → the contract fingerprint (or a prefix of it, 12+ characters) it must have;
     a route whose fingerprint differs takes no traffic until it matches again."""
 
@@ -152,11 +152,11 @@ class Fallback:
         for name in self.levels:
             self.m_mismatch.labels(ctx.route, name)
         self.breakers = {name: self._breaker(name) for name in self.levels}
-        ctx.admin.setdefault("breakers", {}).update(
+        ctx.local.setdefault(BREAKERS, dict).update(
             {(ctx.route, name): b for name, b in self.breakers.items()})
         self.cache = AnswerCache(cfg.cache, ctx.clock.monotonic) if cfg.cache else None
         if self.cache is not None:  # quality's graded actions serve it too
-            ctx.admin.setdefault("cached_answers", {})[ctx.route] = self.cached_answer
+            ctx.local.setdefault(CACHED_ANSWERS, dict)[ctx.route] = self.cached_answer
         self.in_flight = 0
         self.retrying = 0
         self._level_children: dict[tuple[str, str], Any] = {}
@@ -310,7 +310,7 @@ class Fallback:
             return reply.kind.value in self.cfg.failure_kinds
         if not self.cfg.nan_is_failure or reply.stream is not None:
             return False
-        if reply.wire is not None and reply.wire.protocol == "openai":
+        if reply.wire is not None and reply.wire.api is Api.OPENAI:
             return False
         return _unusable(reply) is not None
 
@@ -335,7 +335,7 @@ class Fallback:
         contract = found[1] if found else None
         if contract is None:
             return "its contract is not known yet"
-        if call.document is not None:
+        if call.api is Api.OPENAI:
             view = ChatView(call)
             images = view.images()
             if images and contract.accepts_images is False:
@@ -385,7 +385,7 @@ class Fallback:
                                       + "; ".join(reasons), header="level")
             call.decisions["mmguard-stale"] = "true"
             return cached[1]
-        if self.cfg.static_answer is not None and call.document is None:
+        if self.cfg.static_answer is not None and call.api is Api.KSERVE_V2:
             self._count(call.model, "3")
             self.ctx.telemetry.decide(call, "fallback", "3", "static answer: "
                                       + "; ".join(reasons), header="level")
@@ -431,7 +431,7 @@ def _static(s: StaticTensor) -> Tensor:
 def _fingerprint(call: Call) -> str:
     h = hashlib.sha256()
     h.update(f"{call.model}\0{call.version}\0".encode())
-    if call.document is not None:
+    if call.document is not None:  # an OpenAI call: its document
         doc = {k: v for k, v in call.document.items()
                if k not in ("stream", "stream_options", "user")}
         h.update(json.dumps(doc, sort_keys=True).encode())
@@ -445,16 +445,17 @@ def _fingerprint(call: Call) -> str:
 
 def _frozen(result: Result) -> Result:
     """A copy that owns its bytes (the original may point into a request buffer)."""
-    if result.wire is not None and result.wire.protocol == "openai":
+    if result.wire is not None and result.wire.api is Api.OPENAI:
         return Result(result.model, wire=Wire("openai", bytes(result.wire.body)))
     return Result(result.model, result.version, result.id,
                   [Tensor(t.name, t.datatype, t.shape, raw=bytes(t.raw_bytes()))
                    for t in result.outputs], parameters=dict(result.parameters))
 
 
-class FallbackFactory:
+class FallbackFactory(FilterFactoryBase):
     name = "fallback"
     config_model = FallbackConfig
+    admin_routes = ROUTES
 
     def build(self, config: FallbackConfig, ctx: FilterContext) -> Fallback:
         return Fallback(config, ctx)

@@ -8,16 +8,16 @@ past ``max_in_flight`` the caller gets 429 / RESOURCE_EXHAUSTED with Retry-After
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from proxy.call import Call, LocalReply, Reply
 from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind
+from proxy.lifecycle import FilterFactoryBase
+from proxy.strict import Strict
 
 
-class LimitsConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class LimitsConfig(Strict):
     max_request_bytes: int | None = Field(None, gt=0)
     """Tensor payload bytes per request; above → 413 / RESOURCE_EXHAUSTED."""
     max_batch: int | None = Field(None, gt=0)
@@ -61,7 +61,7 @@ class Limits:
             self.in_flight -= 1
 
 
-class LimitsFactory:
+class LimitsFactory(FilterFactoryBase):
     name = "limits"
     config_model = LimitsConfig
 

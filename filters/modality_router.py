@@ -22,20 +22,26 @@ from typing import Any, Literal
 
 import numpy as np
 from prometheus_client import Gauge
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from proxy.call import UNUSABLE_MODALITIES, Call, LocalReply, Reply, Result
+from filters.call_keys import UNUSABLE_MODALITIES
+from proxy.call import Api, Call, LocalReply, Reply, Result
 from proxy.chain import FilterContext, Next
+from proxy.codec_openai import ChatView
 from proxy.config_refs import ConfigReferences
 from proxy.errors import ErrorKind
-from proxy.openai_api import ChatView
+from proxy.lifecycle import (
+    Access,
+    AdminAnswer,
+    AdminRequest,
+    AdminRoute,
+    FilterFactoryBase,
+    StateKey,
+)
+from proxy.strict import Strict
 
 Modality = Literal["image", "text"]
 _SERVER_ERRORS = ("unavailable", "deadline_exceeded", "internal", "overloaded", "not_found")
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Confidence(Strict):
@@ -56,7 +62,7 @@ class PathConfig(Strict):
 
 class RouterConfig(Strict):
     paths: tuple[PathConfig, ...] = Field(min_length=1)
-    inputs: dict[str, Modality] = {}
+    inputs: dict[str, Modality] = Field(default_factory=dict)
     """v2 input name → the modality it carries (OpenAI calls: image parts and text)."""
     alpha: float = Field(0.7, ge=0, le=1)
     temperature: float = Field(0.1, gt=0)
@@ -109,7 +115,7 @@ class ModalityRouter:
                                           "Share of traffic each path gets.", ["model", "path"])
         for p in cfg.paths:
             self.gauge.labels(ctx.route, p.route).set(self.weights[p.route])
-        ctx.admin.setdefault("routers", {})[ctx.route] = self
+        ctx.local.setdefault(ROUTERS, dict)[ctx.route] = self
 
     # --- weights ----------------------------------------------------------------------------
 
@@ -217,13 +223,13 @@ class ModalityRouter:
         return self.ctx.rng.choices(eligible, weights=weights, k=1)[0]
 
     def _modalities(self, call: Call) -> set[str]:
-        if call.document is not None:
+        if call.api is Api.OPENAI:
             view = ChatView(call)
             return {"text"} | ({"image"} if view.images() else set())
         return {self.cfg.inputs[t.name] for t in call.inputs if t.name in self.cfg.inputs}
 
     def _drop(self, call: Call, modalities: list[str]) -> None:
-        if call.document is not None:
+        if call.api is Api.OPENAI:
             view = ChatView(call)
             if "image" in modalities:
                 for image in reversed(view.images()):
@@ -260,9 +266,19 @@ def confidence_of(result: Result, cfg: Confidence) -> float | None:
     return float((1 - entropy / math.log(p.shape[-1])).mean()) if p.shape[-1] > 1 else 1.0
 
 
-class ModalityRouterFactory:
+ROUTERS: StateKey[dict[str, ModalityRouter]] = StateKey("routers")
+"""Route → its router in this runtime (``FilterContext.local``), for ``GET /admin/routers``."""
+
+
+async def list_routers(req: AdminRequest) -> AdminAnswer:
+    found = req.local.get(ROUTERS) or {}
+    return 200, {route: r.snapshot() for route, r in sorted(found.items())}
+
+
+class ModalityRouterFactory(FilterFactoryBase):
     name = "modality_router"
     config_model = RouterConfig
+    admin_routes = (AdminRoute("GET", "/admin/routers", Access.READ, list_routers),)
 
     def build(self, config: RouterConfig, ctx: FilterContext) -> ModalityRouter:
         return ModalityRouter(config, ctx)

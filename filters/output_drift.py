@@ -22,21 +22,21 @@ import logging
 import math
 
 from prometheus_client import CollectorRegistry
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import Field, model_validator
 
 from filters.degradation import SimilarityAlarm, SimilarityAlarmConfig  # chaos (issue 16)
 from filters.modality_router import Confidence, confidence_of
 from filters.quality_drift import DriftConfig, DriftGauges, DriftMonitor, drift_gauges
 from proxy.call import Call, Reply, Result
 from proxy.chain import FilterContext, Next
+from proxy.lifecycle import FilterFactoryBase
+from proxy.strict import Strict
 
 log = logging.getLogger("mmguard.output_drift")
 
 
-class OutputDriftConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    outputs: dict[str, Confidence] = {}
+class OutputDriftConfig(Strict):
+    outputs: dict[str, Confidence] = Field(default_factory=dict)
     """A name for each watched output → how its confidence is read (``kind``, ``output``,
     ``range``), as in the modality_router's paths."""
     drift: DriftConfig = DriftConfig()
@@ -89,7 +89,7 @@ class OutputDrift:
         return reply
 
 
-class OutputDriftFactory:
+class OutputDriftFactory(FilterFactoryBase):
     name = "output_drift"
     config_model = OutputDriftConfig
 

@@ -39,8 +39,9 @@ from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from filters.call_keys import UNUSABLE_MODALITIES
 from filters.quality_align import AlignmentConfig, AlignmentUnavailable, EncoderPair
 from filters.quality_drift import DriftConfig, DriftMonitor, drift_gauges
 from filters.quality_graded import GradedActions, GradedConfig, trust_detail
@@ -53,10 +54,12 @@ from filters.quality_signals import (
     trust_score,
 )
 from filters.quality_text import TEXT_SIGNALS, char_tables, text_signals
-from proxy.call import UNUSABLE_MODALITIES, Call, LocalReply, Reply
+from proxy.call import Api, Call, LocalReply, Reply
 from proxy.chain import FilterContext, Next
+from proxy.codec_openai import ChatView
 from proxy.errors import ErrorKind
-from proxy.openai_api import ChatView
+from proxy.lifecycle import FilterFactoryBase
+from proxy.strict import Strict
 from proxy.tensor import Tensor, decode_bytes_elements
 
 log = logging.getLogger("mmguard.quality")
@@ -66,10 +69,6 @@ _INLINE_BYTES = 1 << 20  # above this, v2 images are measured in a worker thread
 _HWC_RGB = ImageSpec("HWC", (0.0,), (255.0,))  # decoded OpenAI images
 _IMAGE_TYPES = ("FP32", "FP16", "FP64", "BF16", "UINT8")
 _UNPRINTABLE = {c: "?" for c in (*range(0x20), 0x7F)}
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ImageInput(Strict):
@@ -140,9 +139,9 @@ DEFAULT_RULES = (Rule(signal="finite", below=1.0, action="reject"),
 
 
 class QualityConfig(Strict):
-    images: dict[str, ImageInput] = {}
+    images: dict[str, ImageInput] = Field(default_factory=dict)
     """v2: the inputs that are images, and how to read them."""
-    texts: dict[str, TextInput] = {}
+    texts: dict[str, TextInput] = Field(default_factory=dict)
     """v2: the BYTES inputs that are text."""
     chat: TextInput = TextInput()
     """OpenAI requests: limits for their texts (images are decoded and always scored)."""
@@ -242,7 +241,7 @@ class Quality:
         image decoding (OpenAI), or large tensors."""
         if align:
             return True
-        if call.document is not None:
+        if call.api is Api.OPENAI:
             return bool(ChatView(call).images())
         return sum(t.nbytes for t in call.inputs if t.name in self.cfg.images) > _INLINE_BYTES
 
@@ -250,7 +249,7 @@ class Quality:
 
     def measure(self, call: Call, align: bool) -> Report:
         report = Report()
-        if call.document is not None:
+        if call.api is Api.OPENAI:
             rgbs = self._measure_chat(call, report)
             if align and rgbs:
                 self._align_chat(report, rgbs, ChatView(call).texts())
@@ -399,7 +398,7 @@ class Quality:
                           f"threshold {rule.below:g}", param=found.param)
 
 
-class QualityFactory:
+class QualityFactory(FilterFactoryBase):
     name = NAME
     config_model = QualityConfig
 

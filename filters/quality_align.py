@@ -29,16 +29,15 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, FilePath, model_validator
+from pydantic import Field, FilePath, model_validator
 
 from proxy.errors import ErrorKind, ProxyError
+from proxy.strict import Strict
 
 F32 = NDArray[np.float32]
 
 
-class AlignmentConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class AlignmentConfig(Strict):
     image_encoder: FilePath
     """ONNX image encoder: one image input (N, C, H, W), embeddings (N, D) as first output."""
     text_encoder: FilePath

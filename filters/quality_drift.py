@@ -33,15 +33,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry, Gauge
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from proxy.strict import Strict
 
 log = logging.getLogger("mmguard.quality.drift")
 _FORMAT = 1  # baseline file format version
 
 
-class DriftConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class DriftConfig(Strict):
     baseline_size: int = Field(500, ge=2)
     """Values per series that form the baseline (the first ones seen, unless the file has them)."""
     window: int = Field(200, ge=2)

@@ -19,24 +19,20 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from filters.fallback import StaticTensor
-from proxy.call import Call, LocalReply, Reply, Result
+from filters.fallback_admin import CACHED_ANSWERS
+from proxy.call import Api, Call, LocalReply, Reply, Result
 from proxy.chain import FilterContext
 from proxy.errors import ErrorKind
+from proxy.strict import Strict
 from proxy.tensor import Tensor
-
-CACHED_ANSWERS = "cached_answers"
-"""Key in ``FilterContext.admin``: route → a function giving the last good answer to a call
-(``(age_s, Result)`` or None). The fallback filter fills it."""
 
 Band = Literal["refuse", "shed", "observe"]
 
 
-class GradedConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class GradedConfig(Strict):
     refuse_below: float = Field(0.3, ge=0.0, le=1.0)
     """Trust below this: refused, with the cached or static answer when there is one."""
     shed_below: float = Field(0.7, ge=0.0, le=1.0)
@@ -72,7 +68,7 @@ class GradedActions:
         self.decide = decide
 
     def _cached(self, call: Call) -> tuple[float, Result] | None:
-        lookup = self.ctx.admin.get(CACHED_ANSWERS, {}).get(self.ctx.route)
+        lookup = (self.ctx.local.get(CACHED_ANSWERS) or {}).get(self.ctx.route)
         found: tuple[float, Result] | None = lookup(call) if lookup is not None else None
         return found
 
@@ -98,7 +94,7 @@ class GradedActions:
                         f"{cached[0]:.1f}s old")
             call.decisions["mmguard-stale"] = "true"
             return cached[1]
-        if self.cfg.static_answer is not None and call.document is None:
+        if self.cfg.static_answer is not None and call.api is Api.KSERVE_V2:
             self.decide(call, "graded", "refuse", f"{why}; served the static answer")
             call.decisions["mmguard-stale"] = "true"
             return Result(call.model, "", call.id, [_tensor(s) for s in self.cfg.static_answer])

@@ -22,20 +22,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from filters.tokens import TextTokenizer, load_tokenizer
-from proxy.call import Call, LocalReply, Reply, Result, SseEvent
+from proxy.call import Api, Call, LocalReply, Reply, Result, SseEvent
 from proxy.chain import FilterContext, Next
+from proxy.codec_openai import ChatView
 from proxy.config_refs import ConfigReferences
 from proxy.contract import ModelContract, TensorSpec
 from proxy.errors import ErrorKind, ProxyError
-from proxy.openai_api import ChatView
+from proxy.lifecycle import FilterFactoryBase
+from proxy.strict import Strict
 from proxy.tensor import Tensor, decode_bytes_elements, encode_bytes_elements
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class InputDeclaration(Strict):
@@ -50,7 +48,7 @@ class InputDeclaration(Strict):
 
 
 class ShapeGuardConfig(Strict):
-    inputs: dict[str, InputDeclaration] = {}
+    inputs: dict[str, InputDeclaration] = Field(default_factory=dict)
     on_batch: Literal["reject", "split"] = "reject"
     """A batch above max_batch_size: refuse, or cut it into chunks and merge the answers."""
     on_tokens: Literal["reject", "truncate", "reroute"] = "reject"
@@ -111,7 +109,7 @@ class ShapeGuard:
         return LocalReply(ErrorKind.INVALID_ARGUMENT, message)
 
     async def __call__(self, call: Call, next: Next) -> Reply:
-        if call.document is not None:
+        if call.api is Api.OPENAI:
             return await self._openai(call, next)
         contract = self.ctx.contract()
         if contract is None:
@@ -304,8 +302,8 @@ class ShapeGuard:
         if found:
             message = "; ".join(v.message for v in found)
             self._decide(call, "output", "reject", message)
-            return LocalReply(ErrorKind.INTERNAL, f"model '{contract.name}' answered outside its "
-                              f"contract: {message}", origin="backend")
+            return LocalReply(ErrorKind.BAD_GATEWAY, f"model '{contract.name}' answered outside "
+                              f"its contract: {message}", origin="backend")
         return result
 
     # --- OpenAI -----------------------------------------------------------------------------
@@ -381,7 +379,7 @@ def _concat(pieces: list[Tensor], batch: int) -> Tensor:
     return Tensor(first.name, first.datatype, (batch, *first.shape[1:]), raw=raw)
 
 
-class ShapeGuardFactory:
+class ShapeGuardFactory(FilterFactoryBase):
     name = "shape_guard"
     config_model = ShapeGuardConfig
 

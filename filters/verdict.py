@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from filters.compare import State, Verdict, VerdictConfig, _Figures
+from filters.compare.answers import State
+from filters.compare.verdict import Verdict, VerdictConfig, _Figures
 from filters.robustness import RobustnessConfig, RobustnessTable
 from proxy.clock import Clock
 

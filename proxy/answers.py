@@ -28,7 +28,7 @@ def answer_source(backend: str, model: str) -> str:
 
 def answer_error(source: str, message: str) -> ProxyError:
     """``source`` names the sender: ``backend 'triton' for model 'clip'``."""
-    return ProxyError(ErrorKind.INTERNAL, f"{source} answered outside its contract: {message}",
+    return ProxyError(ErrorKind.BAD_GATEWAY, f"{source} answered outside its contract: {message}",
                       origin="backend")
 
 

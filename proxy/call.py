@@ -14,9 +14,10 @@ to a backend. Rules that MUST hold:
 
 from __future__ import annotations
 
+import enum
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -38,15 +39,25 @@ class CallKey(Generic[T]):
         return f"CallKey({self.name!r})"
 
 
-# Standard keys that several filters share (a producer and a consumer in different modules).
-UNUSABLE_MODALITIES: CallKey[dict[str, str]] = CallKey("unusable_modalities")
-"""modality ("image", "text") → why it must not be used (set by quality, read by the router)."""
+class Api(enum.Enum):
+    """Which API a call speaks, and a backend serves: the one test of it (a call's ``document``,
+    a backend's or a wire's ``protocol`` say it only indirectly)."""
+
+    KSERVE_V2 = "kserve_v2"
+    OPENAI = "openai"
+
+
+def headers_match(want: Mapping[str, str], have: Mapping[str, str]) -> bool:
+    """Every header in ``want`` is in ``have`` (a call's headers: lower-case names) with that
+    value, ``"*"`` matching any value. What canary membership, experiments and mirroring use."""
+    return all((got := have.get(name.lower())) is not None and (value == "*" or got == value)
+               for name, value in want.items())
+
+
+# The one standard key the runtime sets (keys filters share among themselves: filters/call_keys.py).
 CANARY: CallKey[bool] = CallKey("canary")
-"""Set for every call by the runtime: the call is canary traffic (``Config.canary``). Faults and
-experiments touch only calls where this is True."""
-FAULTS: CallKey[list[str]] = CallKey("faults")
-"""``<experiment>/<action>`` of each fault injected into this call (shared by its attempts), so
-the fallback's breakers never count an injected failure as the backend's."""
+"""Set for every call by the runtime: the call is canary traffic (``Config.canary``); what acts
+on canary traffic only (experiments, verdicts) tests this one flag."""
 
 
 class CallState:
@@ -75,6 +86,10 @@ class Wire:
     body: bytes
     header_length: int | None = None
     content_type: str | None = None
+
+    @property
+    def api(self) -> Api:
+        return Api.OPENAI if self.protocol == "openai" else Api.KSERVE_V2
 
 
 @dataclass(slots=True)
@@ -121,6 +136,11 @@ class Call:
             if t.name == name:
                 return t
         return None
+
+    @property
+    def api(self) -> Api:
+        """OpenAI when the call came as an OpenAI document, else KServe v2."""
+        return Api.OPENAI if self.document is not None else Api.KSERVE_V2
 
     @property
     def nbytes(self) -> int:

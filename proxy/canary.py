@@ -25,7 +25,7 @@ import random
 import secrets
 from typing import TYPE_CHECKING
 
-from proxy.call import CANARY, Call
+from proxy.call import CANARY, Call, headers_match
 
 if TYPE_CHECKING:
     from proxy.config import Config
@@ -81,9 +81,7 @@ class CanaryMatcher:
         if self.headers and not self.trusted.get(call.front, False):
             for name in self.headers:
                 call.headers.pop(name, None)
-        canary = bool(self.headers) and all(
-            name in call.headers and (want == "*" or call.headers[name] == want)
-            for name, want in self.headers.items())
+        canary = bool(self.headers) and headers_match(self.headers, call.headers)
         if not canary and self.cfg.share > 0:
             canary = self.share_hash.in_share("canary", self.share_hash.request_key(call),
                                               self.cfg.share)

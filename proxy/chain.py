@@ -7,14 +7,15 @@ start-up and on reload); an outer layer guarantees that no exception escapes: a 
 becomes its ``LocalReply``, anything else an INTERNAL reply naming the filter.
 
 Filters are found through the ``mmguard.filters`` entry-point group, so ``proxy`` never imports
-``filters``: each entry point names a ``FilterFactory`` with its own pydantic config model.
+``filters``: each entry point names a ``FilterFactory`` with its own pydantic config model and,
+optionally, its lifecycle (``proxy.lifecycle``: admin routes, activation, observers, shutdown).
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import entry_points
@@ -28,6 +29,7 @@ from proxy.canary import ShareHash
 from proxy.clock import Clock
 from proxy.contract import ModelContract
 from proxy.errors import ErrorKind, ProxyError
+from proxy.lifecycle import AdminRoute, Observer, Store
 from proxy.telemetry import Telemetry, tracing_on
 
 Next = Callable[[Call], Awaitable[Reply]]
@@ -53,10 +55,11 @@ class FilterContext:
     count_tokens: Callable[[Call], Awaitable[int | None]] | None = None
     reroute: Callable[[str, Call], Awaitable[Reply]] | None = None
     """Hand the call to another route's chain (its own filters run); loops are cut."""
-    admin: dict[str, Any] = field(default_factory=dict)
-    """Objects an operator may act on through the admin API (e.g. breakers), by kind."""
-    store: dict[str, Any] = field(default_factory=dict)
-    """State that outlives a config reload (the runtime hands it from one build to the next)."""
+    local: Store = field(default_factory=Store)
+    """State of this runtime (e.g. the breakers a route's chain built, for its admin routes)."""
+    state: Store = field(default_factory=Store)
+    """State that outlives a config reload (the runtime hands it from one build to the next).
+    Building may read it, and make an empty entry; what changes it waits for ``on_activate``."""
     share_hash: ShareHash = field(default_factory=ShareHash)
     """Keyed, stable membership of request keys in a share (``canary.key``, ``canary.secret_*``):
     what a filter that acts on a share of calls draws with, so clients cannot pick their way in."""
@@ -67,10 +70,22 @@ class FilterContext:
 
 
 class FilterFactory(Protocol):
+    """A filter: its name and config model, ``build()`` (side-effect free) and its lifecycle
+    (``proxy.lifecycle``; ``FilterFactoryBase`` gives each member a do-nothing default)."""
+
     name: str
     config_model: type[BaseModel]
+    admin_routes: Sequence[AdminRoute]
 
     def build(self, config: Any, ctx: FilterContext) -> Filter: ...
+
+    def activated(self, state: Store, local: Store, configs: Mapping[str, BaseModel]) -> None: ...
+
+    def observers(self, state: Store, local: Store) -> Sequence[Observer]: ...
+
+    async def before_drain(self, state: Store) -> None: ...
+
+    async def after_drain(self, state: Store) -> None: ...
 
 
 @cache

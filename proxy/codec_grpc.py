@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from google.protobuf.message import DecodeError
 
 from proxy import pbwire, typed_contents
@@ -22,19 +21,12 @@ from proxy.tensor import (
     MAX_PARAMETERS,
     MAX_RANK,
     MAX_TENSORS,
+    Payload,
     Tensor,
-    encode_bytes_elements,
-    numpy_dtype,
 )
 
 _RAW_INPUTS = 7  # ModelInferRequest.raw_input_contents
 _RAW_OUTPUTS = 6  # ModelInferResponse.raw_output_contents
-_CONTENTS_FIELD = {
-    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
-    "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
-    "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
-    "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
-}
 
 
 def decode_request(body: bytes, shared_memory: bool = False) -> Call:
@@ -202,7 +194,7 @@ def decode_response(body: bytes, source: str = "backend") -> Result:
         head, raws = pbwire.split(body, _RAW_OUTPUTS)
         resp.ParseFromString(head)
     except (DecodeError, pbwire.WireError) as exc:
-        raise ProxyError(ErrorKind.INTERNAL, f"{source} sent a malformed ModelInferResponse: "
+        raise ProxyError(ErrorKind.BAD_GATEWAY, f"{source} sent a malformed ModelInferResponse: "
                          f"{exc}", origin="backend") from None
     _check_response(resp, raws, source)
     return Result(wire=Wire("grpc", body), decode=lambda: _decoded(resp, raws))
@@ -291,17 +283,11 @@ def params_to_pb(target: Any, params: dict[str, Any]) -> None:
             p.string_param = str(value)
 
 
-def _contents_to_raw(tensor: Any) -> bytes:
-    """Typed ``contents`` (rare: tritonclient always sends raw) → raw bytes, via numpy."""
-    field = _CONTENTS_FIELD.get(tensor.datatype)
-    if field is None:
-        raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                         f"input '{tensor.name}': datatype {tensor.datatype} cannot be sent in "
-                         "typed contents; use raw_input_contents")
-    values = getattr(tensor.contents, field)
-    if tensor.datatype == "BYTES":
-        return encode_bytes_elements(list(values))
-    return np.asarray(values, dtype=numpy_dtype(tensor.datatype)).tobytes()
+def _contents_to_raw(tensor: Any) -> Payload:
+    """An output's typed ``contents`` (no server we know sends them) → raw bytes: counted
+    against the shape and converted by numpy, as a request's are (``typed_contents``)."""
+    return typed_contents.contents_to_raw(tensor.name, tensor.datatype, tuple(tensor.shape),
+                                          [memoryview(tensor.contents.SerializeToString())])
 
 
 def _refuse_shared_memory(name: str, allowed: bool) -> None:

@@ -294,7 +294,7 @@ def decode_response(body: bytes, header_length: str | None, wire_valid: bool,
     try:
         doc, hlen = split_body(body, header_length, "response")
     except ProxyError as err:
-        raise ProxyError(ErrorKind.INTERNAL, f"{source} sent a malformed v2 response: {err}",
+        raise ProxyError(ErrorKind.BAD_GATEWAY, f"{source} sent a malformed v2 response: {err}",
                          origin="backend") from None
     view = memoryview(body)
     entries = _response_outputs(doc, hlen, view, source)

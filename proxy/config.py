@@ -1,32 +1,36 @@
 """mmguard's configuration: one YAML file validated into frozen, typed models.
 
 Unknown keys are refused everywhere (``extra="forbid"``). Errors name the key path and the reason,
-e.g. ``models[0].filters[1].limits.max_batch: Input should be greater than 0``. Each filter's own
-config model lives beside the filter and is found through its factory; ``load_config`` validates
-those too, so ``mmguard check-config`` catches a bad filter option before anything serves.
+e.g. ``models[0].filters[1].limits.max_batch: Input should be greater than 0``. The backends'
+models are in ``proxy.config_backends``. Each filter's own config model lives beside the filter
+and is found through its factory; ``load_config`` validates those too, so ``mmguard
+check-config`` catches a bad filter option before anything serves. The listeners' models are in
+``proxy.config_listeners``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
-    SecretStr,
     ValidationError,
     model_validator,
 )
 
 from proxy.chain import filter_factories
+from proxy.config_backends import (
+    BackendConfig,
+    OnnxRuntimeBackendConfig,
+)
+from proxy.config_listeners import Listeners
 from proxy.config_refs import (
     ConfigReferences,
     model_dir_problems,
@@ -34,273 +38,60 @@ from proxy.config_refs import (
     reference_problems,
     unreadable_value,
 )
-from proxy.tls import TlsClient, TlsServer
+from proxy.strict import Strict
 
 MiB = 1024 * 1024
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class RemoteImageFetch(Strict):
+    """Limits of mmguard's own fetch of an allow-listed image (``remote_images: fetch``)."""
 
-
-class HttpListener(Strict):
-    host: str = "0.0.0.0"
-    """Address the KServe v2 HTTP front binds."""
-    port: int = Field(9000, ge=0, le=65535)
-    """0 picks a free port (logged at start)."""
-    max_request_bytes: int = Field(64 * MiB, gt=0)
-    """Bodies above this are refused with 413 before they are read; a compressed body is
-    refused as soon as it inflates past it (it is never held whole)."""
-    max_json_bytes: int = Field(16 * MiB, gt=0)
-    """Pure-JSON request bodies (no binary tensor part), and the JSON header of binary ones,
-    above this get 413. A quarter of ``max_request_bytes`` on purpose: a JSON tensor costs
-    about ten times its size in memory to parse (57 MiB of JSON held +700 MB), and parsing it
-    (and writing a JSON answer) holds the interpreter lock, worker thread or not, so one big
-    JSON body stalls every other request on the listener (about 0.15 s per MiB on two busy
-    cores). 16 MiB still takes two 224x224 RGB images as JSON (5.8 MB each, as tritonclient
-    writes them). Binary tensors cost neither, and tritonclient sends inputs binary by
-    default; raise this only for clients that cannot, knowing the stall grows with it."""
-    trust_canary_headers: bool = False
-    """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
-    tls: TlsServer | None = None
-    """TLS (and mutual TLS with ``client_ca_file``); plain HTTP when absent."""
-    max_header_bytes: int = Field(16 * 1024, gt=0)
-    """The request line, each header line, and all headers together; above it aiohttp answers
-    400 (one line too long) or mmguard 431 (the total)."""
-    max_concurrent_requests: int | None = Field(None, gt=0)
-    """Requests served at once on this listener (health probes aside); the next ones get 429
-    with Retry-After. Unlimited when absent."""
-    max_connections: int = Field(1000, gt=0)
-    """Open client connections at once. At the cap a new connection replaces the oldest one
-    that has no request in progress (idle, or still sending its headers); when every one has,
-    the new one gets 503 and is closed. Each refusal or eviction is counted."""
-    header_timeout_s: float = Field(10.0, gt=0)
-    """From a connection's start, or its previous answer, until the next request's headers are
-    complete; a connection idle that long is closed (so also the keep-alive idle time). A TLS
-    handshake has as long."""
-    body_timeout_s: float = Field(120.0, gt=0)
-    """From the headers until the whole body is in; slower: 408 and the connection closed."""
-    min_body_bytes_per_s: int = Field(1024, ge=0)
-    """Bodies that arrive slower than this (measured from 5 s after the headers) get 408 and
-    the connection closed, however long ``body_timeout_s`` is. 0: no minimum rate."""
-
-
-class GrpcListener(Strict):
-    host: str = "0.0.0.0"
-    port: int = Field(9001, ge=0, le=65535)
-    max_request_bytes: int = Field(64 * MiB, gt=0)
-    """Messages above this are refused by gRPC with RESOURCE_EXHAUSTED."""
-    trust_canary_headers: bool = False
-    """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
-    tls: TlsServer | None = None
-    """TLS (and mutual TLS with ``client_ca_file``); plaintext HTTP/2 when absent."""
-    max_header_bytes: int = Field(16 * 1024, gt=0)
-    """Request metadata (headers) in all; above it gRPC refuses the call with
-    RESOURCE_EXHAUSTED."""
-    max_concurrent_streams: int = Field(256, gt=0)
-    """Calls at once on one client connection (HTTP/2 SETTINGS); the client queues the rest.
-    (gRPC's own default is unbounded.)"""
-    max_concurrent_requests: int | None = Field(None, gt=0)
-    """Calls at once on the whole listener, health checks included; the next ones get
-    RESOURCE_EXHAUSTED. Unlimited when absent."""
-    max_connections: int = Field(1000, gt=0)
-    """Open client connections at once (gRPC refuses more before their handshake; gRPC does not
-    count them, so they are not in ``mmguard_listener_refusals_total``)."""
-    handshake_timeout_s: float = Field(10.0, gt=0)
-    """A new connection's TLS and HTTP/2 handshake must be done within this."""
-    max_connection_idle_s: float = Field(300.0, gt=0)
-    """A connection with no call for this long is closed (GOAWAY)."""
+    max_bytes: int = Field(8 << 20, gt=0)
+    """The most bytes one image may have (counted as it arrives, past any compression)."""
+    timeout_s: float = Field(5.0, gt=0, allow_inf_nan=False)
+    """The whole fetch of one image, redirects included."""
+    max_redirects: int = Field(3, ge=0, le=10)
+    """Redirects followed; each target must itself be allow-listed."""
+    max_images: int = Field(8, ge=1)
+    """Remote images one request may name (each is a fetch mmguard makes for the client)."""
+    content_types: tuple[str, ...] = ("image/png", "image/jpeg", "image/webp", "image/gif",
+                                      "image/bmp")
+    """Content-Types accepted from the image host (anything else is refused, SVG included)."""
+    allow_networks: tuple[str, ...] = ()
+    """CIDRs a host *name* may resolve into besides globally routable addresses (an allow-listed
+    IP literal is always allowed). Checked after DNS, on the address connected to."""
 
     @model_validator(mode="after")
-    def _tls_version(self) -> GrpcListener:
-        if self.tls is not None and self.tls.min_version != "1.2":
-            raise ValueError("tls.min_version: grpcio cannot set a minimum TLS version; the gRPC "
-                             "listener always accepts TLS 1.2 and 1.3, so only '1.2' is allowed")
+    def _networks(self) -> RemoteImageFetch:
+        import ipaddress
+        for net in self.allow_networks:
+            ipaddress.ip_network(net, strict=False)  # ValueError names the bad entry
         return self
-
-
-class AdminListener(Strict):
-    host: str = "127.0.0.1"
-    """Localhost by default: the admin port is not for the world."""
-    port: int = Field(9002, ge=0, le=65535)
-    token: SecretStr | None = None
-    """When set, requests that change state need ``Authorization: Bearer <token>``. Never shown
-    in logs or ``repr``; prefer ``token_file`` or ``token_env`` to keep it out of the file."""
-    token_file: Path | None = None
-    """The token from a file (a mounted Kubernetes Secret); surrounding whitespace is dropped."""
-    token_env: str | None = None
-    """The token from this environment variable."""
-    tls: TlsServer | None = None
-    """TLS (and mutual TLS with ``client_ca_file``) on the admin API."""
-    max_request_bytes: int = Field(1 * MiB, gt=0, le=1 * MiB)
-    """Bodies above this are refused with 413; bodies must declare Content-Length (411
-    otherwise). At most 1 MiB, aiohttp's own cap on the admin app."""
-    max_header_bytes: int = Field(8 * 1024, gt=0)
-    """As for the HTTP listener."""
-    max_connections: int = Field(64, gt=0)
-    """As for the HTTP listener (Prometheus, probes and an operator need few)."""
-    header_timeout_s: float = Field(10.0, gt=0)
-    """As for the HTTP listener."""
-    body_timeout_s: float = Field(30.0, gt=0)
-    """As for the HTTP listener."""
-    min_body_bytes_per_s: int = Field(1024, ge=0)
-    """As for the HTTP listener."""
-    _token_digest: str = PrivateAttr("")
-
-    @model_validator(mode="after")
-    def _one_token(self) -> AdminListener:
-        sources = [k for k in ("token", "token_file", "token_env") if getattr(self, k) is not None]
-        if len(sources) > 1:
-            raise ValueError(f"the admin token comes from one source; {' and '.join(sources)} "
-                             f"are both set")
-        token = self.resolve_token()
-        if token is not None:
-            self._token_digest = hashlib.sha256(token.encode()).hexdigest()
-        return self
-
-    def resolve_token(self) -> str | None:
-        """The token from whichever source is set (read now); ValueError if that source is
-        missing or empty. The message never contains the token."""
-        return read_secret("token", self.token, self.token_file, self.token_env,
-                           "an empty admin token would let anyone act")
-
-
-class Listeners(Strict):
-    http: HttpListener = HttpListener()
-    grpc: GrpcListener = GrpcListener()
-    admin: AdminListener = AdminListener()
-
-
-class SharedMemoryHandoff(Strict):
-    """Slots mmguard registers with a co-located Triton (``shared_memory: system``)."""
-
-    slots: int = Field(16, ge=1, le=1024)
-    """Calls that can be in a slot at once; a call that finds none free goes inline."""
-    max_slot_bytes: int = Field(64 * MiB, gt=0)
-    """A slot is sized from the live contracts (largest fixed-size request + answer), up to
-    this; a call that does not fit goes inline."""
-
-
-def _check_colocated(url: str, shared_memory: str) -> None:
-    if shared_memory == "off":
-        return
-    host = url.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-    if host not in ("localhost", "127.0.0.1", "::1"):
-        raise ValueError(f"shared_memory: {shared_memory} needs Triton beside mmguard (a "
-                         f"loopback url, sharing /dev/shm), not {url!r}")
-
-
-class TritonGrpcBackend(Strict):
-    kind: Literal["triton_grpc"]
-    name: str
-    url: str
-    """host:port of Triton's gRPC endpoint."""
-    timeout_s: float = Field(30.0, gt=0)
-    channels: int = Field(1, ge=1, le=64)
-    """gRPC channels (HTTP/2 connections) used round-robin."""
-    max_message_bytes: int = Field(256 * MiB, gt=0)
-    tls: TlsClient | None = None
-    """TLS to Triton (mutual with ``cert_file``/``key_file``); plaintext when absent."""
-    shared_memory: Literal["off", "system"] = "off"
-    """``system``: input tensors (and outputs of known size) cross to Triton in mmguard's own
-    /dev/shm regions instead of the message (docs/shared-memory.md)."""
-    shared_memory_pool: SharedMemoryHandoff = SharedMemoryHandoff()
-    fingerprint_files: dict[str, tuple[str, ...]] = {}
-    """Model (as Triton names it) → files whose SHA-256 joins its fingerprint (tokenizer.json,
-    preprocessor_config.json, ...): the version fuse then sees a tokenizer or processor change
-    that the model config does not show (issue 16)."""
-
-    @model_validator(mode="after")
-    def _verify(self) -> TritonGrpcBackend:
-        _check_colocated(self.url, self.shared_memory)
-        if self.tls is not None and self.tls.insecure_skip_verify:
-            raise ValueError("tls.insecure_skip_verify is not available for triton_grpc "
-                             "(grpcio always verifies); give tls.ca_file instead")
-        return self
-
-
-class TritonHttpBackend(Strict):
-    kind: Literal["triton_http"]
-    name: str
-    url: str
-    """http://host:port (or host:port) of Triton's HTTP endpoint."""
-    timeout_s: float = Field(30.0, gt=0)
-    pool_size: int = Field(64, ge=1)
-    """Keep-alive connections kept open to the server."""
-    tls: TlsClient | None = None
-    """TLS to Triton; an ``https://`` url without it uses the system's trust store."""
-    shared_memory: Literal["off", "system"] = "off"
-    """``system``: input tensors (and outputs of known size) cross to Triton in mmguard's own
-    /dev/shm regions instead of the body (docs/shared-memory.md)."""
-    shared_memory_pool: SharedMemoryHandoff = SharedMemoryHandoff()
-    fingerprint_files: dict[str, tuple[str, ...]] = {}
-    """Model (as Triton names it) → files whose SHA-256 joins its fingerprint (tokenizer.json,
-    preprocessor_config.json, ...): the version fuse then sees a tokenizer or processor change
-    that the model config does not show (issue 16)."""
-
-    @model_validator(mode="after")
-    def _scheme(self) -> TritonHttpBackend:
-        _check_scheme(self.url, self.tls)
-        _check_colocated(self.url, self.shared_memory)
-        return self
-
-
-class OnnxRuntimeBackend(Strict):
-    kind: Literal["onnxruntime"]
-    name: str
-    model_dir: Path
-    """A repository laid out like Triton's: <model>/<version>/model.onnx (or <model>.onnx)."""
-    models: tuple[str, ...] | None = None
-    """Models to load; all found in model_dir when absent."""
-    threads: int = Field(2, ge=1, le=256)
-    """Worker threads running inference (the bounded pool)."""
-    intra_op_threads: int = Field(1, ge=0)
-    """ONNX Runtime's own threads per run; 0 lets it decide."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """auto: CUDA when onnxruntime-gpu is installed and CUDA really loads, else CPU."""
-    max_batch_size: dict[str, int] = {}
-    """Per model: declare the leading dim a batch dim of at most this size (Triton's meaning)."""
-    timeout_s: float = Field(30.0, gt=0)
-
-
-class VllmBackend(Strict):
-    kind: Literal["vllm"]
-    name: str
-    url: str
-    """http://host:port of vLLM's OpenAI-compatible server."""
-    timeout_s: float = Field(60.0, gt=0)
-    """Until the answer starts (for streams) or ends (otherwise)."""
-    pool_size: int = Field(100, ge=1)
-    image_input: Literal["auto", "yes", "no"] = "auto"
-    """Whether the model takes images; auto probes once with a one-token request."""
-    tls: TlsClient | None = None
-    """TLS to vLLM; an ``https://`` url without it uses the system's trust store."""
-
-    @model_validator(mode="after")
-    def _scheme(self) -> VllmBackend:
-        _check_scheme(self.url, self.tls)
-        return self
-
-
-def _check_scheme(url: str, tls: TlsClient | None) -> None:
-    if tls is not None and url.lower().startswith("http://"):
-        raise ValueError(f"url '{url}' is plain http:// but tls is set; write https:// "
-                         f"(or host:port)")
-
-
-BackendConfig = Annotated[TritonGrpcBackend | TritonHttpBackend | OnnxRuntimeBackend | VllmBackend,
-                          Field(discriminator="kind")]
 
 
 class OpenAIConfig(Strict):
     image_url_allow_hosts: tuple[str, ...] = ()
-    """Hosts whose http(s) image URLs may reach the backend; everything else must be data: URLs."""
+    """``host`` or ``host:port`` (``[::1]:port``) whose http(s) media URLs are allowed; a bare host
+    means the scheme's default port. Everything else must be inline ``data:`` URLs."""
+    remote_images: Literal["fetch", "forward"] = "fetch"
+    """``fetch``: mmguard fetches allow-listed images itself (``fetch`` limits, redirects and
+    resolved addresses checked) and sends them inline; remote audio/video URLs are refused.
+    ``forward``: the checked URL goes to the backend, which fetches it (see docs/openai.md for
+    the vLLM flags that must then close redirects and other hosts)."""
+    fetch: RemoteImageFetch = RemoteImageFetch()
+
+    @model_validator(mode="after")
+    def _hosts(self) -> OpenAIConfig:
+        from proxy.media_urls import parse_allow_entry
+        for entry in self.image_url_allow_hosts:
+            parse_allow_entry(entry)  # ValueError names the entry and what is wrong
+        return self
 
 
 class CanaryConfig(Strict):
     """Which calls are canary traffic: the only calls that fault experiments may touch."""
 
-    headers: dict[str, str] = {}
+    headers: dict[str, str] = Field(default_factory=dict)
     """Header → value that marks a call as canary (all must match; ``"*"`` matches any value).
     Clients' copies are stripped unless the listener has ``trust_canary_headers``."""
     share: float = Field(0.0, ge=0.0, le=1.0)
@@ -352,7 +143,8 @@ class KServeV2Config(Strict):
 
 class FilterSpec(Strict):
     name: str
-    config: Any
+    config: BaseModel
+    """The filter's own config model, validated once at load."""
 
 
 class ModelRoute(Strict):
@@ -406,6 +198,7 @@ class SharedMemoryConfig(Strict):
 
 
 class Config(Strict):
+    _chains: dict[str, tuple[FilterSpec, ...]] = PrivateAttr(default_factory=dict)
     listeners: Listeners = Listeners()
     backends: tuple[BackendConfig, ...]
     models: tuple[ModelRoute, ...]
@@ -433,7 +226,7 @@ class Config(Strict):
         if dup:
             raise ValueError(f"model names must be unique; repeated: {sorted(dup)}")
         listed = {b.name: b.models for b in self.backends
-                  if isinstance(b, OnnxRuntimeBackend) and b.models is not None}
+                  if isinstance(b, OnnxRuntimeBackendConfig) and b.models is not None}
         for m in self.models:
             if m.backend not in names:
                 raise ValueError(f"model '{m.name}' names backend '{m.backend}', "
@@ -471,6 +264,17 @@ class Config(Strict):
 
     def route_filters(self, route: ModelRoute) -> tuple[dict[str, Any], ...]:
         return route.filters if route.filters is not None else self.defaults.filters
+
+    def chain(self, route: ModelRoute) -> tuple[FilterSpec, ...]:
+        """The route's filters with their typed configs, validated once (``parse_config``
+        fills them; a ``Config`` made otherwise validates a route's list on first use)."""
+        found = self._chains.get(route.name)
+        if found is None:
+            where = (f"models[{route.name}].filters" if route.filters is not None
+                     else "defaults.filters")
+            found = self._chains[route.name] = tuple(
+                resolve_filters(self.route_filters(route), where))
+        return found
 
 
 class ConfigError(Exception):
@@ -512,15 +316,15 @@ def parse_config(doc: Any, source: str = "config") -> Config:
     except ValidationError as exc:
         raise ConfigError(_format(exc, ""), source) from None
     problems: list[str] = []
-    try:
-        resolve_filters(cfg.defaults.filters, "defaults.filters")
-    except ConfigError as err:
-        problems.extend(err.problems)
-    for i, route in enumerate(cfg.models):
-        if route.filters is None:
-            continue
+    for i, route in enumerate(cfg.models):  # each list once: a default list is shared
+        where = f"models[{i}].filters" if route.filters is not None else "defaults.filters"
         try:
-            resolve_filters(route.filters, f"models[{i}].filters")
+            cfg._chains[route.name] = tuple(resolve_filters(cfg.route_filters(route), where))
+        except ConfigError as err:
+            problems.extend(p for p in err.problems if p not in problems)
+    if not cfg.models or all(r.filters is not None for r in cfg.models):
+        try:  # the defaults are checked even when no route uses them
+            resolve_filters(cfg.defaults.filters, "defaults.filters")
         except ConfigError as err:
             problems.extend(err.problems)
     if not problems:
@@ -535,7 +339,7 @@ def _route_references(cfg: Config) -> list[tuple[str, ConfigReferences]]:
     found = []
     for i, route in enumerate(cfg.models):
         where = f"models[{i}].filters" if route.filters is not None else "defaults.filters"
-        for j, spec in enumerate(resolve_filters(cfg.route_filters(route), where)):
+        for j, spec in enumerate(cfg.chain(route)):
             refs = getattr(spec.config, "references", None)
             if refs is not None:
                 found.append((f"models[{i}] ({route.name}): {where}[{j}].{spec.name}", refs()))
@@ -574,7 +378,7 @@ def file_problems(cfg: Config) -> list[str]:
     listed in them, and the files filters read when built."""
     problems = []
     for i, b in enumerate(cfg.backends):
-        if isinstance(b, OnnxRuntimeBackend):
+        if isinstance(b, OnnxRuntimeBackendConfig):
             problems += model_dir_problems(f"backends[{i}] ({b.name})", b.model_dir, b.models)
     for where, refs in _route_references(cfg):
         problems += [f"{where}.{option}: {path} is not a file"

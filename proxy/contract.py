@@ -160,12 +160,6 @@ def fingerprint(*parts: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def config_datatype(cfg_type: str) -> str:
-    """Triton config type (``TYPE_FP32``, ``TYPE_STRING``) → v2 datatype (``FP32``, ``BYTES``)."""
-    t = cfg_type.removeprefix("TYPE_")
-    return "BYTES" if t == "STRING" else t
-
-
 def _cfg_enum(datatype: str) -> int:
     name = "TYPE_" + ("STRING" if datatype == "BYTES" else datatype)
     return int(triton_config.DataType.Value(name))

@@ -24,6 +24,7 @@ from proxy.backends.base import Backend
 from proxy.call import CANARY, Call, LocalReply, Reply, Result, StreamItem
 from proxy.contract import ModelContract
 from proxy.errors import STATUS, ErrorKind, ProxyError
+from proxy.lifecycle import StateKey
 from proxy.runtime import Runtime
 from proxy.telemetry import Telemetry, end_server_span, server_span, tracing_on
 
@@ -35,6 +36,8 @@ _REFUSED_EXTENSIONS = frozenset({"cuda_shared_memory", "trace", "logging"})
 _REPOSITORY_EXTENSIONS = frozenset({"model_repository", "model_repository(unload_dependents)"})
 _tracer = trace.get_tracer("mmguard")
 log = logging.getLogger("mmguard.dataplane")
+_CONTRACTS_CHECKED: StateKey[set[tuple[str, str]]] = StateKey("v2_contracts_checked")
+"""(route, contract fingerprint) already checked for servability (said once per process)."""
 
 
 def unknown_model(model: str) -> ProxyError:
@@ -90,7 +93,7 @@ class DataPlane:
     def _check_contracts(self) -> None:
         """Say once, when a contract is learned, that its route cannot work (readiness is
         polled every half second, so this is within that of the contract's arrival)."""
-        seen = self.runtime.store.setdefault("v2_contracts_checked", set())
+        seen = self.runtime.state.setdefault(_CONTRACTS_CHECKED, set)
         for model, contract in self.runtime.contracts.items():
             key = (model, contract.fingerprint)
             if key in seen:
@@ -207,8 +210,8 @@ class DataPlane:
         self.telemetry.access(call, code, elapsed / 1e9)
         if route is not None:
             self._account(call, reply, elapsed)
-            if call.state.get(CANARY):
-                for observe in self.runtime.store.get("observers", {}).values():
+            if call.state.get(CANARY):  # what observers judge: the canary population
+                for observe in self.runtime.observers:
                     observe(call, reply, elapsed / 1e9)
         return reply
 

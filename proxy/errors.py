@@ -19,8 +19,10 @@ MAX_MESSAGE_CHARS = 1000
 ``grpc-message`` metadata, and clients refuse metadata past 8 KiB (RESOURCE_EXHAUSTED instead of
 the real error); 1000 characters stay under that even when every one is escaped."""
 
-MAX_HEADER_CHARS = 256
-"""The longest value of an ``mmguard-*`` header or trailer (a decision's detail)."""
+MAX_HEADER_CHARS = 512
+"""The longest value of an ``mmguard-*`` header or trailer (a decision's detail). The quality
+filter's scores (~300 characters with every signal) fit; a handful of decisions together stay
+well under the 8 KiB a gRPC client takes in metadata."""
 
 SHOWN_NAMES = 5
 """How many names an error lists before it gives the count of the rest."""
@@ -66,6 +68,8 @@ class ErrorKind(enum.Enum):
     UNAUTHENTICATED = "unauthenticated"
     PERMISSION_DENIED = "permission_denied"
     INTERNAL = "internal"
+    BAD_GATEWAY = "bad_gateway"  # a backend answer mmguard cannot read: malformed, or bytes that
+    # do not fit their shape; HTTP 502, gRPC INTERNAL (gRPC has no status of its own for it)
     ALREADY_EXISTS = "already_exists"  # a shared memory region name taken (Triton: 400 too)
 
 
@@ -90,6 +94,7 @@ STATUS: dict[ErrorKind, Status] = {
     ErrorKind.UNAUTHENTICATED: Status(401, grpc.StatusCode.UNAUTHENTICATED),
     ErrorKind.PERMISSION_DENIED: Status(403, grpc.StatusCode.PERMISSION_DENIED),
     ErrorKind.INTERNAL: Status(500, grpc.StatusCode.INTERNAL),
+    ErrorKind.BAD_GATEWAY: Status(502, grpc.StatusCode.INTERNAL),
 }
 
 # Reverse lookups for errors that come back from a backend, so they pass through with their code.
@@ -141,3 +146,8 @@ class ProxyError(Exception):
         self.status = status
         self.body = body
         self.param = param
+
+
+def retry_after(seconds: float) -> str:
+    """The ``Retry-After`` value (header or gRPC trailer) for a wait: whole seconds, at least 1."""
+    return str(max(1, round(seconds)))

@@ -13,16 +13,19 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+
+from pydantic import BaseModel
 
 from proxy.backends.base import Backend
-from proxy.call import Call, CallKey, LocalReply, Reply, Result, Target
+from proxy.call import Api, Call, CallKey, LocalReply, Reply, Result, Target
 from proxy.canary import CanaryMatcher, ShareHash, share_hash_for
 from proxy.chain import FilterContext, Next, compose, filter_factories
 from proxy.clock import Clock
-from proxy.config import BackendConfig, Config, ModelRoute, resolve_filters
+from proxy.config import Config, ModelRoute
+from proxy.config_backends import BackendConfig
 from proxy.contract import ModelContract
 from proxy.errors import ErrorKind, ProxyError
+from proxy.lifecycle import Observer, Store
 from proxy.telemetry import Telemetry
 
 log = logging.getLogger("mmguard.runtime")
@@ -61,37 +64,55 @@ class Route:
 
 class Runtime:
     def __init__(self, config: Config, telemetry: Telemetry, clock: Clock,
-                 backends: dict[str, Backend], store: dict[str, Any] | None = None,
-                 share_hash: ShareHash | None = None) -> None:
+                 backends: dict[str, Backend], store: Store | None = None,
+                 share_hash: ShareHash | None = None, seed: int | None = None) -> None:
         self.config = config
+        self._seed = seed
+        """Seeds each filter's ``rng`` (by route and position) when set: tests replay draws."""
         self.share_hash = share_hash or share_hash_for(config)
         self.canary = CanaryMatcher(config, self.share_hash)
-        self.store: dict[str, Any] = {} if store is None else store
+        self.state = Store() if store is None else store
         """Filter state that outlives a reload (e.g. experiments started through the API)."""
+        self.local = Store()
+        """This runtime's filter state (e.g. what its chains offer the admin API)."""
         self.telemetry = telemetry
         self.clock = clock
         self.backends = backends
         self.contracts: dict[str, ModelContract] = {}
         self.routes: dict[str, Route] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self.admin: dict[str, Any] = {}  # filters register what an operator may act on
         self.start_errors: dict[str, str] = {}
         """Each backend's last failure to start (for the reload that gives up on it)."""
         self._started = {name: asyncio.Event() for name in backends}
         self._activations: list[Callable[[], None]] = []
+        self._filter_configs: dict[str, dict[str, BaseModel]] = {}
+        """Filter name → route → its config there (what ``activated`` hands each factory)."""
         for spec in config.models:
             self.routes[spec.name] = Route(spec, self._build_chain(spec))
+        self.observers: list[Observer] = [
+            o for f in filter_factories().values() for o in f.observers(self.state, self.local)]
+        """What sees every routed call's final answer (the filters' ``observers``)."""
+
+    @property
+    def store(self) -> Store:
+        """``state``, by the name inspection tools know."""
+        return self.state
+
+    @property
+    def admin(self) -> Store:
+        """``local``, by the name inspection tools know."""
+        return self.local
 
     def activate(self) -> None:
         """Once this runtime serves: what its filters deferred (starting experiments, taking
-        over shared state) happens now; experiments the new config dropped end. Building did
-        none of it, so a runtime that is never swapped in changed nothing."""
+        over shared state) happens now, then each filter factory hears of its configs in the
+        runtime (experiments the new config dropped end). Building did none of it, so a
+        runtime that is never swapped in changed nothing."""
         for hook in self._activations:
             hook()
         self._activations.clear()
-        experiments = self.store.get("experiments")
-        if experiments is not None:
-            experiments.retire(self.admin.get("config_experiments", set()))
+        for name, factory in filter_factories().items():
+            factory.activated(self.state, self.local, self._filter_configs.get(name, {}))
 
     @classmethod
     def build(cls, config: Config, telemetry: Telemetry, clock: Clock,
@@ -115,14 +136,18 @@ class Runtime:
         def contract() -> ModelContract | None:
             return self.contracts.get(spec.name)
 
-        for fs in resolve_filters(self.config.route_filters(spec), f"models[{spec.name}].filters"):
+        for i, fs in enumerate(self.config.chain(spec)):
+            rng = (random.Random() if self._seed is None
+                   else random.Random(f"{self._seed}:{spec.name}:{i}"))
             ctx = FilterContext(route=spec.name, telemetry=self.telemetry, clock=self.clock,
-                                rng=random.Random(), contract=contract, lookup=self.lookup,
+                                rng=rng, contract=contract, lookup=self.lookup,
                                 count_tokens=self.count_tokens, reroute=self.reroute,
-                                admin=self.admin, store=self.store,
+                                local=self.local, state=self.state,
                                 share_hash=self.share_hash,
                                 on_activate=self._activations.append)
-            filters.append((fs.name, factories[fs.name].build(fs.config, ctx)))
+            factory = factories[fs.name]
+            self._filter_configs.setdefault(fs.name, {})[spec.name] = fs.config
+            filters.append((fs.name, factory.build(fs.config, ctx)))
         return compose(filters, self._terminal)
 
     def lookup(self, name: str) -> tuple[Target, ModelContract | None] | None:
@@ -177,8 +202,9 @@ class Runtime:
             return LocalReply(ErrorKind.NOT_FOUND,
                               f"model '{call.model}' is not served by mmguard "
                               f"(serving: {sorted(self.routes)})")
-        speaks_openai = self.backends[route.spec.backend].protocol == "openai"
-        if (call.document is not None) != speaks_openai:
+        backend_api = self.backends[route.spec.backend].api
+        if call.api is not backend_api:
+            speaks_openai = backend_api is Api.OPENAI
             api, front = (("the OpenAI API", "OpenAI") if speaks_openai
                           else ("KServe v2", "KServe v2 (/v2/models/…/infer or gRPC)"))
             return LocalReply(ErrorKind.INVALID_ARGUMENT,

@@ -34,16 +34,10 @@ from prometheus_client import Counter
 from proxy import listeners as guard
 from proxy.admin import admin_app
 from proxy.canary import log_membership
+from proxy.chain import filter_factories
 from proxy.clock import Clock, SystemClock
-from proxy.config import (
-    AdminListener,
-    Config,
-    ConfigError,
-    GrpcListener,
-    HttpListener,
-    Listeners,
-    load_config,
-)
+from proxy.config import Config, ConfigError, load_config
+from proxy.config_listeners import AdminListener, GrpcListener, HttpListener, Listeners
 from proxy.dataplane import DataPlane
 from proxy.fronts.grpc_v2 import SERVICE, GrpcFront
 from proxy.fronts.http_v2 import HttpFront
@@ -54,6 +48,13 @@ from proxy.tls import ListenerTls, restart_needed
 from proxy.watch import FileWatch, watched_files
 
 log = logging.getLogger("mmguard.server")
+
+_CAPS = ("max_header_bytes", "max_request_bytes", "max_connections", "max_connections_evicted",
+         "body_timeout_s", "min_body_bytes_per_s")
+LISTENER_LIMITS: tuple[tuple[str, str], ...] = (
+    *((listener, limit) for listener in ("http", "admin") for limit in _CAPS),
+    ("http", "max_concurrent_requests"))
+"""The refusals ``mmguard_listener_refusals_total`` can count, created at 0."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,8 @@ class Server:
             Counter, "mmguard_listener_refusals_total",
             "Requests (and connections) a listener refused at one of its limits.",
             ["listener", "limit"])
+        for listener, limit in LISTENER_LIMITS:  # at 0 from the start: increase() sees the first
+            self._refused.labels(listener, limit)
         self._watch: FileWatch | None = None
         for result in ("applied", "rejected"):  # at 0 from the start: increase() sees the first
             self.telemetry.config_reloads.labels(result)
@@ -141,9 +144,7 @@ class Server:
                                                     "tls": sorted(self._tls)}})
 
     def _http_app(self, cfg: HttpListener) -> web.Application:
-        app = HttpFront(self.plane, cfg.max_request_bytes,
-                        self.config.openai.image_url_allow_hosts, cfg.max_json_bytes,
-                        self.shm).app()
+        app = HttpFront(self.plane, cfg.max_request_bytes, cfg.max_json_bytes, self.shm).app()
         guards = [guard.header_budget(cfg.max_header_bytes, "http", self._refused)]
         if cfg.max_concurrent_requests is not None:
             guards.append(guard.concurrency_limit(cfg.max_concurrent_requests, "http",
@@ -288,9 +289,8 @@ class Server:
     async def stop(self) -> None:
         grace = self.config.shutdown_grace_s
         self.plane.draining = True
-        experiments = self.plane.runtime.store.get("experiments")
-        if experiments is not None:  # faults end first: draining calls get clean answers
-            experiments.stop_all("mmguard is shutting down", "shutdown")
+        for factory in filter_factories().values():  # e.g. faults end: drains get clean answers
+            await factory.before_drain(self.plane.runtime.state)
         log.info("shutting down: draining for up to %.1fs", grace)
         if self._watch is not None:
             await self._watch.stop()
@@ -303,8 +303,8 @@ class Server:
             tasks.append(self._grpc.stop(grace))
         await asyncio.gather(*tasks, return_exceptions=True)
         self.shm.close()  # calls have drained: unmap every client region
-        for shadow in self.plane.runtime.store.get("shadow_filters", {}).values():
-            await shadow.close()  # copies still queued for the canary are dropped
+        for factory in filter_factories().values():  # e.g. queued mirror copies are dropped
+            await factory.after_drain(self.plane.runtime.state)
         await self.plane.runtime.close()
         self._stopped.set()
         log.info("stopped")

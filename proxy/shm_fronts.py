@@ -19,7 +19,8 @@ from google.protobuf.message import Message
 
 from proxy.errors import STATUS, ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
-from proxy.shm import Connection, Peer, SharedMemory
+from proxy.shm import SharedMemory
+from proxy.shm_peer import Connection, Peer
 
 HttpHandler = Callable[[web.Request], Awaitable[web.Response]]
 _CUDA_WHY = ("CUDA shared memory is not supported by mmguard: it opens no CUDA context, so it "

@@ -287,7 +287,7 @@ def _grpc_result(pool: HandoffPool, plan: Plan, answer: bytes, source: str) -> R
         head, raws = pbwire.split(answer, 6)  # raw_output_contents
         resp.ParseFromString(head)
     except (DecodeError, pbwire.WireError) as exc:
-        raise ProxyError(ErrorKind.INTERNAL, f"{source} sent a malformed ModelInferResponse: "
+        raise ProxyError(ErrorKind.BAD_GATEWAY, f"{source} sent a malformed ModelInferResponse: "
                          f"{exc}", origin="backend") from None
     # Triton keeps one raw entry per output (empty for an output it wrote into shared memory).
     aligned, inline = len(raws) == len(resp.outputs), iter(raws)
@@ -305,7 +305,7 @@ def _grpc_result(pool: HandoffPool, plan: Plan, answer: bytes, source: str) -> R
             try:
                 t.raw = pool.read(plan, o.name, nbytes)
             except ValueError as exc:
-                raise ProxyError(ErrorKind.INTERNAL, f"{source}: {exc}",
+                raise ProxyError(ErrorKind.BAD_GATEWAY, f"{source}: {exc}",
                                  origin="backend") from None
         outputs.append(t)
     check_outputs(outputs, source)  # the same contract check as an inline answer's
@@ -363,7 +363,7 @@ def _http_result(pool: HandoffPool, plan: Plan, body: bytes, header_length: str 
     try:
         doc, hlen = codec_http.split_body(body, header_length, "response")
     except ProxyError as err:
-        raise ProxyError(ErrorKind.INTERNAL, f"{source} sent a malformed v2 response: {err}",
+        raise ProxyError(ErrorKind.BAD_GATEWAY, f"{source} sent a malformed v2 response: {err}",
                          origin="backend") from None
     view, offset, outputs = memoryview(body), hlen or 0, []
     for o in doc.get("outputs") or []:
@@ -375,7 +375,7 @@ def _http_result(pool: HandoffPool, plan: Plan, body: bytes, header_length: str 
             try:
                 t.raw = pool.read(plan, t.name, t.elements * (itemsize(t.datatype) or 0))
             except ValueError as exc:
-                raise ProxyError(ErrorKind.INTERNAL, f"{source}: {exc}",
+                raise ProxyError(ErrorKind.BAD_GATEWAY, f"{source}: {exc}",
                                  origin="backend") from None
         elif size is not None:
             t.raw = view[offset:offset + size]

@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import grpc
-from pydantic import BaseModel, ConfigDict, PrivateAttr, field_validator, model_validator
+from pydantic import PrivateAttr, field_validator, model_validator
+
+from proxy.strict import Strict
 
 log = logging.getLogger("mmguard.tls")
 
@@ -34,11 +36,7 @@ _PEM_BEGIN = {"CERTIFICATE": re.compile(rb"-----BEGIN CERTIFICATE-----"),
               "PRIVATE KEY": re.compile(rb"-----BEGIN [A-Z ]*PRIVATE KEY-----")}
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TlsServer(_Strict):
+class TlsServer(Strict):
     """TLS on a listener (``listeners.<name>.tls``)."""
 
     cert_file: Path
@@ -80,7 +78,7 @@ class TlsServer(_Strict):
         return self._digest
 
 
-class TlsClient(_Strict):
+class TlsClient(Strict):
     """TLS to a backend (``backends[i].tls``)."""
 
     ca_file: Path | None = None

@@ -106,8 +106,9 @@ def vllm_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return make_tiny_models(tmp_path_factory.mktemp("vllm_models"))
 
 
-def start_vllm(models: dict[str, Path], name: str, tmp: Path) -> Iterator[VllmServer]:
-    server = VllmServer(models[name], name, log_path=tmp / f"{name}.log")
+def start_vllm(models: dict[str, Path], name: str, tmp: Path,
+               extra_args: tuple[str, ...] = ()) -> Iterator[VllmServer]:
+    server = VllmServer(models[name], name, log_path=tmp / f"{name}.log", extra_args=extra_args)
     try:
         server.start()
         yield server
@@ -125,8 +126,12 @@ def vllm_llama(vllm_models: dict[str, Path],
 @pytest.fixture(scope="session")
 def vllm_llava(vllm_models: dict[str, Path],
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """tiny-llava (text + up to 2 images, 4 tokens each), started once per session."""
-    yield from start_vllm(vllm_models, "tiny-llava", tmp_path_factory.mktemp("vllm_llava"))
+    """tiny-llava (text + up to 2 images, 4 tokens each), started once per session; it also
+    serves /tokenizer_info (off by default in vLLM), and runs without prefix caching, so a
+    repeated request is computed as the first one was (a cached prefix may change the low bits
+    of the logits: enough to flip a near-tie of this random model's greedy choice)."""
+    yield from start_vllm(vllm_models, "tiny-llava", tmp_path_factory.mktemp("vllm_llava"),
+                          ("--enable-tokenizer-info-endpoint", "--no-enable-prefix-caching"))
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import abc
 from collections.abc import AsyncIterator
 from typing import Any
 
-from proxy.call import Call, Result, StreamItem, Target
+from proxy.call import Api, Call, Result, StreamItem, Target
 from proxy.contract import ModelContract
 from proxy.errors import ErrorKind, ProxyError
 
@@ -27,6 +27,11 @@ class Backend(abc.ABC):
     name: str
     protocol: str  # "grpc", "http" or "inprocess": what wire form it can forward unchanged
     timeout_s: float
+
+    @property
+    def api(self) -> Api:
+        """The API this backend serves (``protocol`` is its wire form)."""
+        return Api.OPENAI if self.protocol == "openai" else Api.KSERVE_V2
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Open connections / load models. May raise; the caller retries."""

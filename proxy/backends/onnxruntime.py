@@ -29,7 +29,7 @@ from proxy.answers import answer_source, check_outputs
 from proxy.backends.base import Backend
 from proxy.call import Call, Result, Target
 from proxy.classification import class_count, classify
-from proxy.config import OnnxRuntimeBackend as OrtConfig
+from proxy.config_backends import OnnxRuntimeBackendConfig
 from proxy.contract import ModelContract, TensorSpec
 from proxy.errors import ErrorKind, ProxyError, name_list
 from proxy.tensor import Tensor
@@ -72,7 +72,7 @@ def find_models(model_dir: Path) -> dict[str, tuple[str, Path]]:
 class OnnxRuntimeBackend(Backend):
     protocol = "inprocess"
 
-    def __init__(self, cfg: OrtConfig) -> None:
+    def __init__(self, cfg: OnnxRuntimeBackendConfig) -> None:
         self.name = cfg.name
         self.cfg = cfg
         self.timeout_s = cfg.timeout_s

@@ -19,7 +19,7 @@ from proxy.answers import answer_source
 from proxy.backends.base import Backend, RepositoryParameter
 from proxy.backends.propagation import forward_metadata
 from proxy.call import Call, LocalReply, Result, StreamItem, Target, Wire
-from proxy.config import TritonGrpcBackend as GrpcConfig
+from proxy.config_backends import TritonGrpcBackendConfig
 from proxy.contract import ModelContract, TensorSpec, config_from_pb, fingerprint
 from proxy.errors import ErrorKind, ProxyError, kind_from_grpc
 from proxy.fingerprint import with_files
@@ -35,7 +35,7 @@ _SERVICE = "/inference.GRPCInferenceService/"
 class TritonGrpcBackend(Backend):
     protocol = "grpc"
 
-    def __init__(self, cfg: GrpcConfig) -> None:
+    def __init__(self, cfg: TritonGrpcBackendConfig) -> None:
         self.name = cfg.name
         self.cfg = cfg
         self.timeout_s = cfg.timeout_s

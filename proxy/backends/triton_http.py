@@ -18,7 +18,7 @@ from proxy.backends.http_base import HttpBackend
 from proxy.backends.propagation import forward_headers
 from proxy.backends.triton_grpc import contract_from_triton
 from proxy.call import Call, Result, Target
-from proxy.config import TritonHttpBackend as HttpConfig
+from proxy.config_backends import TritonHttpBackendConfig
 from proxy.contract import ModelContract
 from proxy.fingerprint import with_files
 from proxy.shm_handoff import HandoffPool
@@ -35,7 +35,7 @@ async def _parts(parts: list[Any]) -> AsyncIterator[bytes]:
 class TritonHttpBackend(HttpBackend):
     protocol = "http"
 
-    def __init__(self, cfg: HttpConfig) -> None:
+    def __init__(self, cfg: TritonHttpBackendConfig) -> None:
         # Answers are forwarded as they came, so they are never decompressed on the way.
         super().__init__(cfg.name, cfg.url, cfg.timeout_s, cfg.pool_size, auto_decompress=False,
                          tls=cfg.tls)

@@ -16,11 +16,11 @@ from typing import Any
 
 import aiohttp
 
-from proxy import openai_api
+from proxy import codec_openai
 from proxy.backends.http_base import HttpBackend
 from proxy.backends.propagation import forward_headers
 from proxy.call import Call, LocalReply, Result, SseEvent, StreamItem, Target, Wire
-from proxy.config import VllmBackend as VllmConfig
+from proxy.config_backends import VllmBackendConfig
 from proxy.contract import ModelContract, fingerprint
 from proxy.errors import ErrorKind, ProxyError
 from proxy.fingerprint import PROBES, tokenizer_part
@@ -36,7 +36,7 @@ _PROBE_PNG = base64.b64encode(bytes.fromhex(
 class VllmBackend(HttpBackend):
     protocol = "openai"
 
-    def __init__(self, cfg: VllmConfig) -> None:
+    def __init__(self, cfg: VllmBackendConfig) -> None:
         super().__init__(cfg.name, cfg.url, cfg.timeout_s, cfg.pool_size, tls=cfg.tls)
         self.cfg = cfg
         self._accepts_images: dict[str, bool | None] = {}
@@ -51,9 +51,11 @@ class VllmBackend(HttpBackend):
         models = await self._get_json("/v1/models", model)
         entry = next((m for m in models.get("data", []) if m.get("id") == model), None)
         if entry is None:
-            served = [m.get("id") for m in models.get("data", [])]
+            # the count only: this message can reach an unauthenticated caller
+            served = len(models.get("data", []))
             raise ProxyError(ErrorKind.NOT_FOUND,
-                             f"backend '{self.name}' serves {served}, not '{model}'")
+                             f"backend '{self.name}' does not serve '{model}' (it serves "
+                             f"{served} model(s); its /v1/models lists them)")
         server_version = (await self._get_json("/version", model)).get("version", "")
         images = await self._image_input(model)
         tokenizer = await self._tokenizer_fingerprint(model)  # the version fuse sees tokenizers
@@ -96,7 +98,7 @@ class VllmBackend(HttpBackend):
                 {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{_PROBE_PNG}"}},
             ]}]}
             try:
-                async with self.session.post(self.base + openai_api.CHAT, json=probe,
+                async with self.session.post(self.base + codec_openai.CHAT, json=probe,
                                              timeout=aiohttp.ClientTimeout(total=60)) as r:
                     await r.read()
                     self._accepts_images[model] = (True if r.status == 200 else
@@ -105,31 +107,44 @@ class VllmBackend(HttpBackend):
                 return None
         return self._accepts_images[model]
 
-    async def tokenize(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-        """/tokenize and /detokenize, passed through as they are."""
+    async def forward(self, method: str, path: str, body: bytes | None = None,
+                      headers: dict[str, str] | None = None) -> tuple[int, str, bytes]:
+        """One vLLM endpoint that needs no filters (/tokenize, /version, /health, ...), passed
+        through as it is: (status, content type, body)."""
+        sent = forward_headers(headers or {})
+        if body is not None:
+            sent["Content-Type"] = "application/json"
         try:
-            async with self.session.post(self.base + path, data=body, headers={
-                    **forward_headers(headers), "Content-Type": "application/json"},
+            async with self.session.request(
+                    method, self.base + path, data=body, headers=sent,
                     timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
-                return r.status, await r.read()
+                return r.status, r.headers.get("Content-Type", ""), await r.read()
         except aiohttp.ClientError as exc:
             raise self._transport_error(exc, path) from None
 
+    async def tokenize(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        """/tokenize and /detokenize, passed through as they are."""
+        status, _, out = await self.forward("POST", path, body, headers)
+        return status, out
+
     async def count_tokens(self, call: Call, model: str) -> int:
-        """Prompt tokens as the backend's own tokenizer counts them (chat template included)."""
-        doc = call.document or {}
-        req: dict[str, Any] = {"model": model}
-        if "messages" in doc:
-            req["messages"] = doc["messages"]
-        else:
-            req["prompt"] = doc.get("prompt", "")
-        status, body = await self.tokenize("/tokenize", json.dumps(req).encode(), {})
-        if status != 200:
-            raise self._status_error(status, body)
-        return int(json.loads(body)["count"])
+        """Prompt tokens as the backend's own tokenizer counts them (chat template included);
+        for a list of prompts (completions, embeddings), the longest of the first
+        :data:`COUNTED_PROMPTS` (one /tokenize call each)."""
+        counts: list[int] = []
+        for req in _token_requests(call):
+            if isinstance(req, int):
+                counts.append(req)
+                continue
+            status, body = await self.tokenize("/tokenize", json.dumps(
+                {"model": model, **req}).encode(), {})
+            if status != 200:
+                raise self._status_error(status, body)
+            counts.append(int(json.loads(body)["count"]))
+        return max(counts, default=0)
 
     def _request(self, call: Call, target: Target) -> tuple[str, bytes, dict[str, str]]:
-        body = openai_api.encode_request(call, target.model)
+        body = codec_openai.encode_request(call, target.model)
         headers = forward_headers(call.headers)
         headers["Content-Type"] = "application/json"
         return self.base + call.endpoint, body, headers
@@ -198,3 +213,51 @@ def _json_or_none(body: bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     return doc if isinstance(doc, dict) else None
+
+
+COUNTED_PROMPTS = 64
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) for t in value)
+
+
+def _token_requests(call: Call) -> list[dict[str, Any] | int]:
+    """/tokenize bodies that count this call's prompt(s); a token-id prompt is its length."""
+    doc = call.document or {}
+    if "messages" in doc:
+        return [{"messages": doc["messages"]}]
+    if call.endpoint == codec_openai.RESPONSES:
+        return [{"messages": _responses_messages(doc)}]
+    prompt = doc.get("prompt", doc.get("input", ""))
+    prompts = prompt if isinstance(prompt, list) and prompt and not _is_ids(prompt) else [prompt]
+    return [len(p) if _is_ids(p) else {"prompt": p} for p in prompts[:COUNTED_PROMPTS]]
+
+
+def _responses_messages(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """A responses body's input as chat messages (input_text → text, input_image → image_url),
+    for counting only."""
+    messages: list[dict[str, Any]] = []
+    if isinstance(doc.get("instructions"), str):
+        messages.append({"role": "system", "content": doc["instructions"]})
+    items = doc.get("input")
+    if isinstance(items, str):
+        return [*messages, {"role": "user", "content": items}]
+    for item in items or []:
+        if not isinstance(item, dict) or item.get("type", "message") != "message":
+            continue
+        content = item.get("content")
+        if isinstance(content, list):
+            content = [_chat_part(p) for p in content]
+        messages.append({"role": item.get("role", "user"), "content": content})
+    return messages
+
+
+def _chat_part(part: Any) -> Any:
+    if not isinstance(part, dict):
+        return part
+    if part.get("type") in ("input_text", "output_text"):
+        return {"type": "text", "text": part.get("text", "")}
+    if part.get("type") == "input_image":
+        return {"type": "image_url", "image_url": {"url": part.get("image_url")}}
+    return part

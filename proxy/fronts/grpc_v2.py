@@ -21,7 +21,7 @@ from proxy import __version__, codec_grpc, shm_fronts
 from proxy.backends.base import RepositoryParameter
 from proxy.call import Call, LocalReply, Result, StreamItem
 from proxy.dataplane import DataPlane
-from proxy.errors import STATUS, ErrorKind, ProxyError
+from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.shm import SharedMemory, uses_shared_memory
 
@@ -37,6 +37,18 @@ _UNIMPLEMENTED = {
 }
 
 
+DECODE_INLINE_BYTES = 1024 * 1024
+"""Requests above this are decoded in a worker thread. Decoding is bounded by the shape, yet a
+shape-matched body of millions of variable-length BYTES elements still takes a second or more
+to walk; a 600 KB image tensor (raw bytes: slices, no walk) stays on the loop."""
+
+
+async def decode(body: bytes, shared_memory: bool = False) -> Call:
+    if len(body) > DECODE_INLINE_BYTES:
+        return await asyncio.to_thread(codec_grpc.decode_request, body, shared_memory)
+    return codec_grpc.decode_request(body, shared_memory)
+
+
 def client_headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
     return {k.lower(): v for k, v in (context.invocation_metadata() or ())
             if isinstance(v, str)}
@@ -46,7 +58,7 @@ async def abort(context: grpc.aio.ServicerContext, reply: LocalReply,
                 decisions: dict[str, str]) -> None:
     trailers = [*decisions.items(), ("mmguard-error-origin", reply.origin)]
     if reply.retry_after_s is not None:
-        trailers.append(("retry-after", str(max(1, round(reply.retry_after_s)))))
+        trailers.append(("retry-after", retry_after(reply.retry_after_s)))
     context.set_trailing_metadata(tuple(trailers))
     await context.abort(STATUS[reply.kind].grpc, reply.message)
 
@@ -163,7 +175,7 @@ class GrpcFront:
 
     async def model_infer(self, body: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
-            call = codec_grpc.decode_request(body, shared_memory=True)
+            call = await decode(body, shared_memory=True)
         except ProxyError as err:
             await abort(context, LocalReply.from_error(err), {})
             return b""
@@ -230,7 +242,7 @@ class _OrderedStream:
         try:
             async for body in requests:
                 try:
-                    call = codec_grpc.decode_request(body)
+                    call = await decode(body)
                 except ProxyError as err:
                     await self.out.put(codec_grpc.stream_error(err.message))
                     continue

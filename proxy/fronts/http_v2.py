@@ -26,7 +26,7 @@ from proxy import __version__, codec_http, shm_fronts
 from proxy.backends.base import RepositoryParameter
 from proxy.call import Call, LocalReply, Result
 from proxy.dataplane import DataPlane
-from proxy.errors import STATUS, ErrorKind, ProxyError
+from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
 from proxy.fronts.body import read_body
 from proxy.fronts.openai import OpenAIFront, drop_connection
 from proxy.shm import SharedMemory, uses_shared_memory
@@ -37,13 +37,16 @@ log = logging.getLogger("mmguard.http")
 DECODE_INLINE_BYTES = 256 * 1024
 """JSON (a body's, an answer's) up to this is parsed (written) on the event loop; bigger in a
 worker thread."""
+BINARY_DECODE_INLINE_BYTES = 1024 * 1024
+"""A binary body above this is decoded in a worker thread too (see grpc_v2.DECODE_INLINE_BYTES:
+millions of variable-length BYTES elements take a second to walk)."""
 _ANSWER_CODINGS = ("gzip", "deflate")
 
 
 def error_response(reply: LocalReply, decisions: dict[str, str] | None = None) -> web.Response:
     headers = {**(decisions or {}), "mmguard-error-origin": reply.origin}
     if reply.retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, round(reply.retry_after_s)))
+        headers["Retry-After"] = retry_after(reply.retry_after_s)
     return web.json_response({"error": reply.message}, status=STATUS[reply.kind].http,
                              headers=headers)
 
@@ -66,14 +69,13 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 class HttpFront:
     def __init__(self, plane: DataPlane, max_request_bytes: int,
-                 image_url_allow_hosts: tuple[str, ...] = (),
                  max_json_bytes: int | None = None,
                  shm: SharedMemory | None = None) -> None:
         self.plane = plane
         self.shm = shm or SharedMemory()
         self.max_request_bytes = max_request_bytes
         self.max_json_bytes = min(max_json_bytes or max_request_bytes, max_request_bytes)
-        self.openai = OpenAIFront(plane, max_request_bytes, image_url_allow_hosts)
+        self.openai = OpenAIFront(plane, max_request_bytes)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_request_bytes, middlewares=[_errors])
@@ -189,8 +191,10 @@ class HttpFront:
         decode_args = (body, header_length, request.match_info["model"],
                        request.match_info.get("version", ""), request.content_type, True)
         json_part = int(header_length) if header_length and header_length.isdigit() else None
-        if (len(body) if json_part is None else json_part) > DECODE_INLINE_BYTES:
-            # Big JSON off the loop; binary tensors are views of the body, decoded in place.
+        if ((len(body) if json_part is None else json_part) > DECODE_INLINE_BYTES
+                or len(body) > BINARY_DECODE_INLINE_BYTES):
+            # Big JSON off the loop; binary tensors are views of the body, decoded in place
+            # unless the body is big enough to hold millions of BYTES elements to walk.
             call = await asyncio.to_thread(codec_http.decode_request, *decode_args)
         else:
             call = codec_http.decode_request(*decode_args)

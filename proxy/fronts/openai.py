@@ -1,55 +1,117 @@
-"""The OpenAI-compatible front (same listener as KServe v2 HTTP): chat and text completions,
-SSE streaming forwarded event by event, /v1/models, /tokenize and /detokenize.
+"""The OpenAI-compatible front (same listener as KServe v2 HTTP), in front of vLLM.
+
+Proxied through the model's filter chain: chat and text completions, ``/v1/responses``,
+``/v1/embeddings``, ``/pooling`` and SageMaker's ``/invocations`` (SSE streams forwarded event by
+event). Proxied without filters, but with the same content and URL checks: ``/tokenize`` and
+``/detokenize``. Answered for the backend: ``/v1/models``, ``/health``, ``/ping``, ``/version``,
+``/tokenizer_info`` and stored responses (``/v1/responses/{id}``). Every other vLLM endpoint is
+refused with the reason (``proxy.fronts.openai_refusals``).
+
+Remote media follow ``openai`` in the *live* config (read from the runtime on every request, so
+a SIGHUP reload applies a new allow-list at once): checked and re-written URLs, and in ``fetch``
+mode mmguard's own fetch of allow-listed images, inlined as ``data:`` URLs.
 
 Backend errors go back with their status and body intact (OpenAI clients parse them); mmguard's
-own refusals use OpenAI's error shape with the status from ``proxy.errors.STATUS``.
+own refusals use OpenAI's error shape with the status from ``proxy.errors.STATUS``. An unknown
+model is named, but the served models are never listed to the caller.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from typing import Any
+from urllib.parse import urlencode
 
 from aiohttp import web
+from prometheus_client import Counter
 
-from proxy import openai_api
-from proxy.call import Call, LocalReply, Result, SseEvent
+from proxy import codec_openai
+from proxy.call import Api, Call, LocalReply, Result, SseEvent
+from proxy.config import OpenAIConfig
 from proxy.dataplane import DataPlane
-from proxy.errors import STATUS, ErrorKind, ProxyError
+from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
 from proxy.fronts.body import read_body
+from proxy.fronts.openai_refusals import register_refusals
+from proxy.media_fetch import ImageFetcher
+from proxy.media_urls import HostAllowList
 
 log = logging.getLogger("mmguard.openai")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+_RESPONSE_ID = re.compile(r"[A-Za-z0-9_-]{1,200}")  # nothing that could change the path
 
 
 def openai_error(reply: LocalReply, decisions: dict[str, str] | None = None) -> web.Response:
     headers = {**(decisions or {}), "mmguard-error-origin": reply.origin}
     if reply.retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, round(reply.retry_after_s)))
+        headers["Retry-After"] = retry_after(reply.retry_after_s)
     if reply.body is not None and reply.origin == "backend":
         return web.Response(body=reply.body, status=reply.status or STATUS[reply.kind].http,
                             headers=headers, content_type="application/json")
-    return web.json_response(openai_api.error_body(reply.kind, reply.message, reply.param),
+    return web.json_response(codec_openai.error_body(reply.kind, reply.message, reply.param),
                              status=STATUS[reply.kind].http, headers=headers)
 
 
+def _refuse(kind: ErrorKind, message: str, param: str | None = None) -> web.Response:
+    return openai_error(LocalReply(kind, message, param=param))
+
+
+class MediaRules:
+    """The live ``openai`` config, compiled: the allow-list and the image fetcher."""
+
+    def __init__(self, cfg: OpenAIConfig) -> None:
+        self.cfg = cfg
+        allow = HostAllowList.of(cfg.image_url_allow_hosts)
+        self.policy = codec_openai.MediaPolicy(allow, cfg.remote_images, cfg.fetch.max_images)
+        self.fetcher = ImageFetcher(cfg.fetch, allow) if cfg.remote_images == "fetch" else None
+
+
 class OpenAIFront:
-    def __init__(self, plane: DataPlane, max_request_bytes: int,
-                 image_url_allow_hosts: tuple[str, ...]) -> None:
+    def __init__(self, plane: DataPlane, max_request_bytes: int) -> None:
+        """The ``openai`` config (allow-list, remote images) is read from the live runtime on
+        every request, so a reload applies it."""
         self.plane = plane
         self.max_request_bytes = max_request_bytes
-        self.allowed_hosts = frozenset(h.lower() for h in image_url_allow_hosts)
+        self._rules: MediaRules | None = None
+        self._retired: set[asyncio.Task[None]] = set()
+        self._media = plane.telemetry.metric(
+            Counter, "mmguard_remote_media_total",
+            "Remote media URLs in OpenAI requests, by what mmguard did with them.", ["outcome"])
 
     def register(self, app: web.Application) -> None:
         r = app.router
         r.add_get("/v1/models", self.models)
-        r.add_post(openai_api.CHAT, self.chat)
-        r.add_post(openai_api.COMPLETIONS, self.completions)
-        r.add_post("/tokenize", self.tokenize)
-        r.add_post("/detokenize", self.tokenize)
+        for endpoint in codec_openai.INFERENCE:
+            r.add_post(endpoint, self._infer_handler(endpoint))
+        r.add_post(codec_openai.TOKENIZE, self.tokenize)
+        r.add_post(codec_openai.DETOKENIZE, self.tokenize)
+        r.add_get("/health", self.health)
+        r.add_route("*", "/ping", self.health)
+        r.add_get("/version", self.version)
+        r.add_get("/tokenizer_info", self.backend_scoped)
+        r.add_get("/v1/responses/{response_id}", self.backend_scoped)
+        r.add_post("/v1/responses/{response_id}/cancel", self.backend_scoped)
+        register_refusals(r)
+        app.on_cleanup.append(self._close)
+
+    async def _close(self, app: web.Application) -> None:
+        if self._rules is not None and self._rules.fetcher is not None:
+            await self._rules.fetcher.close()
+
+    def rules(self) -> MediaRules:
+        cfg = self.plane.runtime.config.openai
+        rules = self._rules
+        if rules is None or rules.cfg is not cfg:
+            if rules is not None and rules.fetcher is not None:
+                task = asyncio.ensure_future(rules.fetcher.close())
+                self._retired.add(task)
+                task.add_done_callback(self._retired.discard)
+            rules = self._rules = MediaRules(cfg)
+        return rules
 
     async def _body(self, request: web.Request) -> bytes:
         if request.content_length is not None and request.content_length > self.max_request_bytes:
@@ -57,6 +119,31 @@ class OpenAIFront:
                              f"request body is {request.content_length} bytes; this listener "
                              f"accepts at most {self.max_request_bytes}")
         return await read_body(request, self.max_request_bytes)  # inflated once, bounded
+
+    async def _decode(self, request: web.Request, endpoint: str) -> Call:
+        """The checked call, its model known and its remote images inlined (fetch mode)."""
+        rules = self.rules()
+        call = codec_openai.parse_request(await self._body(request), endpoint)
+        assert call.document is not None
+        try:
+            forwarded = codec_openai.apply_url_policy(call.document, rules.policy)
+            if forwarded:
+                call.wire = None  # the URLs as mmguard wrote them, not the client's bytes
+                self._media.labels("forwarded").inc(forwarded)
+            if call.model not in self.plane.runtime.routes:
+                raise ProxyError(ErrorKind.NOT_FOUND, f"model '{call.model}' is not served by "
+                                 "mmguard", param="model")
+            fetched = 0 if rules.fetcher is None else await rules.fetcher.inline(call)
+        except ProxyError as err:
+            if err.kind is not ErrorKind.NOT_FOUND:
+                self._media.labels("refused").inc()
+                log.debug("remote media refused at %s: %s", err.param, err.message)
+            raise
+        if fetched:
+            self._media.labels("fetched").inc(fetched)
+            call.decisions["mmguard-remote-images"] = f"fetched {fetched}, sent inline"
+        call.headers = {k.lower(): v for k, v in request.headers.items()}
+        return call
 
     async def models(self, request: web.Request) -> web.Response:
         runtime = self.plane.runtime
@@ -72,19 +159,16 @@ class OpenAIFront:
                          "max_model_len": contract.context_length})
         return web.json_response({"object": "list", "data": data})
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._infer(request, openai_api.CHAT)
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._infer(request, openai_api.COMPLETIONS)
+    def _infer_handler(self, endpoint: str) -> Any:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return await self._infer(request, endpoint)
+        return handler
 
     async def _infer(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         try:
-            call = openai_api.decode_request(await self._body(request), endpoint,
-                                             self.allowed_hosts)
+            call = await self._decode(request, endpoint)
         except ProxyError as err:
             return openai_error(LocalReply.from_error(err))
-        call.headers = {k.lower(): v for k, v in request.headers.items()}
         if call.streaming:
             return await self._stream(request, call)
         reply = await self.plane.infer(call)
@@ -126,11 +210,8 @@ class OpenAIFront:
                     doc = item.json()
                     if doc is not None:
                         self._account_usage(call, doc)
-                    if rename and doc is not None and "model" in doc:
-                        doc["model"] = call.model
-                        await resp.write(b"data: " + json.dumps(doc).encode() + b"\n\n")
-                    else:
-                        await resp.write(item.raw)
+                    await resp.write(_renamed_event(item, doc, call.model) if rename
+                                     else item.raw)
                 item = await anext(items, None)
                 if item is not None:  # inter-token latency, as the client sees it
                     now = time.monotonic()
@@ -150,40 +231,123 @@ class OpenAIFront:
         if not doc:
             return
         t = self.plane.telemetry
-        usage = doc.get("usage")
+        response = doc.get("response")
+        usage = doc.get("usage") or (response.get("usage") if isinstance(response, dict)
+                                     else None)
         if isinstance(usage, dict):
-            for kind in ("prompt_tokens", "completion_tokens"):
-                if isinstance(usage.get(kind), int):
-                    t.tokens.labels(call.model, kind.removesuffix("_tokens")).inc(usage[kind])
+            for kind, names in (("prompt", ("prompt_tokens", "input_tokens")),
+                                ("completion", ("completion_tokens", "output_tokens"))):
+                value = next((usage[n] for n in names if isinstance(usage.get(n), int)), None)
+                if value is not None:
+                    t.tokens.labels(call.model, kind).inc(value)
         for choice in doc.get("choices") or []:
             reason = choice.get("finish_reason") if isinstance(choice, dict) else None
             if reason:
                 t.finish_reasons.labels(call.model, str(reason)).inc()
 
+    # --- endpoints without filters ---------------------------------------------------------
+
     async def tokenize(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
+        endpoint = codec_openai.TOKENIZE if request.path == codec_openai.TOKENIZE else \
+            codec_openai.DETOKENIZE
         try:
-            doc = json.loads(body)
-            model = doc["model"]
-        except (ValueError, KeyError, TypeError):
-            return openai_error(LocalReply(ErrorKind.INVALID_ARGUMENT,
-                                           "the body must be JSON with a 'model'", param="model"))
-        runtime = self.plane.runtime
-        route = runtime.routes.get(model)
-        backend = runtime.backends[route.spec.backend] if route else None
-        if route is None or not hasattr(backend, "tokenize"):
-            return openai_error(LocalReply(ErrorKind.NOT_FOUND,
-                                           f"model '{model}' is not an OpenAI model served by "
-                                           "mmguard", param="model"))
-        target = route.target
-        if target.model != model:
-            body = json.dumps({**doc, "model": target.model}).encode()
-        try:
-            status, out = await backend.tokenize(request.path, body,  # type: ignore[union-attr]
-                                                 {k.lower(): v for k, v in request.headers.items()})
+            call = await self._decode(request, endpoint)
         except ProxyError as err:
             return openai_error(LocalReply.from_error(err))
-        return web.Response(body=out, status=status, content_type="application/json")
+        runtime = self.plane.runtime
+        route = runtime.routes[call.model]
+        backend = runtime.backends[route.spec.backend]
+        if not hasattr(backend, "forward"):
+            return _refuse(ErrorKind.INVALID_ARGUMENT, f"model '{call.model}' is not served "
+                           "over the OpenAI API; it has no /tokenize", "model")
+        body = codec_openai.encode_request(call, route.target.model)
+        try:
+            status, ctype, out = await backend.forward("POST", request.path, body, call.headers)
+        except ProxyError as err:
+            return openai_error(LocalReply.from_error(err))
+        return _passed(status, ctype, out)
+
+    def _openai_backends(self) -> dict[str, Any]:
+        runtime = self.plane.runtime
+        return {n: b for n, b in runtime.backends.items() if b.api is Api.OPENAI}
+
+    async def health(self, request: web.Request) -> web.Response:
+        """vLLM's /health and /ping: 200 with no body when every vLLM backend is healthy."""
+        backends = self._openai_backends()
+        if not backends:
+            ready = await self.plane.ready()
+            return web.Response(status=200 if ready else 503)
+        states = await asyncio.gather(*(b.ready() for b in backends.values()))
+        down = [n for n, ok in zip(backends, states, strict=True) if not ok]
+        if down:
+            return _refuse(ErrorKind.UNAVAILABLE, f"vLLM backend(s) {', '.join(down)} are not "
+                           "healthy")
+        return web.Response(status=200)
+
+    def _backend(self, request: web.Request) -> Any:
+        """The backend a model-less endpoint is about: the one of ``?model=``, else the only
+        vLLM backend; a ``web.Response`` refusal when that is ambiguous."""
+        runtime = self.plane.runtime
+        model = request.query.get("model")
+        if model is not None:
+            route = runtime.routes.get(model)
+            if route is None:
+                return _refuse(ErrorKind.NOT_FOUND, f"model '{model}' is not served by mmguard",
+                               "model")
+            backend = runtime.backends[route.spec.backend]
+            if backend.protocol != "openai":
+                return _refuse(ErrorKind.INVALID_ARGUMENT, f"model '{model}' is not served "
+                               f"over the OpenAI API; {request.path} is vLLM's", "model")
+            return backend
+        backends = list(self._openai_backends().values())
+        if len(backends) == 1:
+            return backends[0]
+        if not backends:
+            return _refuse(ErrorKind.NOT_FOUND, f"{request.path}: mmguard has no vLLM backend")
+        return _refuse(ErrorKind.INVALID_ARGUMENT, f"{request.path}: mmguard serves "
+                       f"{len(backends)} vLLM backends; say which with ?model=<model>", "model")
+
+    async def backend_scoped(self, request: web.Request) -> web.Response:
+        backend = self._backend(request)
+        if isinstance(backend, web.Response):
+            return backend
+        path = request.path
+        response_id = request.match_info.get("response_id")
+        if response_id is not None:
+            if not _RESPONSE_ID.fullmatch(response_id):
+                return _refuse(ErrorKind.INVALID_ARGUMENT, "a response id is letters, digits, "
+                               "'_' and '-' (at most 200)", "response_id")
+            path = f"/v1/responses/{response_id}" + (
+                "/cancel" if request.method == "POST" else "")
+        query = urlencode([(k, v) for k, v in request.query.items() if k != "model"])
+        body = await self._body(request) if request.can_read_body else None
+        try:
+            status, ctype, out = await backend.forward(
+                request.method, path + (f"?{query}" if query else ""), body)
+        except ProxyError as err:
+            return openai_error(LocalReply.from_error(err))
+        return _passed(status, ctype, out)
+
+    async def version(self, request: web.Request) -> web.Response:
+        if "model" in request.query or len(self._openai_backends()) <= 1:
+            return await self.backend_scoped(request)
+        versions: dict[str, str] = {}
+        for name, backend in self._openai_backends().items():
+            try:
+                status, _, out = await backend.forward("GET", "/version")
+                versions[name] = json.loads(out).get("version", "") if status == 200 else ""
+            except (ProxyError, ValueError, AttributeError):
+                versions[name] = ""
+        first = next(iter(versions.values()))
+        doc = ({"version": first} if len(set(versions.values())) == 1
+               else {"version": first, "versions": versions})
+        return web.Response(body=json.dumps(doc, separators=(",", ":")).encode(),
+                            content_type="application/json")  # as vLLM writes it
+
+
+def _passed(status: int, ctype: str, body: bytes) -> web.Response:
+    return web.Response(body=body, status=status,
+                        headers={"Content-Type": ctype or "application/json"})
 
 
 def drop_connection(request: web.Request) -> None:
@@ -200,18 +364,35 @@ def _json(body: bytes) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+def _rename(doc: dict[str, Any], model: str) -> bool:
+    """The client's model name in an answer (top level, or a responses event's ``response``)."""
+    renamed = False
+    for holder in (doc, doc.get("response")):
+        if isinstance(holder, dict) and "model" in holder:
+            holder["model"] = model
+            renamed = True
+    return renamed
+
+
 def _renamed(result: Result, call: Call) -> bytes:
     assert result.wire is not None
     body = result.wire.body
     if call.target is None or call.target.model == call.model:
         return body
     doc = _json(body)
-    if doc is None:
+    if doc is None or not _rename(doc, call.model):
         return body
-    doc["model"] = call.model
     return json.dumps(doc).encode()
 
 
+def _renamed_event(item: SseEvent, doc: dict[str, Any] | None, model: str) -> bytes:
+    """The event with the client's model name; its other lines (``event: …``) kept."""
+    if doc is None or not _rename(doc, model):
+        return item.raw
+    lines = [ln for ln in item.raw.split(b"\n") if ln and not ln.startswith(b"data:")]
+    return b"\n".join([*lines, b"data: " + json.dumps(doc).encode()]) + b"\n\n"
+
+
 def _error_event(reply: LocalReply) -> bytes:
-    doc = openai_api.error_body(reply.kind, reply.message, reply.param)
+    doc = codec_openai.error_body(reply.kind, reply.message, reply.param)
     return b"data: " + json.dumps(doc).encode() + b"\n\ndata: [DONE]\n\n"

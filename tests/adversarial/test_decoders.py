@@ -254,3 +254,26 @@ def test_a_megabyte_model_name_is_not_sent_back_whole(served: MmguardProcess) ->
     assert len(out.answer.message) <= MAX_MESSAGE_CHARS
     assert out.answer.message.startswith("model 'mmmm")
     assert out.answer.message.endswith(" more characters]")
+
+
+# --- a shape that matches: the walk is long, so it runs in a worker thread ----------------------
+
+
+WALKED = ALTERNATING * 3
+WALKED_COUNT = 3 * EMPTY_ELEMENTS
+
+
+def test_shape_matched_bytes_walk_over_grpc_is_off_the_loop(served: MmguardProcess) -> None:
+    """12 M alternating elements (54 MiB) for a shape one larger: every element is walked before
+    the count falls short (1-3 s on the loop before the fronts decoded big bodies in a thread)."""
+    body = grpc_body("INPUT0", "BYTES", [WALKED_COUNT + 1], raw=WALKED)
+    out = attack(served, grpc_infer(body))
+    assert out.answer.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"shape needs {WALKED_COUNT + 1} BYTES elements" in out.answer.message
+
+
+def test_shape_matched_bytes_walk_over_http_is_off_the_loop(served: MmguardProcess) -> None:
+    body, hlen = http_binary_body([("INPUT0", "BYTES", [WALKED_COUNT + 1], WALKED)])
+    out = attack(served, http_infer("identity_bytes", body, hlen))
+    assert out.answer.code == 400
+    assert f"shape needs {WALKED_COUNT + 1} BYTES elements" in out.answer.message

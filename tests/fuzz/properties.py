@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from proxy import codec_grpc, codec_http, openai_api, pbwire
+from proxy import codec_grpc, codec_http, codec_openai, pbwire
 from proxy.call import Call
 from proxy.config import Config, ConfigError, parse_config
 from proxy.tensor import decode_bytes_elements, encode_bytes_elements
@@ -69,20 +69,20 @@ def check_http(case: tuple[bytes, str | None]) -> None:
 
 def check_openai(case: tuple[bytes, str]) -> None:
     body, endpoint = case
-    call = decodes_or_refuses(openai_api.decode_request, body, endpoint, ALLOWED_HOSTS)
+    call = decodes_or_refuses(codec_openai.decode_request, body, endpoint, ALLOWED_HOSTS)
     if call is None:
         return
     # What the filters read next (quality, shape_guard, the modality router): typed views.
-    view = openai_api.ChatView(call)
+    view = codec_openai.ChatView(call)
     texts = decodes_or_refuses(view.texts)
     assert texts is None or all(isinstance(t, str) for t in texts), texts
     decodes_or_refuses(view.images)
     assert view.max_tokens is None or isinstance(view.max_tokens, int)
-    openai_api.encode_request(call, "backend-model")
+    codec_openai.encode_request(call, "backend-model")
 
 
 def check_image(url: str) -> None:
-    part = openai_api.ImagePart(0, 0, url)
+    part = codec_openai.ImagePart(0, 0, url)
     rgb = decodes_or_refuses(part.array)
     if rgb is not None:
         assert rgb.ndim == 3 and rgb.shape[2] == 3 and rgb.dtype == np.uint8, rgb.shape

@@ -3,7 +3,7 @@
 No real server sends one on cue, so a real v2 server over the real wire (``FakeV2``) does: an
 output 4 bytes short or long, BYTES framing cut or an element short, JSON data an element
 short, a raw-content count that does not match the outputs, a binary part longer than the
-outputs declare. Through either Triton backend and either front, the client gets INTERNAL / 500
+outputs declare. Through either Triton backend and either front, the client gets INTERNAL / 502
 naming the backend, the model and the output; with a fallback configured, the next level
 answers instead.
 """
@@ -131,7 +131,7 @@ def test_an_answer_that_does_not_fit_is_internal(proxy: RunningMmguard, broken: 
     broken.bad_answer = cue
     got = infer(proxy, front, f"{kind[0]}_echo")
     assert isinstance(got, InferenceServerException), f"forwarded as an answer: {got}"
-    assert got.status() == ("StatusCode.INTERNAL" if front == "grpc" else "500")
+    assert got.status() == ("StatusCode.INTERNAL" if front == "grpc" else "502")
     message = got.message() or ""
     assert f"backend 'fake-{kind}' for model 'echo' answered outside its contract" in message
     assert detail in message

@@ -364,3 +364,14 @@ def test_a_body_that_never_completes_gets_408_at_its_deadline(ort_models: Path) 
                                   "listeners.http.body_timeout_s (2 s;"), message
         assert 2.0 <= took < 2.0 + 5.0
         assert _refusals(m, "http", "body_timeout_s") == 1
+
+
+def test_listener_refusal_counters_exist_at_zero(ort_models: Path) -> None:
+    """increase() sees the first refusal only if its series existed before it (at 0)."""
+    with RunningMmguard(ort_config(ort_models)) as m:
+        m.wait_ready()
+        text = urllib.request.urlopen(m.admin_url + "/metrics", timeout=10).read().decode()
+        for listener, limit in (("http", "max_connections"), ("admin", "body_timeout_s"),
+                                ("http", "max_concurrent_requests")):
+            assert (f'mmguard_listener_refusals_total{{limit="{limit}",listener="{listener}"}}'
+                    " 0.0") in text

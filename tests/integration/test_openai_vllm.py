@@ -6,6 +6,7 @@ import http.server
 import json
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,13 +151,13 @@ def test_backend_errors_keep_status_and_body(proxy: RunningMmguard, vllm_llama: 
 
 
 def test_remote_image_urls_are_refused_by_default(proxy: RunningMmguard) -> None:
-    content = [{"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest.png"}}]
+    content = [{"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/latest.png"}}]
     with pytest.raises(openai.BadRequestError) as exc:
         sdk(proxy.http_url).chat.completions.create(
             model="tiny-llava", messages=[{"role": "user", "content": content}], max_tokens=1)
     message = exc.value.message
-    assert "remote image URLs are refused by mmguard" in message and "169.254.169.254" in message
-    assert exc.value.body["param"] == "messages[0].content[0].image_url"  # type: ignore[index]
+    assert "remote media URLs are refused by mmguard" in message and "127.0.0.1:9" in message
+    assert exc.value.body["param"] == "messages[0].content[0].image_url.url"  # type: ignore[index]
 
 
 @pytest.fixture
@@ -181,7 +182,9 @@ def image_host(tmp_path: Path) -> Iterator[str]:
 
 def test_allow_listed_image_host_reaches_the_backend(vllm_llava: VllmServer,
                                                      image_host: str) -> None:
-    cfg = {**vllm_config(llava=vllm_llava), "openai": {"image_url_allow_hosts": ["127.0.0.1"]}}
+    port = urllib.parse.urlsplit(image_host).port
+    cfg = {**vllm_config(llava=vllm_llava),
+           "openai": {"image_url_allow_hosts": [f"127.0.0.1:{port}"]}}
     with RunningMmguard(cfg) as m:
         m.wait_ready(timeout=120)
         content = [{"type": "text", "text": "what?"},
@@ -241,3 +244,41 @@ def test_backend_killed_mid_stream(vllm_models: dict[str, Path], vllm_llava: Vll
             assert pgid is not None and _group_pids(pgid) == []
     finally:
         doomed.stop()
+
+
+def test_responses_images_are_seen_by_the_filters(vllm_llava: VllmServer) -> None:
+    """An input_image of /v1/responses is an image to the chain: quality scores and annotates
+    it by its JSON path, and the answer still comes from vLLM."""
+    cfg = vllm_config(llava=vllm_llava)
+    cfg["models"][0]["filters"] = [{"quality": {"rules": [
+        {"signal": "sharpness", "below": 0.5, "action": "annotate"}], "drift": None}}]
+    with RunningMmguard(cfg) as m:
+        m.wait_ready(timeout=120)
+        flat = png_data_url(64, 64, (120, 120, 120))  # one colour: no edges, sharpness 0
+        raw = sdk(m.http_url).responses.with_raw_response.create(
+            model="tiny-llava", max_output_tokens=2, temperature=0, input=[{
+                "role": "user", "content": [
+                    {"type": "input_text", "text": "what is in this picture?"},
+                    {"type": "input_image", "image_url": flat, "detail": "auto"}]}])
+        assert raw.parse().output_text is not None
+        assert raw.headers["mmguard-quality-sharpness"].startswith(
+            "annotate; input[0].content[1].image_url: signal 'sharpness' is 0.000")
+
+
+@pytest.mark.parametrize("rid", ["..%2F..%2Fload", "..%2Fload", "%2E%2E%2F%2E%2E%2Fload",
+                                 "x%3Fy"])
+def test_a_response_id_cannot_reach_another_vllm_endpoint(proxy: RunningMmguard,
+                                                          rid: str) -> None:
+    """/v1/responses/{id} is forwarded, so its id must not walk to /load or add a query."""
+    status, body = _raw_get(f"http://{proxy.http_url}/v1/responses/{rid}?model=tiny-llava")
+    assert status in (400, 404), body
+    assert b"server_load" not in body
+
+
+def _raw_get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, e.read()

@@ -104,3 +104,27 @@ def test_finish_reason_length_is_flagged_or_refused(proxy: RunningMmguard) -> No
     text = urllib.request.urlopen(proxy.admin_url + "/metrics", timeout=10).read().decode()
     assert 'mmguard_filter_decisions_total{decision="finish:length",filter="shape",' \
            'model="guarded"}' in text
+
+
+def test_responses_context_overflow_is_refused_like_chat(proxy: RunningMmguard,
+                                                         vllm_llama: VllmServer) -> None:
+    """/v1/responses goes through the same chain: its input is counted as the chat it becomes,
+    and max_output_tokens is its max_tokens."""
+    n = prompt_tokens(vllm_llama)
+    want = 128 - n + 20
+    req = urllib.request.Request(
+        f"http://{proxy.http_url}/v1/responses", headers={"Content-Type": "application/json"},
+        data=json.dumps({"model": "guarded", "input": PROMPT, "max_output_tokens": want,
+                         "temperature": 0}).encode())
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req, timeout=120)
+    with exc.value as e:
+        assert e.code == 400
+        body = json.loads(e.read())
+        assert e.headers["mmguard-shape-context"].startswith("reject")
+    assert f"the prompt has {n} tokens and max_tokens is {want}" in body["error"]["message"]
+    ok = json.loads(urllib.request.urlopen(urllib.request.Request(
+        f"http://{proxy.http_url}/v1/responses", headers={"Content-Type": "application/json"},
+        data=json.dumps({"model": "guarded", "input": PROMPT, "max_output_tokens": 4,
+                         "temperature": 0}).encode()), timeout=120).read())
+    assert ok["model"] == "guarded" and ok["output"][0]["content"][0]["text"]

@@ -135,7 +135,7 @@ class FakeV2:
             return _binary_answer(out, _bad_bytes(cue, inp["shape"]))
         if cue == "json-short" or not hlen:
             data = inp["data"] if "data" in inp else list(
-                np.frombuffer(body[int(hlen):], np.float32).tolist())
+                np.frombuffer(body[int(hlen or 0):], np.float32).tolist())
             out["outputs"][0]["data"] = data[:-1] if cue == "json-short" else data
             return web.json_response(out)
         raw = body[int(hlen):]

@@ -26,7 +26,7 @@ class MmguardProcess:
         while time.monotonic() < deadline:
             for rec in self.records():
                 if "http_port" in rec:
-                    return {k: rec[f"{k}_port"] for k in ("http", "grpc", "admin")}
+                    return {k: int(str(rec[f"{k}_port"])) for k in ("http", "grpc", "admin")}
             if self.proc.poll() is not None:
                 break
             time.sleep(0.1)

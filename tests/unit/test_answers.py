@@ -42,12 +42,12 @@ def test_json_data_count() -> None:
     assert problem is not None and "needs 4 elements, the JSON data has 3" in problem
 
 
-def test_check_outputs_is_internal_from_the_backend() -> None:
+def test_check_outputs_is_a_bad_gateway_from_the_backend() -> None:
     bad = Tensor("y", "FP32", (2,), raw=bytes(4))
     with pytest.raises(ProxyError) as err:
         check_outputs([Tensor("x", "FP32", (1,), raw=bytes(4)), bad],
                       "backend 'b' for model 'm'")
-    assert err.value.kind is ErrorKind.INTERNAL and err.value.origin == "backend"
+    assert err.value.kind is ErrorKind.BAD_GATEWAY and err.value.origin == "backend"
     assert err.value.message == ("backend 'b' for model 'm' answered outside its contract: "
                                  "output 'y': FP32 shape [2] needs 8 bytes, got 4")
 
@@ -65,7 +65,8 @@ def test_grpc_answer_in_typed_contents_is_read_and_checked() -> None:
     out.contents.fp32_contents.append(4.0)
     with pytest.raises(ProxyError) as err:
         codec_grpc.decode_response(resp.SerializeToString(), "backend 'b' for model 'm'")
-    assert "output 'y': FP32 shape [3] needs 12 bytes, got 16" in err.value.message
+    assert ("answered outside its contract: output 'y': shape [3] needs 3 FP32 elements, "
+            "fp32_contents holds 4") in err.value.message
 
 
 def test_a_cut_decision_detail_is_still_a_valid_grpc_trailer() -> None:

@@ -116,7 +116,7 @@ async def test_nan_answers_count_as_failures_and_static_answer_is_last() -> None
 
 
 async def test_cache_serves_the_last_good_answer_within_its_ttl() -> None:
-    replies = [ok, lambda: LocalReply(ErrorKind.UNAVAILABLE, "down")]
+    replies: list[Callable[[], Reply]] = [ok, lambda: LocalReply(ErrorKind.UNAVAILABLE, "down")]
     terminal, _ = scripted(replies)
     run, clock = chain({"cache": {"size": 10, "ttl_s": 60}}, terminal)
     assert isinstance(await run(call(7)), Result)

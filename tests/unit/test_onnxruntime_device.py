@@ -9,15 +9,15 @@ import onnxruntime as ort
 import pytest
 
 from proxy.backends.onnxruntime import OnnxRuntimeBackend
-from proxy.config import OnnxRuntimeBackend as OrtConfig
+from proxy.config_backends import OnnxRuntimeBackendConfig
 from proxy.errors import ProxyError
 from tests.support.models import write_identity
 
 
 def backend(tmp_path: Path, device: str) -> OnnxRuntimeBackend:
     write_identity(tmp_path, "FP32")
-    return OnnxRuntimeBackend(OrtConfig(kind="onnxruntime", name="ort", model_dir=tmp_path,
-                                        device=device))  # type: ignore[arg-type]
+    return OnnxRuntimeBackend(OnnxRuntimeBackendConfig(kind="onnxruntime", name="ort",
+                                                      model_dir=tmp_path, device=device))
 
 
 async def test_auto_and_cpu_load_what_is_really_there(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from proxy.call import Call, LocalReply, Reply, Result, Target
 from proxy.chain import FilterContext
 from proxy.clock import ManualClock
 from proxy.errors import ErrorKind
+from proxy.lifecycle import Store
 from proxy.telemetry import Telemetry
 from proxy.tensor import Tensor
 from tests.support.photos import clean_set
@@ -47,10 +48,10 @@ class Backend:
 
 
 def build(graded: dict[str, Any], backend: Backend,
-          admin: dict[str, Any] | None = None, seed: int = 0) -> tuple[Quality, Telemetry]:
+          local: Store | None = None, seed: int = 0) -> tuple[Quality, Telemetry]:
     telemetry = Telemetry()
     ctx = FilterContext("m", telemetry, ManualClock(), random.Random(seed), lambda: None,
-                        reroute=backend.reroute, admin=admin if admin is not None else {})
+                        reroute=backend.reroute, local=local if local is not None else Store())
     cfg = QualityConfig.model_validate({"images": {"pixel_values": {}}, "drift": None,
                                         "rules": [], "graded": graded})
     return Quality(cfg, ctx), telemetry
@@ -92,14 +93,14 @@ async def test_a_very_dark_photo_is_refused_naming_the_trust_score() -> None:
 
 async def test_a_refusal_serves_the_fallback_filters_cached_answer() -> None:
     backend = Backend()
-    admin: dict[str, Any] = {}
+    local = Store()  # one runtime's: the fallback fills it, quality reads it
     ctx = FilterContext("m", Telemetry(), ManualClock(), random.Random(0), lambda: None,
-                        admin=admin)
+                        local=local)
     fallback = Fallback(FallbackConfig(), ctx)
     dark = lit(0.05)
     first = await fallback(dark, backend.answer)  # a good answer to this very request, cached
     assert isinstance(first, Result) and backend.calls == 1
-    quality, _ = build({}, backend, admin)
+    quality, _ = build({}, backend, local)
     again = lit(0.05)
     reply = await quality(again, backend.answer)
     assert isinstance(reply, Result) and backend.calls == 1  # the backend was not asked

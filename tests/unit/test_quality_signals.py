@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from PIL import Image, ImageFilter
 from prometheus_client import CollectorRegistry
 
+from filters.call_keys import UNUSABLE_MODALITIES
 from filters.quality import Quality, QualityConfig, resolve_layout
 from filters.quality_drift import DriftConfig, DriftMonitor, compare, drift_gauges
 from filters.quality_report import Item, Report
@@ -30,7 +31,7 @@ from filters.quality_signals import (
     trust_score,
 )
 from filters.quality_text import TEXT_SIGNALS, text_signals
-from proxy.call import UNUSABLE_MODALITIES, Call, LocalReply, Reply, Result, Target
+from proxy.call import Call, LocalReply, Reply, Result, Target
 from proxy.chain import FilterContext
 from proxy.clock import ManualClock
 from proxy.config import ConfigError, parse_config

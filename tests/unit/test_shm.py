@@ -22,14 +22,8 @@ from proxy.call import Call, LocalReply, RequestedOutput, Result
 from proxy.config import SharedMemoryConfig
 from proxy.errors import ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
-from proxy.shm import (
-    WRITTEN,
-    Connection,
-    SharedMemory,
-    grpc_peer,
-    peer_uid,
-    uses_shared_memory,
-)
+from proxy.shm import WRITTEN, SharedMemory, uses_shared_memory
+from proxy.shm_peer import Connection, grpc_peer, peer_uid
 from proxy.telemetry import Telemetry
 from proxy.tensor import Tensor
 

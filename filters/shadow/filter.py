@@ -1,19 +1,4 @@
-"""``shadow``: mirror a share of a route's traffic to a canary route, compare every answer with
-production's, and give a verdict (promote / hold / abort) over a sliding window.
-
-Rules that MUST hold:
-
-- The primary is never delayed or failed by the shadow: the copy goes on a bounded queue after
-  the primary has its answer (put without waiting); a full queue drops the copy and counts it.
-  Workers send copies to the canary route through its own chain, off the request path.
-- The copy is the request as the client sent it (taken before inner filters edit the call), and
-  it is canary traffic (``CANARY`` set): fault experiments on the canary route apply to it.
-- Each comparison (``filters.compare``) feeds the verdict; an abort verdict stops the mirroring
-  and the fault experiments on both routes, and says why (log, metric, admin API).
-- Noise floor: a share of the mirrored calls is also sent a second time to the primary, so a
-  non-deterministic model is judged against its own disagreement, not against zero.
-- Streams (OpenAI SSE) are compared on the assembled text once the client's stream has ended.
-"""
+"""The shadow filter: mirror a share of calls to the canary and judge the pairs."""
 
 from __future__ import annotations
 
@@ -28,61 +13,40 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 from prometheus_client import Counter, Gauge
-from pydantic import BaseModel, ConfigDict, Field
 
+from filters.call_keys import FAULTS
 from filters.compare import (
-    CompareConfig,
     Comparison,
-    VerdictConfig,
     compare_status,
     compare_tensors,
     compare_text,
 )
+from filters.fault.registry import EXPERIMENTS
 
 # chaos (issue 16): clean-copy correctness and robustness experiments live in their own modules
-from filters.robustness import Baselines, RobustnessConfig, RobustnessExperiment, RobustnessMetrics
+from filters.robustness import Baselines, RobustnessExperiment, RobustnessMetrics
+from filters.shadow.admin import LIVE_SHADOWS, ROUTES, SHADOW_STATES, SHADOWS
+from filters.shadow.config import (
+    ShadowConfig,
+)
 from filters.verdict import ReleaseVerdict
-from proxy.call import CANARY, FAULTS, Call, CallState, LocalReply, Reply, Result, SseEvent
+from proxy.call import (
+    CANARY,
+    Api,
+    Call,
+    CallState,
+    LocalReply,
+    Reply,
+    Result,
+    SseEvent,
+    headers_match,
+)
 from proxy.chain import FilterContext, Next
-from proxy.config_refs import ConfigReferences
+from proxy.lifecycle import FilterFactoryBase, Store
 
 log = logging.getLogger("mmguard.shadow")
 
 _STATES = {"collecting": 0, "promote": 1, "hold": 2, "abort": 3}
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class OnAbort(Strict):
-    stop_mirroring: bool = True
-    stop_experiments: bool = True
-    """Stop the fault experiments running on the primary and the canary routes."""
-
-
-class ShadowConfig(Strict):
-    canary: str
-    """The route that serves the canary (its own filters run on the copies)."""
-    percent: float = Field(100.0, ge=0, le=100)
-    """Share of the route's calls mirrored (stable by request key)."""
-    headers: dict[str, str] = {}
-    """Only calls with these headers are mirrored (``"*"`` = any value)."""
-    queue_size: int = Field(64, ge=1)
-    """Copies waiting for the canary; a full queue drops new copies (counted)."""
-    workers: int = Field(2, ge=1, le=64)
-    timeout_s: float = Field(10.0, gt=0)
-    """Deadline of a copy on the canary."""
-    noise_floor_percent: float = Field(0.0, ge=0, le=100)
-    """Share of the mirrored calls also sent a second time to the primary."""
-    compare: CompareConfig = CompareConfig()
-    verdict: VerdictConfig = VerdictConfig()
-    on_abort: OnAbort = OnAbort()
-    robustness: RobustnessConfig | None = None  # chaos (issue 16): see filters/robustness.py
-
-    def references(self) -> ConfigReferences:
-        """The canary route (checked at load)."""
-        return ConfigReferences(routes=(("canary", self.canary),))
 
 
 @dataclass
@@ -113,8 +77,7 @@ class Shadow:
     def __init__(self, cfg: ShadowConfig, ctx: FilterContext) -> None:
         self.cfg = cfg
         self.ctx = ctx
-        shadows = ctx.store.setdefault("shadows", {})
-        found = shadows.get(ctx.route)
+        found = (ctx.state.get(SHADOW_STATES) or {}).get(ctx.route)
         if found is None or found.cfg != cfg:
             verdict = ReleaseVerdict(cfg.verdict, ctx.clock,  # chaos (issue 16)
                                      expect_noise=cfg.noise_floor_percent > 0,
@@ -122,7 +85,7 @@ class Shadow:
             found = ShadowState(cfg, verdict)
             found.verdict.on_change(self._changed)
         self.state: ShadowState = found
-        ctx.admin.setdefault("shadows", {})[ctx.route] = self
+        ctx.local.setdefault(SHADOWS, dict)[ctx.route] = self
         ctx.on_activate(self._take_over)
         self.queue: asyncio.Queue[_Copy] | None = None
         self.workers: list[asyncio.Task[None]] = []
@@ -159,8 +122,8 @@ class Shadow:
     def _take_over(self) -> None:
         """Once this filter's runtime serves (never at build: a rejected reload changes
         nothing): its state is the route's, and the old filter's workers end."""
-        self.ctx.store.setdefault("shadows", {})[self.ctx.route] = self.state
-        live = self.ctx.store.setdefault("shadow_filters", {})
+        self.ctx.state.setdefault(SHADOW_STATES, dict)[self.ctx.route] = self.state
+        live = self.ctx.state.setdefault(LIVE_SHADOWS, dict)
         old = live.get(self.ctx.route)
         if old is not None and old is not self:
             old.cancel()
@@ -172,7 +135,7 @@ class Shadow:
         st = self.state
         if not st.mirroring or not self._selected(call):
             return await next(call)
-        if call.streaming and call.document is None:
+        if call.streaming and call.api is Api.KSERVE_V2:
             # A v2 decoupled stream has no one answer to compare: not mirrored, and counted.
             self.m_dropped.labels(self.ctx.route, self.cfg.canary, "v2-stream").inc()
             return await next(call)
@@ -189,10 +152,8 @@ class Shadow:
         return reply
 
     def _selected(self, call: Call) -> bool:
-        for k, v in self.cfg.headers.items():
-            have = call.headers.get(k.lower())
-            if have is None or (v != "*" and have != v):
-                return False
+        if not headers_match(self.cfg.headers, call.headers):
+            return False
         if self.cfg.percent >= 100:
             return True
         shares = self.ctx.share_hash
@@ -273,7 +234,8 @@ class Shadow:
                     reply = piece
                     break
             text = "".join(pieces)
-        return reply, time.monotonic() - start, text, list(call.state.get(FAULTS) or ())
+        faults: list[str] = call.state.get(FAULTS) or []
+        return reply, time.monotonic() - start, text, list(faults)
 
     async def _compare(self, item: _Copy) -> None:
         st = self.state
@@ -292,7 +254,7 @@ class Shadow:
             st.verdict.exclude(touched)
         else:
             st.verdict.add(c, item.primary_latency_s, latency)
-        experiments = self.ctx.store.get("experiments")
+        experiments = self.ctx.state.get(EXPERIMENTS)
         if experiments is not None:
             for route in {self.ctx.route, self.cfg.canary}:
                 experiments.observe_divergence(route, c.agree)
@@ -357,7 +319,7 @@ class Shadow:
         if self.cfg.on_abort.stop_mirroring:
             st.mirroring = False
             st.stop_reason = f"abort verdict: {why}"
-        experiments = self.ctx.store.get("experiments")
+        experiments = self.ctx.state.get(EXPERIMENTS)
         if self.cfg.on_abort.stop_experiments and experiments is not None:
             for route in {self.ctx.route, self.cfg.canary}:
                 for exp in experiments.running(route):
@@ -448,9 +410,15 @@ def _arrays(reply: Result) -> dict[str, NDArray[Any]]:
     return {t.name: np.asarray(t.numpy()) for t in reply.outputs}
 
 
-class ShadowFactory:
+class ShadowFactory(FilterFactoryBase):
     name = "shadow"
     config_model = ShadowConfig
+    admin_routes = ROUTES
+
+    async def after_drain(self, state: Store) -> None:
+        """Copies still queued for the canary are dropped."""
+        for shadow in (state.get(LIVE_SHADOWS) or {}).values():
+            await shadow.close()
 
     def build(self, config: ShadowConfig, ctx: FilterContext) -> Shadow:
         return Shadow(config, ctx)

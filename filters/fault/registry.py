@@ -1,0 +1,228 @@
+"""Running experiments: the process-wide registry, their windows and why each stopped."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from prometheus_client import Counter, Gauge
+
+from filters import chaos_rules
+from filters.fault.config import (
+    SEEN,
+    ExperimentConfig,
+)
+from proxy.call import Call, LocalReply, Reply
+from proxy.chain import FilterContext
+from proxy.clock import Clock
+from proxy.lifecycle import StateKey
+
+log = logging.getLogger("mmguard.fault")
+
+
+# --- experiments ----------------------------------------------------------------------------
+
+
+@dataclass
+class Experiment:
+    cfg: ExperimentConfig
+    route: str
+    clock: Clock
+    source: str  # config | api
+    started: float = 0.0
+    started_wall: float = 0.0
+    state: str = "running"  # running | stopped | finished
+    stop_reason: str = ""
+    stopped_wall: float | None = None
+    active: int = 0
+    matched: int = 0
+    injected: dict[str, int] = field(default_factory=dict)
+    skipped: int = 0
+    window: deque[tuple[float, bool, float]] = field(default_factory=deque)
+    divergence: deque[tuple[float, bool]] = field(default_factory=deque)
+    rules: chaos_rules.RuleState = field(default_factory=chaos_rules.RuleState)  # chaos
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    def _trim(self, now: float) -> None:
+        edge = now - self.cfg.stop.window_s
+        while self.window and self.window[0][0] < edge:
+            self.window.popleft()
+        while self.divergence and self.divergence[0][0] < edge:
+            self.divergence.popleft()
+
+    def record(self, ok: bool, latency_s: float) -> str:
+        """One canary answer; returns why the experiment must stop now ("" to go on)."""
+        now = self.clock.monotonic()
+        self.window.append((now, ok, latency_s))
+        return self.check(now)
+
+    def record_divergence(self, agree: bool) -> str:
+        now = self.clock.monotonic()
+        self.divergence.append((now, agree))
+        return self.check(now)
+
+    def check(self, now: float | None = None) -> str:
+        now = self.clock.monotonic() if now is None else now
+        stop = self.cfg.stop
+        if self.cfg.duration_s is not None and now - self.started >= self.cfg.duration_s:
+            return f"duration {self.cfg.duration_s:g} s is over"
+        self._trim(now)
+        why = chaos_rules.check(self, now)  # chaos (issue 16): baseline, success, 15 s rule
+        if why:
+            return why
+        n = len(self.window)
+        if n >= stop.min_requests:
+            errors = sum(1 for _, ok, _ in self.window if not ok)
+            rate = errors / n
+            if stop.max_error_rate is not None and rate > stop.max_error_rate:
+                return (f"error rate {rate:.3f} > {stop.max_error_rate:g} over the last "
+                        f"{stop.window_s:g} s ({errors} of {n} canary calls)")
+            if stop.max_p99_ms is not None:
+                p99 = float(np.quantile([lat for _, _, lat in self.window], 0.99)) * 1000
+                if p99 > stop.max_p99_ms:
+                    return (f"p99 latency {p99:.0f} ms > {stop.max_p99_ms:g} ms over the last "
+                            f"{stop.window_s:g} s ({n} canary calls)")
+        m = len(self.divergence)
+        if stop.max_divergence is not None and m >= stop.min_requests:
+            rate = sum(1 for _, agree in self.divergence if not agree) / m
+            if rate > stop.max_divergence:
+                return (f"divergence from production {rate:.3f} > {stop.max_divergence:g} over "
+                        f"the last {stop.window_s:g} s ({m} shadow comparisons)")
+        return ""
+
+    def snapshot(self) -> dict[str, Any]:
+        now = self.clock.monotonic()
+        self._trim(now)
+        n = len(self.window)
+        lat = [x for _, _, x in self.window]
+        return {
+            "name": self.name, "route": self.route, "source": self.source, "state": self.state,
+            "stop_reason": self.stop_reason, "started": self.started_wall,
+            "stopped": self.stopped_wall, "running_s": round(now - self.started, 3),
+            "matched": self.matched, "injected": dict(self.injected), "skipped": self.skipped,
+            "active_faults": self.active,
+            "window": {"calls": n,
+                       "error_rate": (sum(1 for _, ok, _ in self.window if not ok) / n
+                                      if n else None),
+                       "p99_ms": float(np.quantile(lat, 0.99)) * 1000 if lat else None,
+                       "divergence": (sum(1 for _, a in self.divergence if not a)
+                                      / len(self.divergence) if self.divergence else None)},
+            "config": self.cfg.model_dump(mode="json"),
+            **chaos_rules.snapshot(self),  # chaos (issue 16)
+        }
+
+
+STOP_CAUSES = ("operator", "duration", "slo", "config", "action-failed", "canary-abort",
+               "shutdown")
+"""Every ``cause`` label of mmguard_experiment_stops_total."""
+
+
+class ExperimentRegistry:
+    """Every experiment of the process (it outlives config reloads), by name."""
+
+    def __init__(self, clock: Clock, telemetry: Any) -> None:
+        self.clock = clock
+        self.experiments: dict[str, Experiment] = {}
+        self.m_state = telemetry.metric(Gauge, "mmguard_experiment_running",
+                                        "1 while a fault experiment runs.",
+                                        ["experiment", "route"])
+        self.m_stops = telemetry.metric(Counter, "mmguard_experiment_stops_total",
+                                        "Fault experiments stopped, by why.",
+                                        ["experiment", "route", "cause"])
+
+    def running(self, route: str) -> list[Experiment]:
+        return [e for e in self.experiments.values() if e.route == route and e.running]
+
+    def start(self, cfg: ExperimentConfig, route: str, source: str) -> Experiment:
+        old = self.experiments.get(cfg.name)
+        if old is not None and old.running and old.route != route:
+            raise ValueError(f"experiment '{cfg.name}' already runs on route '{old.route}'")
+        exp = Experiment(cfg, route, self.clock, source, started=self.clock.monotonic(),
+                         started_wall=self.clock.wall())
+        self.experiments[cfg.name] = exp
+        self.m_state.labels(cfg.name, route).set(1)
+        for cause in STOP_CAUSES:  # at 0 from the start: a single stop must show in increase()
+            self.m_stops.labels(cfg.name, route, cause)
+        log.warning("experiment %r started on route %r (%s): %s", cfg.name, route, source,
+                    ", ".join(a.label for a in cfg.actions),
+                    extra={"fields": {"experiment": cfg.name, "route": route}})
+        return exp
+
+    def stop(self, name: str, reason: str, cause: str = "operator",
+             state: str = "stopped") -> Experiment | None:
+        exp = self.experiments.get(name)
+        if exp is None or not exp.running:
+            return exp
+        exp.state = state
+        exp.stop_reason = reason
+        exp.stopped_wall = self.clock.wall()
+        self.m_state.labels(name, exp.route).set(0)
+        self.m_stops.labels(name, exp.route, cause).inc()
+        log.warning("experiment %r on route %r stopped: %s", name, exp.route, reason,
+                    extra={"fields": {"experiment": name, "route": exp.route,
+                                      "cause": cause, "reason": reason}})
+        return exp
+
+    def stop_all(self, reason: str, cause: str = "operator") -> list[str]:
+        stopped = [n for n, e in self.experiments.items() if e.running]
+        for name in stopped:
+            self.stop(name, reason, cause)
+        return stopped
+
+    def auto_stop(self, exp: Experiment, why: str) -> None:
+        if why.startswith("duration"):
+            self.stop(exp.name, why, "duration", state="finished")
+        else:
+            self.stop(exp.name, why, "slo")
+
+    def observe(self, call: Call, reply: Reply, latency_s: float) -> None:
+        """A canary call's final answer (what its client got): feed the windows."""
+        names = call.state.get(SEEN)
+        if not names:
+            return
+        ok = not isinstance(reply, LocalReply)
+        for name in names:
+            exp = self.experiments.get(name)
+            if exp is not None and exp.running:
+                chaos_rules.record(exp, not ok and not getattr(reply, "injected", None),
+                                   self.clock.monotonic())  # chaos (issue 16)
+                why = exp.record(ok, latency_s)
+                if why:
+                    self.auto_stop(exp, why)
+
+    def observe_divergence(self, route: str, agree: bool) -> None:
+        """A shadow comparison on ``route`` (from the ``shadow`` filter)."""
+        for exp in self.running(route):
+            why = exp.record_divergence(agree)
+            if why:
+                self.auto_stop(exp, why)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        return [e.snapshot() for e in sorted(self.experiments.values(), key=lambda e: e.name)]
+
+    def retire(self, in_config: set[str]) -> None:
+        """After a reload: stop the config's experiments that the new config no longer has."""
+        for exp in list(self.experiments.values()):
+            if exp.source == "config" and exp.running and exp.name not in in_config:
+                self.stop(exp.name, "removed from the config", "config")
+
+
+EXPERIMENTS: StateKey[ExperimentRegistry] = StateKey("experiments")
+"""The process's experiments (``FilterContext.state``: they outlive reloads)."""
+FAULT_ROUTES: StateKey[set[str]] = StateKey("fault_routes")
+"""The routes whose chain has a fault filter (``FilterContext.local``: per runtime)."""
+
+
+def registry(ctx: FilterContext) -> ExperimentRegistry:
+    """The process's registry (made, empty, on first use; kept across reloads)."""
+    return ctx.state.setdefault(EXPERIMENTS, lambda: ExperimentRegistry(ctx.clock, ctx.telemetry))

@@ -1,0 +1,43 @@
+"""The shadow filter's config."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from filters.compare import (
+    CompareConfig,
+    VerdictConfig,
+)
+from filters.robustness import RobustnessConfig  # chaos (issue 16)
+from proxy.config_refs import ConfigReferences
+from proxy.strict import Strict
+
+
+class OnAbort(Strict):
+    stop_mirroring: bool = True
+    stop_experiments: bool = True
+    """Stop the fault experiments running on the primary and the canary routes."""
+
+
+class ShadowConfig(Strict):
+    canary: str
+    """The route that serves the canary (its own filters run on the copies)."""
+    percent: float = Field(100.0, ge=0, le=100)
+    """Share of the route's calls mirrored (stable by request key)."""
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Only calls with these headers are mirrored (``"*"`` = any value)."""
+    queue_size: int = Field(64, ge=1)
+    """Copies waiting for the canary; a full queue drops new copies (counted)."""
+    workers: int = Field(2, ge=1, le=64)
+    timeout_s: float = Field(10.0, gt=0)
+    """Deadline of a copy on the canary."""
+    noise_floor_percent: float = Field(0.0, ge=0, le=100)
+    """Share of the mirrored calls also sent a second time to the primary."""
+    compare: CompareConfig = CompareConfig()
+    verdict: VerdictConfig = VerdictConfig()
+    on_abort: OnAbort = OnAbort()
+    robustness: RobustnessConfig | None = None  # chaos (issue 16): see filters/robustness.py
+
+    def references(self) -> ConfigReferences:
+        """The canary route (checked at load)."""
+        return ConfigReferences(routes=(("canary", self.canary),))

@@ -1,0 +1,66 @@
+"""vLLM endpoints mmguard does not proxy, each answered with the reason instead of a bare 404.
+
+Two kinds: endpoints whose inputs mmguard's guards do not read (a client could send through them
+what the proxied endpoints refuse: remote media, documents, batches the filters never see), and
+endpoints that control or describe the model server's internals (never a client's business).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from proxy import codec_openai
+from proxy.errors import STATUS, ErrorKind
+
+_UNREAD = ("is not proxied by mmguard: its inputs are not read by mmguard's guards (content "
+           "checks, remote-media rules, quality, shape guard)")
+_SERVER = ("controls or describes the model server itself and is never exposed to clients "
+           "through mmguard; use it on the vLLM server from a trusted host")
+
+NOT_PROXIED: dict[str, tuple[ErrorKind, str]] = {
+    **{path: (ErrorKind.UNIMPLEMENTED, f"{path} {_UNREAD}; {alt}") for path, alt in (
+        ("/v1/messages", "use /v1/chat/completions"),
+        ("/v1/messages/count_tokens", "use /tokenize with 'messages'"),
+        ("/v1/chat/completions/batch", "send each conversation to /v1/chat/completions"),
+        ("/v1/chat/completions/render", "use /tokenize with 'messages'"),
+        ("/v1/completions/render", "use /tokenize"),
+        ("/v1/systemone", "use /v1/chat/completions"),
+        ("/generative_scoring", "use /v1/completions with logprobs"),
+        ("/classify", "call vLLM directly from a trusted client"),
+        ("/score", "call vLLM directly from a trusted client"),
+        ("/v1/score", "call vLLM directly from a trusted client"),
+        ("/rerank", "call vLLM directly from a trusted client"),
+        ("/v1/rerank", "call vLLM directly from a trusted client"),
+        ("/v2/rerank", "call vLLM directly from a trusted client"),
+        ("/v2/embed", "use /v1/embeddings"),
+        ("/v1/audio/transcriptions", "call vLLM directly from a trusted client"),
+        ("/v1/audio/translations", "call vLLM directly from a trusted client"),
+        ("/inference/v1/generate", "use /v1/completions with a token-id prompt"),
+    )},
+    **{path: (ErrorKind.PERMISSION_DENIED, f"{path} {_SERVER}") for path in (
+        "/load", "/kv_event_sources", "/server_info", "/is_sleeping", "/sleep", "/wake_up",
+        "/release_kv_cache_memory", "/reset_prefix_cache", "/reset_mm_cache",
+        "/reset_encoder_cache", "/collective_rpc", "/start_profile", "/stop_profile",
+        "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/scale_elastic_ep",
+        "/is_scaling_elastic_ep", "/pause", "/resume", "/is_paused", "/abort_requests",
+        "/update_weights", "/weight_info", "/get_world_size", "/fault_tolerance/status",
+        "/openapi.json", "/docs", "/redoc",
+    )},
+    "/metrics": (ErrorKind.NOT_FOUND, "mmguard's own metrics are on its admin listener at "
+                 "/metrics; vLLM's are at the vLLM server's own /metrics (scrape it there)"),
+}
+
+
+def register_refusals(router: web.UrlDispatcher) -> None:
+    for path, (kind, reason) in NOT_PROXIED.items():
+        router.add_route("*", path, _refusal(kind, reason))
+
+
+def _refusal(kind: ErrorKind, reason: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def refuse(request: web.Request) -> web.Response:
+        return web.json_response(codec_openai.error_body(kind, reason),
+                                 status=STATUS[kind].http,
+                                 headers={"mmguard-error-origin": "mmguard"})
+    return refuse

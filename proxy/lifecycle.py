@@ -1,0 +1,146 @@
+"""A filter's whole life through one interface: what a factory may declare besides ``build()``.
+
+The request path is ``Filter.__call__``; everything around it is declared here, so ``proxy/``
+needs to know no filter by name:
+
+- **typed state** (``StateKey[T]`` in a ``Store``): ``FilterContext.state`` outlives reloads (a
+  fault registry, a shadow's verdict); ``FilterContext.local`` lives as long as one runtime (the
+  breakers a route's chain built). A key is typed, so a reader gets what the writer put;
+- **admin routes** (``AdminRoute``): URL, method and ``Access`` — the token rule for each access
+  is applied in one place, ``proxy.admin``;
+- **activation** (``activated``): once a runtime serves, with every config of this filter in it
+  (by route); building did nothing live, so a rejected reload changes nothing;
+- **observers of final answers** (``observers``): called with every canary call, its final
+  answer and its latency, after the data plane counted it;
+- **shutdown hooks**: ``before_drain`` (e.g. end fault experiments, so draining calls get clean
+  answers) and ``after_drain`` (e.g. drop mirrored copies still queued).
+
+``FilterFactoryBase`` gives every one of them a do-nothing default, so a filter declares only
+what it uses. Modelled on Envoy extensions (own admin handlers, typed singletons) and aiohttp's
+``AppKey[T]`` / ``cleanup_ctx``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from proxy.call import Call, Reply
+
+T = TypeVar("T")
+
+Observer = Callable[["Call", "Reply", float], None]
+"""Sees a canary call's final answer (what its client got) and its latency in seconds, after the
+data plane counted it. Only canary calls: the population experiments and verdicts judge."""
+
+
+class StateKey(Generic[T]):
+    """A typed name for one piece of state in a ``Store`` (e.g. ``StateKey[Registry]("x")``)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"StateKey({self.name!r})"
+
+
+class Store:
+    """Typed state by ``StateKey``. ``store["name"]`` (a key's name) is for inspection only."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, Any] = {}
+
+    def get(self, key: StateKey[T]) -> T | None:
+        found: T | None = self._items.get(key.name)
+        return found
+
+    def setdefault(self, key: StateKey[T], make: Callable[[], T]) -> T:
+        """The value under ``key``, made (once) by ``make`` when there is none yet."""
+        if key.name not in self._items:
+            self._items[key.name] = make()
+        found: T = self._items[key.name]
+        return found
+
+    def put(self, key: StateKey[T], value: T) -> None:
+        self._items[key.name] = value
+
+    @overload
+    def __getitem__(self, key: StateKey[T]) -> T: ...
+    @overload
+    def __getitem__(self, key: str) -> Any: ...
+    def __getitem__(self, key: StateKey[Any] | str) -> Any:
+        return self._items[key if isinstance(key, str) else key.name]
+
+    def __contains__(self, key: object) -> bool:
+        name = key.name if isinstance(key, StateKey) else key
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+
+class Access(enum.Enum):
+    """Who may call an admin route; ``proxy.admin`` enforces it, the same way for every filter."""
+
+    READ = "read"
+    """Open on the admin port: it changes nothing."""
+    REDUCES_RISK = "reduces-risk"
+    """Changes state only by taking risk away (a kill switch): the token when one is configured,
+    open without one."""
+    MUTATES = "mutates"
+    """Changes state: always the admin token, refused (403) when none is configured."""
+
+
+@dataclass(frozen=True)
+class AdminRequest:
+    """What an admin handler gets: the URL's parameters, the body, and the serving runtime's
+    state (read at the time of the request, so a reload is seen at once)."""
+
+    params: Mapping[str, str]
+    state: Store
+    """Process-wide: outlives reloads (``FilterContext.state``)."""
+    local: Store
+    """The serving runtime's (``FilterContext.local``)."""
+    read_json: Callable[[], Awaitable[Any]]
+    """The body as JSON; raises ``ValueError`` when it is not JSON."""
+
+
+AdminAnswer = tuple[int, Any]
+"""(HTTP status, a JSON-serialisable body)."""
+
+
+@dataclass(frozen=True)
+class AdminRoute:
+    method: str
+    """``GET`` or ``POST``."""
+    path: str
+    """aiohttp path, e.g. ``/admin/breakers/{route}/{level}/{action}``."""
+    access: Access
+    handler: Callable[[AdminRequest], Awaitable[AdminAnswer]]
+
+
+class FilterFactoryBase:
+    """Do-nothing defaults for every lifecycle member of ``proxy.chain.FilterFactory``."""
+
+    admin_routes: Sequence[AdminRoute] = ()
+
+    def activated(self, state: Store, local: Store, configs: Mapping[str, BaseModel]) -> None:
+        """A runtime serves; ``configs`` is this filter's config on each route that has it
+        (empty when the new config has none: what the old one started may end here)."""
+
+    def observers(self, state: Store, local: Store) -> Sequence[Observer]:
+        """What sees every canary call's final answer while this runtime serves."""
+        return ()
+
+    async def before_drain(self, state: Store) -> None:
+        """Shutdown, before in-flight calls drain."""
+
+    async def after_drain(self, state: Store) -> None:
+        """Shutdown, after in-flight calls drained (backends close next)."""

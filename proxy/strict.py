@@ -1,0 +1,10 @@
+"""The one base of every config model: unknown keys are refused (a typo is an error, not a
+silently ignored option) and a parsed config never changes."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)

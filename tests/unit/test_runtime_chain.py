@@ -1,0 +1,102 @@
+"""The runtime, the data plane and the admin listener over the in-memory backend: routing
+refusals name what is served, a route's timeout bounds the call, observers see canary answers
+only, and the token rule of every filter's admin routes is the one in ``proxy.admin``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from proxy.admin import admin_app
+from proxy.call import Call, LocalReply, Result, Target
+from proxy.config import parse_config
+from proxy.errors import ErrorKind
+from proxy.runtime import Runtime
+from tests.support.chain_harness import BACKEND, ChainHarness, echo
+
+TWO = {"models": [{"name": "a", "version": "2"}, {"name": "b", "timeout_s": 0.05}]}
+FILTERED = {"models": [{"name": "m", "filters": [
+    {"fallback": {}}, {"fault": {"experiments": [{"name": "e", "actions": [
+        {"kind": "abort", "http_status": 503, "message": "x"}]}]}}]}]}
+
+
+async def test_an_unknown_model_or_version_is_refused() -> None:
+    async with ChainHarness.open(TWO) as h:
+        unknown = await h.infer("zzz")
+        wrong_version = await h.plane.infer(Call("a", "7", []))
+    assert isinstance(unknown, LocalReply) and unknown.kind is ErrorKind.NOT_FOUND
+    assert unknown.message == "model 'zzz' is not served by mmguard"  # no model list to callers
+    assert isinstance(wrong_version, LocalReply)
+    assert "version '7' is not served (serving version '2')" in wrong_version.message
+
+
+async def test_a_routes_timeout_becomes_the_calls_deadline() -> None:
+    async def slow(call: Call, target: Target) -> Result:
+        if target.model == "b":
+            remaining = call.remaining()
+            assert remaining is not None and remaining <= 0.05
+        return echo(call, target)
+
+    async with ChainHarness.open(TWO, answer=slow) as h:
+        assert isinstance(await h.infer("b"), Result)
+        assert isinstance(await h.infer("a"), Result)
+    deadlines = [c.deadline for c in h.backend.calls]
+    assert deadlines[0] is not None and deadlines[1] is None
+
+
+async def test_observers_see_canary_answers_only() -> None:
+    seen: list[tuple[str, bool]] = []
+    faulty = {"models": [{"name": "m", "filters": FILTERED["models"][0]["filters"][1:]}]}
+    async with ChainHarness.open(faulty) as h:
+        h.runtime.observers.append(lambda call, reply, s: seen.append(
+            (call.model, isinstance(reply, Result))))
+        await h.infer("m")
+        await h.infer("m", canary=True)
+    assert seen == [("m", False)]  # the canary call, aborted by the experiment
+
+
+AdminClient = TestClient[web.Request, web.Application]
+
+
+@asynccontextmanager
+async def admin(h: ChainHarness, token: str | None) -> AsyncIterator[AdminClient]:
+    client: AdminClient = TestClient(TestServer(admin_app(h.plane, token), host="127.0.0.1"))
+    await client.start_server()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def test_the_token_rule_is_the_same_for_every_filters_routes() -> None:
+    async with ChainHarness.open(FILTERED) as h, admin(h, None) as open_port:
+        assert (await open_port.get("/admin/breakers")).status == 200  # READ: open
+        forced = await open_port.post("/admin/breakers/m/m/open")
+        assert forced.status == 403  # MUTATES without a configured token
+        stop = await open_port.post("/admin/experiments/stop-all")
+        assert stop.status == 200  # REDUCES_RISK: the kill switch is open without a token
+    async with ChainHarness.open(FILTERED) as h, admin(h, "s3cret") as locked:
+        assert (await locked.post("/admin/experiments/stop-all")).status == 401
+        ok = await locked.post("/admin/breakers/m/m/open",
+                               headers={"Authorization": "Bearer s3cret"})
+        assert ok.status == 200 and (await ok.json())["state"] == "forced_open"
+        assert (await locked.get("/admin/routers")).status == 200  # no router: empty, not 404
+        assert await (await locked.get("/admin/routers")).json() == {}
+
+
+async def test_a_runtime_changes_the_experiments_only_once_activated() -> None:
+    from filters.fault.registry import EXPERIMENTS
+    without = parse_config({"backends": [{"kind": "onnxruntime", "name": BACKEND,
+                                          "model_dir": "."}],
+                            "models": [{"name": "m", "backend": BACKEND}]})
+    async with ChainHarness.open(FILTERED) as h:
+        registry = h.runtime.state.get(EXPERIMENTS)
+        assert registry is not None and registry.experiments["e"].state == "running"
+        new = Runtime(without, h.telemetry, h.clock, h.runtime.backends, store=h.runtime.state)
+        assert registry.experiments["e"].state == "running"  # built, not serving: unchanged
+        new.activate()  # the new config has no experiment 'e': it ends
+        assert registry.experiments["e"].state == "stopped"
+        await new.stop_watching()

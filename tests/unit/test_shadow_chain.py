@@ -1,0 +1,79 @@
+"""``shadow`` in a real runtime: the client gets production's answer, the canary's is compared
+off the request path, and the verdict's counts are what the admin route shows."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from filters.shadow import ShadowFactory
+from filters.shadow.admin import SHADOWS
+from proxy.call import Call, Result, Target
+from proxy.lifecycle import AdminRequest, Store
+from proxy.tensor import Tensor
+from tests.support.chain_harness import ChainHarness, x
+
+SHADOWED = {"models": [{"name": "prod", "filters": [{"shadow": {"canary": "cand",
+                                                                "percent": 100}}]},
+                       {"name": "cand"}]}
+
+
+def drifting(call: Call, target: Target) -> Result:
+    """Production echoes; the canary answers the negation (it disagrees on every call)."""
+    arr = call.inputs[0].numpy()
+    out = arr if target.model == "prod" else -arr
+    return Result(target.model, outputs=[Tensor.from_numpy("x", np.ascontiguousarray(out))])
+
+
+async def compared(h: ChainHarness, n: int) -> None:
+    shadow = (h.runtime.local.get(SHADOWS) or {})["prod"]
+    for _ in range(1000):
+        if shadow.state.compared >= n:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{shadow.state.compared} of {n} copies compared")
+
+
+async def list_shadows(h: ChainHarness) -> dict[str, dict[str, object]]:
+    async def no_body() -> object:
+        raise ValueError
+    route = next(r for r in ShadowFactory().admin_routes if r.path == "/admin/shadows")
+    status, body = await route.handler(AdminRequest({}, h.runtime.state, h.runtime.local,
+                                                    no_body))
+    assert status == 200
+    return dict(body)
+
+
+async def test_the_client_gets_production_and_a_disagreeing_canary_is_counted() -> None:
+    async with ChainHarness.open(SHADOWED, answer=drifting) as h:
+        replies = [await h.infer("prod", [x(value=float(i + 1))]) for i in range(3)]
+        await compared(h, 3)
+        snapshot = (await list_shadows(h))["prod"]
+    for i, reply in enumerate(replies):
+        assert isinstance(reply, Result)
+        assert float(reply.outputs[0].numpy()[0, 0]) == float(i + 1)  # production's, unchanged
+    assert snapshot["canary"] == "cand" and snapshot["compared"] == 3
+    assert snapshot["mirrored"] == 3
+    asked = sorted(c.target.model for c in h.backend.calls if c.target)
+    assert asked == ["cand"] * 3 + ["prod"] * 3
+
+
+async def test_an_agreeing_canary_is_counted_as_agreeing() -> None:
+    async with ChainHarness.open(SHADOWED) as h:  # echo: both answer alike
+        for _ in range(2):
+            await h.infer("prod")
+        await compared(h, 2)
+        shadow = (h.runtime.local.get(SHADOWS) or {})["prod"]
+    assert shadow.state.verdict.snapshot()["agreement"] == 1.0
+
+
+async def test_after_drain_the_live_shadows_workers_end() -> None:
+    async with ChainHarness.open(SHADOWED) as h:
+        await h.infer("prod")
+        await compared(h, 1)
+        shadow = (h.runtime.local.get(SHADOWS) or {})["prod"]
+        assert shadow.workers
+        await ShadowFactory().after_drain(h.runtime.state)
+        assert shadow.workers == []
+        await ShadowFactory().after_drain(Store())  # a process without shadows: nothing to do
