@@ -22,7 +22,6 @@ No verdict here: ``RobustnessTable`` keeps the paired samples and its figures (W
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from collections import deque
@@ -33,7 +32,14 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from filters.compare import CompareConfig, Comparison, compare_status, compare_tensors, compare_text
+from filters.compare import (
+    CompareConfig,
+    Comparison,
+    compare_status,
+    compare_tensors,
+    compare_text,
+    openai_text,
+)
 from filters.robustness_perturb import clean_copy, perturbed_copy, seed_for
 from proxy.call import Call, LocalReply, Reply, Result, SseEvent
 
@@ -252,8 +258,8 @@ def kept(clean: Reply, clean_text: str | None, perturbed: Reply, perturbed_text:
     if isinstance(clean, LocalReply) or isinstance(perturbed, LocalReply):
         return compare_status(not isinstance(clean, LocalReply), _code(clean),
                               not isinstance(perturbed, LocalReply), _code(perturbed))
-    a = clean_text if clean_text is not None else _openai_text(clean)
-    b = perturbed_text if perturbed_text is not None else _openai_text(perturbed)
+    a = clean_text if clean_text is not None else openai_text(clean)
+    b = perturbed_text if perturbed_text is not None else openai_text(perturbed)
     if a is not None or b is not None:
         return compare_text(a or "", b or "", cfg)
     return compare_tensors({t.name: np.asarray(t.numpy()) for t in clean.outputs},
@@ -262,22 +268,6 @@ def kept(clean: Reply, clean_text: str | None, perturbed: Reply, perturbed_text:
 
 def _code(reply: Reply) -> str:
     return "ok" if isinstance(reply, Result) else reply.kind.value
-
-
-def _openai_text(reply: Result) -> str | None:
-    if reply.wire is None or reply.wire.protocol != "openai":
-        return None
-    try:
-        doc = json.loads(reply.wire.body)
-    except ValueError:
-        return None
-    texts = []
-    for choice in doc.get("choices") or []:
-        msg = choice.get("message") if isinstance(choice, dict) else None
-        text = msg.get("content") if isinstance(msg, dict) else None
-        if isinstance(text, str):
-            texts.append(text)
-    return "\n".join(texts)
 
 
 async def answer(send: Send, call: Call) -> tuple[Reply, str | None]:

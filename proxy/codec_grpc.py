@@ -254,7 +254,7 @@ def response_pb(call: Call, result: Result) -> pb.ModelInferResponse:
 
 def stream_response(infer_response: bytes) -> bytes:
     """``ModelStreamInferResponse{infer_response}`` around already-encoded response bytes."""
-    return b"\x12" + _varint(len(infer_response)) + infer_response
+    return b"\x12" + pbwire.encode_varint(len(infer_response)) + infer_response
 
 
 def stream_error(message: str) -> bytes:
@@ -299,16 +299,4 @@ def _refuse_shared_memory(name: str, allowed: bool) -> None:
 
 def _string_field(number: int, value: str) -> bytes:
     data = value.encode()
-    return _varint((number << 3) | 2) + _varint(len(data)) + data
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    return pbwire.encode_varint((number << 3) | 2) + pbwire.encode_varint(len(data)) + data

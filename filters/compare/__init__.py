@@ -23,6 +23,7 @@ from filters.compare.answers import (
     compare_tensors,
     compare_text,
     normalise,
+    openai_text,
     token_f1,
 )
 from filters.compare.verdict import (
@@ -41,5 +42,6 @@ __all__ = [
     "compare_tensors",
     "compare_text",
     "normalise",
+    "openai_text",
     "token_f1",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import unicodedata
 from collections import Counter
 from collections.abc import Callable
@@ -12,6 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import Field
 
+from proxy.call import Result
 from proxy.strict import Strict
 
 State = Literal["collecting", "promote", "hold", "abort"]
@@ -241,3 +243,19 @@ def _as_text(x: object) -> str:
     return x.decode("utf-8", "replace") if isinstance(x, bytes | bytearray) else str(x)
 
 
+def openai_text(reply: Result) -> str | None:
+    """The text of an OpenAI answer (chat messages or completion texts), or None for any
+    other answer."""
+    if reply.wire is None or reply.wire.protocol != "openai":
+        return None
+    try:
+        doc = json.loads(reply.wire.body)
+    except ValueError:
+        return None
+    texts = []
+    for choice in doc.get("choices") or []:
+        msg = choice.get("message") if isinstance(choice, dict) else None
+        text = msg.get("content") if isinstance(msg, dict) else choice.get("text")
+        if isinstance(text, str):
+            texts.append(text)
+    return "\n".join(texts)

@@ -20,6 +20,7 @@ from filters.compare import (
     compare_status,
     compare_tensors,
     compare_text,
+    openai_text,
 )
 from filters.fault.registry import EXPERIMENTS
 
@@ -291,7 +292,7 @@ class Shadow:
                                   not isinstance(canary, LocalReply), _code(canary))
         if primary_text is not None or canary_text is not None:
             return compare_text(primary_text or "", canary_text or "", self.cfg.compare)
-        a, b = _openai_text(primary), _openai_text(canary)
+        a, b = openai_text(primary), openai_text(canary)
         if a is not None or b is not None:
             return compare_text(a or "", b or "", self.cfg.compare)
         return compare_tensors(_arrays(primary), _arrays(canary), self.cfg.compare)
@@ -388,22 +389,6 @@ def _stream_text(event: SseEvent) -> list[str]:
         if isinstance(text, str):
             out.append(text)
     return out
-
-
-def _openai_text(reply: Result) -> str | None:
-    if reply.wire is None or reply.wire.protocol != "openai":
-        return None
-    try:
-        doc = json.loads(reply.wire.body)
-    except ValueError:
-        return None
-    texts = []
-    for choice in doc.get("choices") or []:
-        msg = choice.get("message") if isinstance(choice, dict) else None
-        text = msg.get("content") if isinstance(msg, dict) else choice.get("text")
-        if isinstance(text, str):
-            texts.append(text)
-    return "\n".join(texts)
 
 
 def _arrays(reply: Result) -> dict[str, NDArray[Any]]:
