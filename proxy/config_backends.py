@@ -32,7 +32,20 @@ def _check_colocated(url: str, shared_memory: str) -> None:
                          f"loopback url, sharing /dev/shm), not {url!r}")
 
 
-class TritonGrpcBackendConfig(Strict):
+class TritonBackendCommon(Strict):
+    """What both Triton backends take beside their transport."""
+
+    shared_memory: Literal["off", "system"] = "off"
+    """``system``: input tensors (and outputs of known size) cross to Triton in mmguard's own
+    /dev/shm regions instead of the request (docs/shared-memory.md)."""
+    shared_memory_pool: SharedMemoryHandoffConfig = SharedMemoryHandoffConfig()
+    fingerprint_files: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    """Model (as Triton names it) → files whose SHA-256 joins its fingerprint (tokenizer.json,
+    preprocessor_config.json, ...): the version fuse then sees a tokenizer or processor change
+    that the model config does not show (issue 16)."""
+
+
+class TritonGrpcBackendConfig(TritonBackendCommon):
     kind: Literal["triton_grpc"]
     name: str
     url: str
@@ -43,14 +56,6 @@ class TritonGrpcBackendConfig(Strict):
     max_message_bytes: int = Field(256 * MiB, gt=0)
     tls: TlsClient | None = None
     """TLS to Triton (mutual with ``cert_file``/``key_file``); plaintext when absent."""
-    shared_memory: Literal["off", "system"] = "off"
-    """``system``: input tensors (and outputs of known size) cross to Triton in mmguard's own
-    /dev/shm regions instead of the message (docs/shared-memory.md)."""
-    shared_memory_pool: SharedMemoryHandoffConfig = SharedMemoryHandoffConfig()
-    fingerprint_files: dict[str, tuple[str, ...]] = Field(default_factory=dict)
-    """Model (as Triton names it) → files whose SHA-256 joins its fingerprint (tokenizer.json,
-    preprocessor_config.json, ...): the version fuse then sees a tokenizer or processor change
-    that the model config does not show (issue 16)."""
 
     @model_validator(mode="after")
     def _verify(self) -> TritonGrpcBackendConfig:
@@ -61,7 +66,7 @@ class TritonGrpcBackendConfig(Strict):
         return self
 
 
-class TritonHttpBackendConfig(Strict):
+class TritonHttpBackendConfig(TritonBackendCommon):
     kind: Literal["triton_http"]
     name: str
     url: str
@@ -71,14 +76,6 @@ class TritonHttpBackendConfig(Strict):
     """Keep-alive connections kept open to the server."""
     tls: TlsClient | None = None
     """TLS to Triton; an ``https://`` url without it uses the system's trust store."""
-    shared_memory: Literal["off", "system"] = "off"
-    """``system``: input tensors (and outputs of known size) cross to Triton in mmguard's own
-    /dev/shm regions instead of the body (docs/shared-memory.md)."""
-    shared_memory_pool: SharedMemoryHandoffConfig = SharedMemoryHandoffConfig()
-    fingerprint_files: dict[str, tuple[str, ...]] = Field(default_factory=dict)
-    """Model (as Triton names it) → files whose SHA-256 joins its fingerprint (tokenizer.json,
-    preprocessor_config.json, ...): the version fuse then sees a tokenizer or processor change
-    that the model config does not show (issue 16)."""
 
     @model_validator(mode="after")
     def _scheme(self) -> TritonHttpBackendConfig:
