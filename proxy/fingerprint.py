@@ -44,12 +44,15 @@ def file_digests(paths: tuple[str, ...] | list[str]) -> dict[str, str]:
     return out
 
 
-def tokenizer_part(info: dict[str, Any] | None, probe_ids: list[list[int]]) -> dict[str, Any]:
-    """The tokenizer's share of a vLLM fingerprint (its digest, and what went into it)."""
+def tokenizer_part(info: dict[str, Any] | None,
+                   probe_ids: list[list[int]] | None) -> dict[str, Any]:
+    """The tokenizer's share of a vLLM fingerprint (its digest, and what went into it); None
+    for what the server does not expose."""
     canonical = repr(sorted((info or {}).items()))
     return {"tokenizer_info_sha256": hashlib.sha256(canonical.encode()).hexdigest()
             if info is not None else None,
-            "probe_ids_sha256": hashlib.sha256(repr(probe_ids).encode()).hexdigest()}
+            "probe_ids_sha256": hashlib.sha256(repr(probe_ids).encode()).hexdigest()
+            if probe_ids is not None else None}
 
 
 _WARNED: set[tuple[str, str, str, str]] = set()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,6 +26,8 @@ from proxy.contract import ModelContract, fingerprint
 from proxy.errors import ErrorKind, ProxyError
 from proxy.fingerprint import PROBES, tokenizer_part
 from proxy.telemetry import backend_span, gen_ai_usage, traced_stream
+
+log = logging.getLogger("mmguard.vllm")
 
 # A 28 × 28 grey PNG: the smallest image the tiny test models and real ones all accept.
 _PROBE_PNG = base64.b64encode(bytes.fromhex(
@@ -80,12 +83,21 @@ class VllmBackend(HttpBackend):
                     info = doc if isinstance(doc, dict) else None
         except (aiohttp.ClientError, ValueError):
             info = None
-        ids: list[list[int]] = []
+        ids: list[list[int]] | None = []
         for text in PROBES:
             status, body = await self.tokenize("/tokenize", json.dumps(
                 {"model": model, "prompt": text}).encode(), {})
+            if status == 404 and ids == []:
+                # An OpenAI-compatible server without vLLM's /tokenize: the fingerprint goes
+                # without probe ids (the fuse then sees only what /v1/models and
+                # /tokenizer_info show) rather than the route never becoming ready.
+                log.debug("backend %r has no /tokenize: fingerprint without probe ids",
+                          self.name)
+                ids = None
+                break
             if status != 200:
                 raise self._status_error(status, body)
+            assert ids is not None
             ids.append([int(t) for t in json.loads(body).get("tokens", [])])
         return tokenizer_part(info, ids)
 

@@ -49,8 +49,11 @@ def running(ort_models: Path) -> Iterator[RunningMmguard]:
         {"name": "clip_b", "backend": "ort", "backend_model": "clip_demo", "filters": []},
         {"name": "shadowed_clip", "backend": "ort", "backend_model": "clip_demo", "filters": [
             {"shadow": {"canary": "canary_clip", "verdict": {"min_samples": 2}}}]},
-        {"name": "canary_clip", "backend": "ort", "backend_model": "clip_demo", "filters": [
-            {"fault": {"experiments": [{"name": "masked",
+        # A broken canary: another model behind the canary route (it refuses the clip inputs),
+        # so every clean copy disagrees. The experiment only selects calls marked x-fault, which
+        # the mirrored copies are not: a copy a fault touched would not count (issue 16).
+        {"name": "canary_clip", "backend": "ort", "backend_model": "text_encoder", "filters": [
+            {"fault": {"experiments": [{"name": "masked", "headers": {"x-fault": "1"},
                                         "actions": [{"kind": "patch_mask", "ratio": 0.75}],
                                         "stop": {"max_error_rate": None}}]}}]},
     ]
@@ -140,9 +143,9 @@ def test_status_shows_experiments_and_canary_verdicts(running: RunningMmguard) -
     assert done.returncode == 0, done.stderr
     out = done.stdout
     (verdict,) = rows(out, "shadowed_clip", "canary_clip")
-    # the masked canary disagrees with production on every copy ...
+    # the broken canary disagrees with production on every clean copy ...
     assert verdict[2] == "ABORT" and verdict[3] == "2" and verdict[4] == "0.0%"
     assert verdict[5] == "stopped"  # ... so mirroring stopped
-    # and the abort stopped the experiment too; the two mirrored copies were canary traffic
-    (exp,) = rows(out, "masked", "canary_clip", "STOPPED", "2")
+    # and the abort stopped the canary's experiment too (it had matched nothing)
+    (exp,) = rows(out, "masked", "canary_clip", "STOPPED", "0")
     assert "canary abort verdict on 'shadowed_clip'" in " ".join(exp)
