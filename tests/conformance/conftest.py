@@ -52,22 +52,22 @@ def conformance_proxies(triton: TritonServer) -> Iterator[dict[str, RunningMmgua
         yield {"mmguard-grpc": via_grpc, "mmguard-http": via_http}
 
 
+def _target(label: str, triton: TritonServer,
+            proxies: dict[str, RunningMmguard]) -> Target:
+    if label == "direct":
+        return Target(label, triton.http_url, triton.grpc_url)
+    proxy = proxies[label]
+    return Target(label, proxy.http_url, proxy.grpc_url, proxy)
+
+
 @pytest.fixture(params=["direct", "mmguard-grpc", "mmguard-http"])
 def target(request: pytest.FixtureRequest, triton: TritonServer,
            conformance_proxies: dict[str, RunningMmguard]) -> Target:
-    label: str = request.param
-    if label == "direct":
-        return Target(label, triton.http_url, triton.grpc_url)
-    proxy = conformance_proxies[label]
-    return Target(label, proxy.http_url, proxy.grpc_url, proxy)
+    return _target(request.param, triton, conformance_proxies)
 
 
 @pytest.fixture(params=["direct", "mmguard-grpc"])
 def stream_target(request: pytest.FixtureRequest, triton: TritonServer,
                   conformance_proxies: dict[str, RunningMmguard]) -> Target:
     """For decoupled models, which only a gRPC backend can carry."""
-    label: str = request.param
-    if label == "direct":
-        return Target(label, triton.http_url, triton.grpc_url)
-    proxy = conformance_proxies[label]
-    return Target(label, proxy.http_url, proxy.grpc_url, proxy)
+    return _target(request.param, triton, conformance_proxies)
