@@ -30,7 +30,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError
 
@@ -234,12 +234,25 @@ class HandoffPool:
 # --- Triton over gRPC -----------------------------------------------------------------------------
 
 Send = Callable[[bytes], Awaitable[bytes]]
+A = TypeVar("A")
 
 
 async def grpc_infer(pool: HandoffPool, call: Call, target: Target, send: Send,
                      register: Register) -> Result | None:
     """The call through a slot, or None: the caller sends it inline (nothing was sent, or
     Triton had forgotten the slot and nothing was computed)."""
+    source = answer_source(pool.backend, target.model)
+    return await _through_slot(
+        pool, call, target, register, lambda plan: send(_grpc_request(call, target, plan)),
+        lambda plan, answer: _grpc_result(pool, plan, answer, source))
+
+
+async def _through_slot(pool: HandoffPool, call: Call, target: Target, register: Register,
+                        send: Callable[[Plan], Awaitable[A]],
+                        read: Callable[[Plan, A], Result]) -> Result | None:
+    """``send`` the call with its tensors in a slot and ``read`` the answer; None when no slot
+    is ready or fits, or when Triton had forgotten the slot ("Unable to find shared memory
+    region: '...'": nothing was computed, so the caller sends inline)."""
     if not await pool.ensure(register):
         return None
     plan = pool.plan(call, target.model)
@@ -247,13 +260,13 @@ async def grpc_infer(pool: HandoffPool, call: Call, target: Target, send: Send,
         return None
     try:
         try:
-            answer = await send(_grpc_request(call, target, plan))
+            answer = await send(plan)
         except ProxyError as err:
-            if plan.slot.name in err.message:  # "Unable to find shared memory region: '...'"
+            if plan.slot.name in err.message:
                 pool.forget()
                 return None
             raise
-        return _grpc_result(pool, plan, answer, answer_source(pool.backend, target.model))
+        return read(plan, answer)
     finally:
         pool.release(plan)
 
@@ -321,22 +334,10 @@ PostInfer = Callable[[bytes, int | None], Awaitable[tuple[bytes, str | None]]]
 async def http_infer(pool: HandoffPool, call: Call, target: Target, post: PostInfer,
                      register: Register) -> Result | None:
     """As ``grpc_infer``, over Triton's HTTP API (a JSON-only request: no tensor bytes)."""
-    if not await pool.ensure(register):
-        return None
-    plan = pool.plan(call, target.model)
-    if plan is None:
-        return None
-    try:
-        try:
-            body, hlen = await post(_http_request(call, plan), None)
-        except ProxyError as err:
-            if plan.slot.name in err.message:
-                pool.forget()
-                return None
-            raise
-        return _http_result(pool, plan, body, hlen, answer_source(pool.backend, target.model))
-    finally:
-        pool.release(plan)
+    source = answer_source(pool.backend, target.model)
+    return await _through_slot(
+        pool, call, target, register, lambda plan: post(_http_request(call, plan), None),
+        lambda plan, answer: _http_result(pool, plan, answer[0], answer[1], source))
 
 
 def _http_request(call: Call, plan: Plan) -> bytes:
