@@ -158,17 +158,14 @@ class Breaker(Shared):
         return False
 
     def export_state(self) -> dict[str, object]:
-        return {"state": self.state, "reason": self.reason, "window": list(self._window),
-                "opened_at": self._opened_at, "half_open_left": self._half_open_left,
-                "half_open_outcomes": list(self._half_open_outcomes)}
+        """What ``allow`` reads (the window of outcomes stays with the supervisor)."""
+        return {"state": self.state, "reason": self.reason, "opened_at": self._opened_at}
 
     def import_state(self, state: dict[str, Any]) -> None:
         old = self.state
         new = State(state["state"])
         self.reason = str(state["reason"])
-        self._window = deque(state["window"])
         self._opened_at = float(state["opened_at"])
-        self._half_open_outcomes = list(state["half_open_outcomes"])
         if new == State.HALF_OPEN and old != State.HALF_OPEN:  # this worker's part of the probes
             self._half_open_left = permits_share(self.s.permitted_in_half_open)
         self.state = new

@@ -175,10 +175,10 @@ class ModalityRouter(Shared):
         return self._maybe_update()
 
     def export_state(self) -> dict[str, Any]:
-        return {"stats": self.stats, "weights": self.weights}
+        """What a worker routes by: the weights (the statistics stay with the supervisor)."""
+        return {"weights": self.weights}
 
     def import_state(self, state: dict[str, Any]) -> None:
-        self.stats = {r: state["stats"].get(r, s) for r, s in self.stats.items()}
         changed = state["weights"] != self.weights
         self.weights = {r: state["weights"].get(r, w) for r, w in self.weights.items()}
         if changed:

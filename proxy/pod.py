@@ -19,9 +19,13 @@ from the same config, so the ids agree). Its methods that change the state are m
   admin API or its clock); in a worker it does nothing.
 
 Whatever ran marks the object dirty; the supervisor then sends every worker the object's
-``export_state()`` (once per loop turn for all that changed; within a few ms), and a worker's
-replica takes it with ``import_state()``. Time-driven moves (a breaker's wait in open ending, an
-experiment's duration) are the supervisor's ``tick()``, ten times a second. A worker that
+``export_state()`` when it differs from what they last got (once per loop turn for all that
+changed; within a few ms), and a worker's replica takes it with ``import_state()``. An export
+holds what a replica reads on the request path (a breaker's state, not its window of outcomes;
+an experiment's config and state, not its stop windows): the evidence stays with the supervisor,
+whose admin API shows it, and an outcome that moved no decision sends nothing. Time-driven
+moves (a breaker's wait in open ending, an experiment's duration) are the supervisor's
+``tick()``, ten times a second. A worker that
 (re)connects gets every object's state first: a restarted worker loses nothing.
 
 In a single process (the default, ``--workers 1``) nothing here does anything: ``@decided``
@@ -85,6 +89,8 @@ class Pod:
         self._send: Callable[[Any], None] | None = None
         """A worker's link to the supervisor (None until connected: ops wait in the outbox)."""
         self._dirty: set[str] = set()
+        self._sent: dict[str, bytes] = {}
+        """What the workers last got of each object: an unchanged export is not sent again."""
         self._flush_scheduled = False
         self.on_dirty: Callable[[], None] | None = None
         """The supervisor's broadcaster, told once per loop turn that something changed."""
@@ -186,9 +192,20 @@ class Pod:
         return missing
 
     def take_dirty(self) -> dict[str, Any]:
+        """The exports that changed since the workers last got them (an outcome that moved no
+        decision changes nothing a replica reads: nothing is sent)."""
         objects = self.objects()
         dirty, self._dirty = self._dirty, set()
-        return {k: objects[k].export_state() for k in dirty if k in objects}
+        changed = {}
+        for key in dirty:
+            if key not in objects:
+                continue
+            state = objects[key].export_state()
+            frozen = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+            if self._sent.get(key) != frozen:
+                self._sent[key] = frozen
+                changed[key] = state
+        return changed
 
     def export_all(self) -> dict[str, Any]:
         return {k: obj.export_state() for k, obj in self.objects().items()}

@@ -9,7 +9,6 @@ and reads its replica to choose the calls. ``active`` (faults in flight, for
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -261,8 +260,15 @@ class ExperimentRegistry(Shared):
         return stopped
 
     def export_state(self) -> dict[str, dict[str, Any]]:
-        return {name: {f.name: getattr(exp, f.name) for f in dataclasses.fields(exp)
-                       if f.name != "clock"} for name, exp in self.experiments.items()}
+        """What a worker chooses calls with: each experiment's config, state and baseline
+        count (the windows and counters stay with the supervisor, whose admin API shows them)."""
+        return {name: {"cfg": exp.cfg, "route": exp.route, "source": exp.source,
+                       "started": exp.started, "started_wall": exp.started_wall,
+                       "state": exp.state, "stop_reason": exp.stop_reason,
+                       "stopped_wall": exp.stopped_wall,
+                       "rules": chaos_rules.RuleState(exp.rules.baseline_seen,
+                                                      exp.rules.first_injection)}
+                for name, exp in self.experiments.items()}
 
     def import_state(self, state: dict[str, dict[str, Any]]) -> None:
         old = self.experiments

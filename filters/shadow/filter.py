@@ -6,8 +6,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -68,9 +68,6 @@ class _Copy:
     primary_faults: tuple[str, ...] = ()  # chaos (issue 16): faults on production's answer
 
 
-_NOT_EXPORTED = frozenset({"cfg", "clock", "_callbacks"})
-
-
 @dataclass
 class ShadowState(Shared):
     """What outlives a reload with the same config: the verdict and its evidence.
@@ -87,6 +84,12 @@ class ShadowState(Shared):
     mirrored: int = 0
     dropped: int = 0
     compared: int = 0
+    published: Callable[[], None] | None = field(default=None, compare=False, repr=False)
+    """The serving filter's gauges, set where the verdict is decided (after every outcome)."""
+
+    def _publish(self) -> None:
+        if self.published is not None:
+            self.published()
 
     @decided
     def counted(self, mirrored: int = 0, dropped: int = 0) -> None:
@@ -103,10 +106,12 @@ class ShadowState(Shared):
             self.verdict.exclude(touched)
         else:
             self.verdict.add(c, primary_latency_s, latency_s)
+        self._publish()
 
     @decided
     def noise(self, c: Comparison) -> None:
         self.verdict.add_noise(c)
+        self._publish()
 
     @decided
     def robust(self, pairs: list[tuple[str, Pair]], counts: dict[str, int]) -> None:
@@ -121,6 +126,7 @@ class ShadowState(Shared):
             table.counts[key] = table.counts.get(key, 0) + n
         if pairs:
             self.verdict.judge_robustness()
+        self._publish()
 
     @decided
     def reset(self) -> None:
@@ -128,18 +134,15 @@ class ShadowState(Shared):
         self.verdict.reset()
         self.mirroring = True
         self.stop_reason = ""
+        self._publish()
 
     def export_state(self) -> dict[str, Any]:
-        return {"mirroring": self.mirroring, "stop_reason": self.stop_reason,
-                "mirrored": self.mirrored, "dropped": self.dropped, "compared": self.compared,
-                "verdict": {k: v for k, v in vars(self.verdict).items()
-                            if k not in _NOT_EXPORTED}}
+        """What a worker reads: whether to mirror (an abort stops it). The verdict, its
+        evidence and the counters stay with the supervisor, whose admin API shows them."""
+        return {"mirroring": self.mirroring, "stop_reason": self.stop_reason}
 
     def import_state(self, state: dict[str, Any]) -> None:
-        for key in ("mirroring", "stop_reason", "mirrored", "dropped", "compared"):
-            setattr(self, key, state[key])
-        for key, value in state["verdict"].items():
-            setattr(self.verdict, key, value)
+        self.mirroring, self.stop_reason = state["mirroring"], state["stop_reason"]
 
 
 class Shadow:
@@ -195,6 +198,7 @@ class Shadow:
         """Once this filter's runtime serves (never at build: a rejected reload changes
         nothing): its state is the route's, and the old filter's workers end."""
         self.ctx.state.setdefault(SHADOW_STATES, dict)[self.ctx.route] = self.state
+        self.state.published = self._publish
         share(self.state, f"shadow/{self.ctx.route}")
         live = self.ctx.state.setdefault(LIVE_SHADOWS, dict)
         old = live.get(self.ctx.route)
@@ -329,7 +333,6 @@ class Shadow:
             again, _, again_text, _ = await self._send(item, None)
             st.noise(self._judge(item.primary, item.primary_text, again, again_text))
         await self._measure_robustness(item, None if faults else (reply, text))  # chaos
-        self._publish()
 
     async def _measure_robustness(self, item: _Copy,
                                   canary: tuple[Reply, str | None] | None) -> None:
@@ -358,9 +361,6 @@ class Shadow:
         scratch.reset()
         if pairs or counts:
             self.state.robust(pairs, counts)
-        table = self.state.verdict.robustness
-        if table is not None:
-            self.robustness_metrics.publish(table)
 
     def _judge(self, primary: Reply, primary_text: str | None, canary: Reply,
                canary_text: str | None) -> Comparison:
@@ -382,6 +382,9 @@ class Shadow:
             self.m_agreement.labels(*labels).set(agreement)
         self.m_verdict.labels(*labels).set(_STATES[snap["state"]])
         self.m_verdict_status.set(labels, snap["state"])
+        table = self.state.verdict.robustness
+        if self.robustness_metrics is not None and table is not None:
+            self.robustness_metrics.publish(table)
 
     def _changed(self, old: str, new: str, reasons: list[str]) -> None:
         st = self.state
@@ -416,7 +419,6 @@ class Shadow:
     def reset(self) -> None:
         """Start judging again from nothing, and mirror again (an operator's decision)."""
         self.state.reset()
-        self._publish()
 
     def cancel(self) -> None:
         for task in self.workers:
