@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from prometheus_client import Counter, Gauge
@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from proxy.call import Call, Reply, Result
 from proxy.chain import FilterContext, Next
+from proxy.pod import Shared, decided, share
 
 log = logging.getLogger("mmguard.degradation")
 
@@ -52,7 +53,11 @@ class SimilarityAlarmConfig(BaseModel):
         return self
 
 
-class SimilarityAlarm:
+class SimilarityAlarm(Shared):
+    """In a pod of several workers (``proxy.pod``) the supervisor holds the one window and
+    baseline, on every worker's scores (``scored`` is forwarded), and trips or clears the alarm;
+    the workers route by their replica's ``on``."""
+
     def __init__(self, cfg: SimilarityAlarmConfig, ctx: FilterContext) -> None:
         self.cfg, self.ctx = cfg, ctx
         self.scores: deque[float] = deque(maxlen=cfg.window)
@@ -71,6 +76,13 @@ class SimilarityAlarm:
         self.m_on.labels(ctx.route).set(0)
         for reason in ("variance", "drop"):
             self.m_alarms.labels(ctx.route, reason)
+        ctx.on_activate(lambda: share(self, f"alarm/{ctx.route}"))
+
+    def export_state(self) -> dict[str, Any]:
+        return {"on": self.on, "reason": self.reason}
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        self.on, self.reason = state["on"], state["reason"]
 
     def _scores(self, reply: Result) -> list[float]:
         for t in reply.outputs:
@@ -82,7 +94,14 @@ class SimilarityAlarm:
     def observe(self, call: Call, reply: Reply) -> None:
         if not isinstance(reply, Result) or reply.stream is not None:
             return
-        for score in self._scores(reply):
+        why = self.scored(self._scores(reply))
+        if why:  # the call that tripped it says so (in a pod, the supervisor's log does)
+            self.ctx.telemetry.decide(call, "degradation", "alarm", why)
+
+    @decided
+    def scored(self, scores: list[float]) -> str:
+        """One answer's scores; why the alarm tripped on them ("" when it did not)."""
+        for score in scores:
             if self.baseline_mean is None:
                 self.baseline.append(score)
                 if len(self.baseline) >= self.cfg.baseline_size:
@@ -90,7 +109,7 @@ class SimilarityAlarm:
                     self.m_window.labels(self.ctx.route, "baseline_mean").set(self.baseline_mean)
             self.scores.append(score)
         if self.baseline_mean is None or len(self.scores) < self.cfg.window:
-            return
+            return ""
         arr = np.asarray(self.scores)
         mean, variance = float(arr.mean()), float(arr.var())
         self.m_window.labels(self.ctx.route, "mean").set(mean)
@@ -108,17 +127,18 @@ class SimilarityAlarm:
             self.on, self.reason = True, why
             self.m_on.labels(self.ctx.route).set(1)
             self.m_alarms.labels(self.ctx.route, kind).inc()
-            self.ctx.telemetry.decide(call, "degradation", "alarm", why)
             log.warning("silent-degradation alarm on %r: %s", self.ctx.route, why,
                         extra={"fields": {"model": self.ctx.route, "reason": kind,
                                           "mean": mean, "variance": variance}})
-        elif not why and self.on:
+            return why
+        if not why and self.on:
             self.on, self.reason = False, ""
             self.m_on.labels(self.ctx.route).set(0)
             log.warning("silent-degradation alarm on %r cleared: similarity mean %.3f, variance "
                         "%.4f", self.ctx.route, mean, variance,
                         extra={"fields": {"model": self.ctx.route, "mean": mean,
                                           "variance": variance}})
+        return ""
 
     async def serve(self, call: Call, next: Next,
                     inner: Callable[[Call, Next], Awaitable[Reply]]) -> Reply:

@@ -30,6 +30,7 @@ from filters.quality_drift import DriftConfig, DriftGauges, DriftMonitor, drift_
 from proxy.call import Call, Reply, Result
 from proxy.chain import FilterContext, Next
 from proxy.lifecycle import FilterFactoryBase
+from proxy.pod import share
 from proxy.strict import Strict
 
 log = logging.getLogger("mmguard.output_drift")
@@ -60,6 +61,8 @@ class OutputDrift:
     def __init__(self, cfg: OutputDriftConfig, ctx: FilterContext) -> None:
         self.cfg = cfg
         self.monitor = DriftMonitor(ctx.route, cfg.drift, output_gauges(ctx.telemetry.registry))
+        monitor = self.monitor
+        ctx.on_activate(lambda: share(monitor, f"drift/output/{ctx.route}"))
         self.alarm = (SimilarityAlarm(cfg.similarity_alarm, ctx)  # chaos (issue 16)
                       if cfg.similarity_alarm is not None else None)
 
@@ -71,14 +74,15 @@ class OutputDrift:
     async def _watch(self, call: Call, next: Next) -> Reply:
         reply = await next(call)
         if isinstance(reply, Result) and reply.stream is None:
+            values = []
             for name, spec in self.cfg.outputs.items():
                 c = confidence_of(reply, spec)
                 if c is None:
                     continue
-                self.monitor.observe(name, "confidence", c)
-                self.monitor.observe(name, "cross_entropy", -math.log(max(c, 1e-12)))
+                values += [(name, "confidence", c),
+                           (name, "cross_entropy", -math.log(max(c, 1e-12)))]
             monitor = self.monitor
-            monitor.update()
+            monitor.observe_all(values)
             if monitor.dirty and monitor.cfg.baseline_file is not None:
                 monitor.dirty = False  # a baseline just completed: keep it across restarts
                 try:

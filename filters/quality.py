@@ -59,6 +59,7 @@ from proxy.chain import FilterContext, Next
 from proxy.codec_openai import ChatView
 from proxy.errors import ErrorKind
 from proxy.lifecycle import FilterFactoryBase
+from proxy.pod import share
 from proxy.strict import Strict
 from proxy.tensor import Tensor, decode_bytes_elements
 
@@ -206,6 +207,9 @@ class Quality:
         self.pair = EncoderPair(cfg.alignment) if cfg.alignment is not None else None
         self.drift = (DriftMonitor(ctx.route, cfg.drift, drift_gauges(ctx.telemetry.registry))
                       if cfg.drift is not None else None)
+        if self.drift is not None:
+            drift = self.drift
+            ctx.on_activate(lambda: share(drift, f"drift/input/{ctx.route}"))
         self.graded = (GradedActions(cfg.graded, ctx, self._decide)
                        if cfg.graded is not None else None)
         char_tables()  # build the text tables now, not on the first request
@@ -361,9 +365,7 @@ class Quality:
         monitor = self.drift
         if monitor is None:
             return
-        for modality, signal, value in report.series(self.weights):
-            monitor.observe(modality, signal, value)
-        monitor.update()
+        monitor.observe_all([(m, s, float(v)) for m, s, v in report.series(self.weights)])
         if monitor.dirty and monitor.cfg.baseline_file is not None:
             monitor.dirty = False
             try:

@@ -35,6 +35,7 @@ from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry, Gauge
 from pydantic import Field
 
+from proxy.pod import POD, Role, Shared, decided
 from proxy.strict import Strict
 
 log = logging.getLogger("mmguard.quality.drift")
@@ -119,14 +120,20 @@ def drift_gauges(registry: CollectorRegistry, name: str = "mmguard_input_drift",
     if found is None:
         found = per_registry[name] = DriftGauges(
             Gauge(name, f"Wasserstein distance between {what} and its baseline.", list(labels),
+                  multiprocess_mode="livemostrecent",
                   registry=registry),
             Gauge(f"{name}_ks", f"Kolmogorov-Smirnov statistic between {what} and its "
-                  "baseline.", list(labels), registry=registry))
+                  "baseline.", list(labels), multiprocess_mode="livemostrecent",
+                  registry=registry))
     return found
 
 
-class DriftMonitor:
-    """Every series of one route, keyed by (modality, signal)."""
+class DriftMonitor(Shared):
+    """Every series of one route, keyed by (modality, signal).
+
+    In a pod of several workers (``proxy.pod``) the supervisor holds the one baseline and
+    window per series, on every worker's values (``observe_all`` is forwarded), sets the gauges
+    and saves the baseline file; a worker's replica holds nothing."""
 
     def __init__(self, model: str, cfg: DriftConfig, gauges: DriftGauges) -> None:
         self.model = model
@@ -144,6 +151,27 @@ class DriftMonitor:
             series = self.series[key] = Series(self.cfg.window, self._loaded.get(key))
         if series.observe(value, self.cfg.baseline_size):
             self.dirty = True
+
+    @decided
+    def observe_all(self, values: list[tuple[str, str, float]]) -> None:
+        """One call's values; the gauges that are due. A pod's supervisor also saves a baseline
+        that just completed (small, once); elsewhere the filter saves it off the loop."""
+        for modality, signal, value in values:
+            self.observe(modality, signal, value)
+        self.update()
+        if POD.role is Role.SUPERVISOR and self.dirty and self.cfg.baseline_file is not None:
+            self.dirty = False
+            try:
+                self.save(self.snapshot())
+            except OSError as exc:
+                log.warning("drift: cannot save the baseline to %s: %s",
+                            self.cfg.baseline_file, exc)
+
+    def export_state(self) -> dict[str, Any]:
+        return {}  # nothing on the request path reads it
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        pass
 
     def update(self) -> None:
         """Recompute the series that are due and set their gauges."""
