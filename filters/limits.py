@@ -14,6 +14,7 @@ from proxy.call import Call, LocalReply, Reply
 from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind
 from proxy.lifecycle import FilterFactoryBase
+from proxy.pod_counters import InFlight
 from proxy.strict import Strict
 
 
@@ -31,7 +32,8 @@ class Limits:
     def __init__(self, cfg: LimitsConfig, ctx: FilterContext) -> None:
         self.cfg = cfg
         self.ctx = ctx
-        self.in_flight = 0  # route-wide, not per request: the one counter this filter shares
+        # Route-wide: in a pod of several workers, the pod's count (proxy.pod_counters).
+        self.in_flight = InFlight(ctx.route)
 
     def _reject(self, call: Call, kind: ErrorKind, decision: str, message: str,
                 retry_after: float | None = None) -> LocalReply:
@@ -50,15 +52,18 @@ class Limits:
                     return self._reject(call, ErrorKind.TOO_LARGE, "reject-batch",
                                         f"model '{call.model}': input '{t.name}' has batch "
                                         f"{t.shape[0]}; the limit is {cfg.max_batch}")
-        if cfg.max_in_flight is not None and self.in_flight >= cfg.max_in_flight:
+        if cfg.max_in_flight is None:
+            return await next(call)
+        now = self.in_flight.enter()
+        if now > cfg.max_in_flight:
+            self.in_flight.leave()
             return self._reject(call, ErrorKind.OVERLOADED, "reject-overload",
-                                f"model '{call.model}' has {self.in_flight} requests in flight; "
+                                f"model '{call.model}' has {now - 1} requests in flight; "
                                 f"the limit is {cfg.max_in_flight}", cfg.retry_after_s)
-        self.in_flight += 1
         try:
             return await next(call)
         finally:
-            self.in_flight -= 1
+            self.in_flight.leave()
 
 
 class LimitsFactory(FilterFactoryBase):

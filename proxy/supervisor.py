@@ -41,6 +41,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from proxy import pod_counters
 from proxy.config import Config
 from proxy.pod import POD, Role, encode, read_message
 
@@ -141,6 +142,10 @@ class Supervisor:
         self._ports = ports
         self._held: list[socket.socket] = []
         self._secret = secrets.token_hex(32)
+        shm = Path("/dev/shm")
+        self.counters_path = (Path(tempfile.mkstemp(prefix="mmguard-pod-", dir=shm)[1])
+                              if shm.is_dir() else self.rundir / "counters")
+        self.counters = pod_counters.create(self.counters_path, workers)
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._broadcast_scheduled = False
@@ -184,7 +189,8 @@ class Supervisor:
         env = dict(os.environ)
         env.update({SOCKET_ENV: str(self.socket_path), INDEX_ENV: str(w.index),
                     WORKERS_ENV: str(self.n), SECRET_ENV: self._secret,
-                    METRICS_ENV: str(self.metrics_dir)})
+                    METRICS_ENV: str(self.metrics_dir),
+                    pod_counters.COUNTERS_ENV: str(self.counters_path)})
         return env
 
     @property
@@ -212,6 +218,7 @@ class Supervisor:
         w.history.append(code)
         w.ready = False
         _mark_dead(process.pid)
+        pod_counters.zero_column(self.counters, w.index)  # its requests in flight ended with it
         if self._stopping:
             return
         lived = time.monotonic() - w.started_at
@@ -373,6 +380,7 @@ class Supervisor:
             sock.close()
         shutil.rmtree(self.rundir, ignore_errors=True)
         shutil.rmtree(self.metrics_dir, ignore_errors=True)
+        self.counters_path.unlink(missing_ok=True)
 
 
 def _mark_dead(pid: int) -> None:

@@ -36,6 +36,8 @@ def _config(model_dir: Path, fake_port: int, extra_route: bool = False) -> dict[
         {"name": "echo", "backend": "fake", "filters": [{"fallback": {"breaker": {
             "minimum_calls": 10, "window_size": 40, "failure_rate": 0.5,
             "wait_in_open_s": 300}}}]},
+        {"name": "slow", "backend": "fake", "backend_model": "echo",
+         "filters": [{"limits": {"max_in_flight": 2}}]},
     ]
     if extra_route:
         models.append({"name": "identity_again", "backend": "ort",
@@ -139,7 +141,8 @@ def test_two_workers_serve_and_the_pod_has_one_metrics_scrape(pod: Any) -> None:
     _, text = _admin(admin, "GET", "/metrics")
     served = _metric(text, "mmguard_requests_total", model="identity_fp32", code="ok")
     assert served == 40  # every worker's requests, counted once, in one scrape
-    assert _metric(text, "mmguard_workers_ready") == 2
+    _until(lambda: _metric(_admin(admin, "GET", "/metrics")[1], "mmguard_workers_ready") == 2,
+           "the pod's gauge of ready workers at 2")
     # the data ports are the workers': the supervisor's admin port serves no inference
     assert _infer(admin, "identity_fp32")[0] == 404
 
@@ -238,3 +241,17 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
     except OSError:
         return True
+
+
+def test_max_in_flight_is_the_pods_not_each_workers(pod: Any) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    proc, fake, _ = pod
+    fake.delay_s = 1.5  # every admitted call holds its place for 1.5 s
+    with ThreadPoolExecutor(10) as pool:
+        codes = list(pool.map(lambda _: _infer(proc.ports["http"], "slow")[0], range(10)))
+    admitted, refused = codes.count(200), codes.count(429)
+    # ten calls over two workers at once: a per-worker count would admit up to 4
+    assert 1 <= admitted <= 2 and admitted + refused == 10, codes
+    fake.delay_s = 0.0
+    assert _infer(proc.ports["http"], "slow")[0] == 200  # the places are given back
