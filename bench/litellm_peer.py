@@ -82,11 +82,12 @@ def ensure_installed(venv: Path, log: Path, timeout: float = 1200.0) -> tuple[st
         with open(log, "ab") as f:
             f.write(done.stdout + done.stderr)
         if done.returncode != 0:
-            return None, (f"{' '.join(cmd[1:4])} exited {done.returncode}: "
+            return None, (f"{' '.join([Path(cmd[0]).name, *cmd[1:4]])} exited "
+                          f"{done.returncode}: "
                           f"{last_line(done.stderr.decode(errors='replace'))}")
     version = installed_version(venv)
     if not version:
-        return None, f"installed, but `{PROBE}` fails in {venv}"
+        return None, f"installed, but litellm.proxy does not import in {venv}"
     return version, ""
 
 
