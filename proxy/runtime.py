@@ -124,6 +124,8 @@ class Runtime:
                 backends[cfg.name] = previous.backends[cfg.name]  # unchanged: keep its connections
             else:
                 backends[cfg.name] = make_backend(cfg)
+                if (handoff := getattr(backends[cfg.name], "handoff", None)) is not None:
+                    handoff.bind(telemetry)  # the shared-memory pool's counters on /metrics
         return cls(config, telemetry, clock, backends,
                    store=previous.store if previous is not None else None)
 

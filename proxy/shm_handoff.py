@@ -27,12 +27,14 @@ import logging
 import mmap
 import os
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError
+from prometheus_client import Counter, Gauge
 
 from proxy import codec_grpc, codec_http, pbwire
 from proxy.answers import answer_source, check_outputs
@@ -40,14 +42,23 @@ from proxy.call import Call, Result, Target
 from proxy.contract import ModelContract, TensorSpec
 from proxy.errors import ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
+from proxy.telemetry import Telemetry
 from proxy.tensor import Tensor, element_count, itemsize
 
 log = logging.getLogger("mmguard.shm_handoff")
 
 ALIGN = 64  # every tensor starts on a cache line
 MIN_SLOT_BYTES = 64 * 1024
+REGISTER_RETRY_S = 5.0
+"""After Triton refused the slots, calls go inline without asking again for this long (not one
+register round trip, and one warning, per call)."""
 Register = Callable[[str, str, int], Awaitable[None]]
 Unregister = Callable[[str], Awaitable[None]]
+INLINE_REASONS = ("no_contract", "stream", "no_free_slot", "too_big", "slot_lost",
+                  "unregistered")
+"""Why a call went inline: no contract learned yet, a stream, every slot busy, tensors larger
+than a slot, Triton had forgotten the slot (restart: sent again inline), slots not registered
+(Triton refused them or /dev/shm is not shared)."""
 
 
 def _aligned(n: int) -> int:
@@ -70,6 +81,9 @@ class Plan:
     Triton writes there (name → offset, size); ``inline_outputs`` come back in the answer."""
 
     slot: Slot
+    generation: int = 0
+    """The registration the slot was planned under (a late "unknown region" answer from
+    before a re-registration must not forget the new one)."""
     inputs: dict[str, tuple[int, int]] = field(default_factory=dict)
     outputs: dict[str, tuple[int, int]] = field(default_factory=dict)
     inline_outputs: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
@@ -95,11 +109,47 @@ def spec_bytes(spec: TensorSpec, contract: ModelContract, batch: int) -> int | N
     return lead * element_count(tuple(dims)) * width
 
 
+class HandoffMetrics:
+    """A pool's counters on the admin ``/metrics``: the children of one backend, made at 0.
+
+    Pools of the same backend name (a reload that changed the backend makes a new one) share
+    the children, so counters go on and the slot gauges move by ``inc``/``dec``, never ``set``
+    (the old pool may close after the new one registered)."""
+
+    def __init__(self, telemetry: Telemetry, backend: str) -> None:
+        m = telemetry.metric
+        calls = m(Counter, "mmguard_shm_handoff_calls_total",
+                  "Calls to Triton whose tensors went through a shared-memory slot.", ["backend"])
+        inline = m(Counter, "mmguard_shm_handoff_inline_total",
+                   "Calls to a hand-off backend sent with inline tensor bytes instead, by reason.",
+                   ["backend", "reason"])
+        rounds = m(Counter, "mmguard_shm_handoff_registrations_total",
+                   "Rounds of registering the slots with Triton, by result (ok, failed).",
+                   ["backend", "result"])
+        lost = m(Counter, "mmguard_shm_handoff_reregistrations_total",
+                 "Times Triton had forgotten the slots (it restarted): they are registered again.",
+                 ["backend"])
+        self.slots = m(Gauge, "mmguard_shm_handoff_slots",
+                       "Shared-memory slots registered with Triton.", ["backend"]).labels(backend)
+        self.in_use = m(Gauge, "mmguard_shm_handoff_slots_in_use",
+                        "Slots holding a call in flight.", ["backend"]).labels(backend)
+        self.slot_bytes = m(Gauge, "mmguard_shm_handoff_slot_bytes",
+                            "Size of each slot, bytes (from the live contracts).",
+                            ["backend"]).labels(backend)
+        self.counters: dict[str, Any] = {"shm": calls.labels(backend),
+                                         "register_ok": rounds.labels(backend, "ok"),
+                                         "register_failed": rounds.labels(backend, "failed"),
+                                         "reregister": lost.labels(backend)}
+        for reason in INLINE_REASONS:
+            self.counters[f"inline_{reason}"] = inline.labels(backend, reason)
+
+
 class HandoffPool:
     """Slots for one backend. ``plan`` and ``release`` run on the event loop (no locks)."""
 
     def __init__(self, backend: str, slots: int, max_slot_bytes: int,
-                 directory: Path = Path("/dev/shm")) -> None:
+                 directory: Path = Path("/dev/shm"), retry_s: float = REGISTER_RETRY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.backend = backend
         self.slots_wanted = slots
         self.max_slot_bytes = max_slot_bytes
@@ -108,20 +158,35 @@ class HandoffPool:
         self.free: list[Slot] = []
         self.all: list[Slot] = []
         self.registered = False
+        self.generation = 0  # +1 per successful registration round
         self.stats: dict[str, int] = {}
+        self.metrics: HandoffMetrics | None = None
         self._setup = asyncio.Lock()
+        self._retry_s, self._clock = retry_s, clock
+        self._retry_at = 0.0  # no registration round before this (clock time)
+        self._failing = False  # the last round failed: its warning is out already
         self._tag = f"mmguard_{backend}_{os.getpid()}_{secrets.token_hex(4)}"
+
+    def bind(self, telemetry: Telemetry) -> None:
+        """Count on ``telemetry``'s /metrics too (``stats`` keeps the same counts)."""
+        self.metrics = HandoffMetrics(telemetry, self.backend)
 
     def count(self, what: str) -> None:
         self.stats[what] = self.stats.get(what, 0) + 1
+        if self.metrics is not None:
+            self.metrics.counters[what].inc()
 
     async def ensure(self, register: Register) -> bool:
         """Slots exist and Triton knows them; False (and the call goes inline) if that failed."""
         if self.registered:
             return True
+        if self._clock() < self._retry_at:
+            return False
         async with self._setup:
             if self.registered:
                 return True
+            if self._clock() < self._retry_at:  # the round this call waited for failed
+                return False
             try:
                 if not self.all:
                     self._create()
@@ -129,10 +194,19 @@ class HandoffPool:
                     await register(slot.name, slot.key, slot.size)
             except Exception as exc:  # Triton refused or /dev/shm is not shared: stay inline
                 self.count("register_failed")
-                log.warning("shared memory hand-off to backend '%s' is not available, tensors "
-                            "go inline: %s", self.backend, exc)
+                self._retry_at = self._clock() + self._retry_s
+                (log.debug if self._failing else log.warning)(
+                    "shared memory hand-off to backend '%s' is not available, tensors go "
+                    "inline (registration tried again every %g s): %s", self.backend,
+                    self._retry_s, exc)
+                self._failing = True
                 return False
-            self.registered = True
+            self.registered, self._failing = True, False
+            self.generation += 1
+            if self.metrics is not None:
+                self.metrics.counters["register_ok"].inc()
+                self.metrics.slots.inc(len(self.all))
+                self.metrics.slot_bytes.set(self.all[0].size)
             log.info("shared memory hand-off to backend '%s': %d slots of %d bytes registered",
                      self.backend, len(self.all), self.all[0].size)
             return True
@@ -153,10 +227,16 @@ class HandoffPool:
             self.all.append(slot)
             self.free.append(slot)
 
-    def forget(self) -> None:
-        """Triton no longer knows the slots (it restarted): register them again next time."""
+    def forget(self, generation: int | None = None) -> None:
+        """Triton no longer knows the slots (it restarted): register them again next time.
+        ``generation``: the registration the refused call was planned under; a refusal from an
+        older one (answered after the slots were registered again) changes nothing."""
+        if not self.registered or generation not in (None, self.generation):
+            return
         self.registered = False
         self.count("reregister")
+        if self.metrics is not None:
+            self.metrics.slots.dec(len(self.all))
 
     def plan(self, call: Call, model: str) -> Plan | None:
         """A slot with the call's tensors placed, or None: send it inline."""
@@ -166,7 +246,7 @@ class HandoffPool:
         if not self.free:
             return self._inline("no_free_slot")
         slot = self.free[-1]
-        plan = Plan(slot)
+        plan = Plan(slot, self.generation)
         offset = 0
         for t in call.inputs:
             size = len(t.raw_bytes())
@@ -184,6 +264,8 @@ class HandoffPool:
             else:
                 plan.inline_outputs.append((name, params))
         self.free.pop()
+        if self.metrics is not None:
+            self.metrics.in_use.inc()
         for t in call.inputs:
             start, n = plan.inputs[t.name]
             slot.view[start:start + n] = memoryview(t.raw_bytes()).cast("B")
@@ -211,6 +293,8 @@ class HandoffPool:
 
     def release(self, plan: Plan) -> None:
         self.free.append(plan.slot)
+        if self.metrics is not None:
+            self.metrics.in_use.dec()
 
     async def close(self, unregister: Unregister) -> None:
         if self.registered:
@@ -219,6 +303,8 @@ class HandoffPool:
                     await unregister(slot.name)
                 except Exception as exc:  # Triton may be gone already; the files go anyway
                     log.debug("unregister %s: %s", slot.name, exc)
+            if self.metrics is not None:
+                self.metrics.slots.dec(len(self.all))
         self.registered = False
         for slot in self.all:
             slot.view.release()
@@ -254,6 +340,7 @@ async def _through_slot(pool: HandoffPool, call: Call, target: Target, register:
     is ready or fits, or when Triton had forgotten the slot ("Unable to find shared memory
     region: '...'": nothing was computed, so the caller sends inline)."""
     if not await pool.ensure(register):
+        pool.count("inline_unregistered")
         return None
     plan = pool.plan(call, target.model)
     if plan is None:
@@ -263,7 +350,8 @@ async def _through_slot(pool: HandoffPool, call: Call, target: Target, register:
             answer = await send(plan)
         except ProxyError as err:
             if plan.slot.name in err.message:
-                pool.forget()
+                pool.forget(plan.generation)
+                pool.count("inline_slot_lost")
                 return None
             raise
         return read(plan, answer)

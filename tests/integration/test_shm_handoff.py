@@ -1,10 +1,12 @@
 """Shared-memory hand-off to a co-located real Triton (``shared_memory: system`` on the gRPC
 backend): the same answers as direct, byte for byte; slots registered once and sized from the
 contracts; a call that does not fit goes inline; Triton restarted → slots registered again;
-mmguard stopped → slots unregistered and their files gone."""
+mmguard stopped → slots unregistered and their files gone. The pool's counts are read off the
+admin /metrics as an operator scrapes them."""
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,11 +15,12 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.backends.triton_grpc import TritonGrpcBackend
 from proxy.backends.triton_http import TritonHttpBackend
 from proxy.demo_model import ensure_clip_demo
-from proxy.shm_handoff import HandoffPool
+from proxy.shm_handoff import INLINE_REASONS, HandoffPool
 from tests.support.mmguard import RunningMmguard
 from tests.support.triton import DECOUPLED_MODELS, MODEL_NAMES, TritonServer, write_model_repository
 
@@ -51,6 +54,22 @@ def pool_of(proxy: RunningMmguard) -> HandoffPool:
     assert isinstance(backend, TritonGrpcBackend | TritonHttpBackend)
     assert backend.handoff is not None
     return backend.handoff
+
+
+def handoff_metrics(proxy: RunningMmguard) -> dict[str, float]:
+    """The backend's ``mmguard_shm_handoff_*`` samples from the admin /metrics, keyed by name
+    plus the label that is not ``backend`` (``inline_total{reason=too_big}`` → ``inline.too_big``,
+    ``registrations_total{result=ok}`` → ``registrations.ok``)."""
+    text = urllib.request.urlopen(proxy.admin_url + "/metrics", timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.startswith("mmguard_shm_handoff_"):
+                continue
+            assert sample.labels.pop("backend") == "triton", sample
+            key = sample.name.removeprefix("mmguard_shm_handoff_").removesuffix("_total")
+            out[".".join([key, *sample.labels.values()])] = sample.value
+    return out
 
 
 def triton_regions(triton: TritonServer) -> dict[str, int]:
@@ -98,11 +117,18 @@ def infer(url: str, model: str, inputs: dict[str, np.ndarray[Any, Any]],
 def test_same_answers_as_direct_through_slots(own_triton: TritonServer, kind: str) -> None:
     with RunningMmguard(handoff_config(own_triton, kind)) as proxy:
         proxy.wait_ready()
+        before = handoff_metrics(proxy)  # every count there at 0 before the first call
+        assert before == {"calls": 0, "registrations.ok": 0, "registrations.failed": 0,
+                          "reregistrations": 0, "slots": 0, "slots_in_use": 0, "slot_bytes": 0,
+                          **{f"inline.{r}": 0 for r in INLINE_REASONS}}, before
         for model, inputs, outputs in CASES:
             direct = infer(own_triton.grpc_url, model, inputs, outputs)
             assert infer(proxy.grpc_url, model, inputs, outputs) == direct, model
         pool = pool_of(proxy)
         assert pool.stats.get("shm") == len(CASES), pool.stats
+        after = handoff_metrics(proxy)
+        assert after == {**before, "calls": len(CASES), "registrations.ok": 1, "slots": 16,
+                         "slot_bytes": pool.all[0].size}, after
         # Registered once, sized from the contracts: clip_demo at max batch is the largest.
         regions = triton_regions(own_triton)
         assert len(regions) == 16 and set(regions.values()) == {pool.all[0].size}
@@ -129,6 +155,13 @@ def test_a_call_that_does_not_fit_goes_inline(own_triton: TritonServer, kind: st
             infer(own_triton.grpc_url, "identity_fp32", big, None)
         stats = pool_of(proxy).stats
         assert stats.get("inline_too_big") == 1 and "shm" not in stats
+        seen = handoff_metrics(proxy)
+        assert (seen["inline.too_big"], seen["calls"], seen["slots"], seen["slot_bytes"]) == \
+            (1, 0, 2, 64 * 1024), seen
+        small = CASES[0]
+        assert infer(proxy.grpc_url, *small) == infer(own_triton.grpc_url, *small)
+        seen = handoff_metrics(proxy)
+        assert (seen["inline.too_big"], seen["calls"], seen["slots_in_use"]) == (1, 1, 0), seen
 
 
 def test_slots_are_registered_again_after_triton_restarts(own_triton: TritonServer,
@@ -147,6 +180,11 @@ def test_slots_are_registered_again_after_triton_restarts(own_triton: TritonServ
         pool = pool_of(proxy)
         assert pool.stats.get("reregister") == 1 and pool.stats.get("shm") == 3, pool.stats
         assert len(triton_regions(own_triton)) == 2
+        seen = handoff_metrics(proxy)
+        assert {k: seen[k] for k in ("calls", "inline.slot_lost", "reregistrations",
+                                     "registrations.ok", "slots", "slots_in_use")} == \
+            {"calls": 3, "inline.slot_lost": 1, "reregistrations": 1, "registrations.ok": 2,
+             "slots": 2, "slots_in_use": 0}, seen
 
 
 def test_classification_is_answered_inline_as_direct(own_triton: TritonServer,

@@ -95,13 +95,22 @@ def test_every_reason_to_go_inline(tmp_path: Path) -> None:
 
 
 def test_registration_failure_stays_inline_and_forget_registers_again(tmp_path: Path) -> None:
-    pool = HandoffPool("t", 1, 100_000, tmp_path)
+    now = [100.0]
+    pool = HandoffPool("t", 1, 100_000, tmp_path, retry_s=5.0, clock=lambda: now[0])
+    asked: list[str] = []
 
     async def refuse(name: str, key: str, size: int) -> None:
+        asked.append(name)
         raise RuntimeError("Triton cannot open it")
 
     assert not asyncio.run(pool.ensure(refuse))
     assert pool.stats == {"register_failed": 1}
+    now[0] += 4.9  # within the retry delay: inline without asking Triton again
+    assert not asyncio.run(pool.ensure(refuse)) and len(asked) == 1
+    now[0] += 0.2
+    assert not asyncio.run(pool.ensure(refuse)) and len(asked) == 2
+    assert pool.stats == {"register_failed": 2}
+    now[0] += 5.0
     asyncio.run(registered(pool))
     pool.forget()
     assert not pool.registered
