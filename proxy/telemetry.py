@@ -115,7 +115,8 @@ class RequestMetrics(NamedTuple):
     """The model's latency window (shared by its fronts and backends)."""
 
 
-_SUMMED = {"mmguard_requests_in_flight", "mmguard_shm_regions"}
+_SUMMED = {"mmguard_requests_in_flight", "mmguard_shm_regions", "mmguard_shm_handoff_slots",
+           "mmguard_shm_handoff_slots_in_use"}
 """Gauges that count something each worker of a pod has: the pod's value is their sum."""
 _WORST = {"mmguard_backend_ready": "livemin", "mmguard_latency_jitter_coefficient": "livemax"}
 

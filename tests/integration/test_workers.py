@@ -36,6 +36,9 @@ def _config(model_dir: Path, fake_port: int, extra_route: bool = False) -> dict[
         {"name": "echo", "backend": "fake", "filters": [{"fallback": {"breaker": {
             "minimum_calls": 10, "window_size": 40, "failure_rate": 0.5,
             "wait_in_open_s": 300}}}]},
+        {"name": "mirrored", "backend": "ort", "backend_model": "identity_fp32",
+         "filters": [{"shadow": {"canary": "canary_copy", "percent": 100}}]},
+        {"name": "canary_copy", "backend": "ort", "backend_model": "identity_fp32"},
         {"name": "slow", "backend": "fake", "backend_model": "echo",
          "filters": [{"limits": {"max_in_flight": 2}}]},
     ]
@@ -255,3 +258,19 @@ def test_max_in_flight_is_the_pods_not_each_workers(pod: Any) -> None:
     assert 1 <= admitted <= 2 and admitted + refused == 10, codes
     fake.delay_s = 0.0
     assert _infer(proc.ports["http"], "slow")[0] == 200  # the places are given back
+
+
+def test_the_canary_verdict_is_judged_once_on_both_workers_comparisons(pod: Any) -> None:
+    proc, _, _ = pod
+    http, admin = proc.ports["http"], proc.ports["admin"]
+    for i in range(30):
+        assert _infer(http, "mirrored", [float(i)])[0] == 200
+
+    def judged() -> Any:
+        _, found = _admin(admin, "GET", "/admin/shadows")
+        shadow = found["mirrored"]
+        return shadow if shadow["compared"] == 30 else None
+
+    # every worker's 30 comparisons, in the supervisor's one verdict
+    shadow = _until(judged, "30 comparisons in the pod's verdict")
+    assert shadow["mirrored"] == 30 and shadow["state"] == "promote", shadow
