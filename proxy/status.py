@@ -38,6 +38,8 @@ class Status:
     routers: dict[str, dict[str, Any]] = field(default_factory=dict)
     experiments: list[dict[str, Any]] = field(default_factory=list)
     shadows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    """The pod's worker processes (one, the process itself, outside a pod)."""
 
 
 def _get(url: str, timeout: float, ok_statuses: tuple[int, ...] = (200,)) -> tuple[int, bytes]:
@@ -71,6 +73,9 @@ def fetch(admin: str, timeout: float = 5.0) -> Status:
     status.routers = dict(_json(f"{base}/admin/routers", timeout))
     status.experiments = list(_json(f"{base}/admin/experiments", timeout))
     status.shadows = dict(_json(f"{base}/admin/shadows", timeout))
+    code, _ = _get(f"{base}/admin/pod", timeout, ok_statuses=(200, 404))
+    if code == 200:  # 404: an mmguard from before pods
+        status.workers = list(_json(f"{base}/admin/pod", timeout).get("workers", []))
     _, metrics = _get(f"{base}/metrics", timeout)
     requests: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     try:
@@ -99,6 +104,14 @@ def render(s: Status, out: TextIO) -> None:
     if s.backends:
         out.write("backends: " + ", ".join(f"{b} {'ready' if ok else 'NOT READY'}"
                                            for b, ok in sorted(s.backends.items())) + "\n")
+    if len(s.workers) > 1:
+        out.write(f"workers: {len(s.workers)} (one control state for the pod)\n")
+        rows = [["worker", "pid", "ready", "restarts", "last exits"]]
+        for w in s.workers:
+            rows.append([str(w.get("worker")), str(w.get("pid")),
+                         "yes" if w.get("ready") else "NO", str(w.get("restarts", 0)),
+                         ", ".join(map(str, w.get("exit_codes") or [])) or "-"])
+        _table(rows, out)
 
     out.write("\nrequests (since start)\n")
     if s.requests:

@@ -146,6 +146,14 @@ def test_two_workers_serve_and_the_pod_has_one_metrics_scrape(pod: Any) -> None:
     assert served == 40  # every worker's requests, counted once, in one scrape
     _until(lambda: _metric(_admin(admin, "GET", "/metrics")[1], "mmguard_workers_ready") == 2,
            "the pod's gauge of ready workers at 2")
+    import subprocess
+    import sys
+    shown = subprocess.run([sys.executable, "-m", "proxy.cli", "status", "--admin",
+                            f"http://127.0.0.1:{admin}"], capture_output=True, text=True,
+                           timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "workers: 2 (one control state for the pod)" in shown.stdout
+    assert all(str(pid) in shown.stdout for pid in pids)
     # the data ports are the workers': the supervisor's admin port serves no inference
     assert _infer(admin, "identity_fp32")[0] == 404
 
