@@ -112,10 +112,10 @@ def _pod_ready(admin: int) -> bool:
 
 
 @pytest.fixture()
-def pod(tmp_path: Path) -> Iterator[tuple[Any, FakeV2, Path]]:
+def pod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, FakeV2, Path]]:
     model_dir = tmp_path / "models"
     write_identity(model_dir, "FP32")
-    os.environ["MMGUARD_TEST_ADMIN_TOKEN"] = TOKEN
+    monkeypatch.setenv("MMGUARD_TEST_ADMIN_TOKEN", TOKEN)  # the pod's processes inherit it
     with FakeV2() as fake, serve(tmp_path, _config(model_dir, fake.http_port)) as proc:
         _until(lambda: _pod_ready(proc.ports["admin"]), "both workers ready")
         yield proc, fake, model_dir
