@@ -84,6 +84,7 @@ from chain_study import (
     chain_notes,
     chain_table,
     parse_chains,
+    photo_pixels,
     summarize,
 )
 
@@ -134,8 +135,10 @@ PROTOCOLS = ("grpc", "http")
 def _payload(spec: dict[str, Any]) -> tuple[Any, bytes]:
     import numpy as np
 
-    rng = np.random.default_rng(20260101 + len(spec["shape"]))
-    x = rng.standard_normal(spec["shape"]).astype(np.float32)
+    x = photo_pixels() if spec.get("payload") == "photo" else None
+    if x is None:
+        rng = np.random.default_rng(20260101 + len(spec["shape"]))
+        x = rng.standard_normal(spec["shape"]).astype(np.float32)
     expected = x if spec["op"] == "identity" else (x * np.float32(2)).astype(np.float32)
     return x, expected.tobytes()
 
@@ -579,14 +582,21 @@ class Bench:
         return out
 
     def measure(self, spec: dict[str, Any], label: str,
-                probes: dict[str, Callable[[], float]] | None = None) -> dict[str, Any]:
-        """One cell; ``probes``: the processes whose CPU it records (default: every server)."""
+                probes: dict[str, Callable[[], float]] | None = None,
+                counters: dict[str, Callable[[], float]] | None = None) -> dict[str, Any]:
+        """One cell; ``probes``: the processes whose CPU it records (default: every server);
+        ``counters``: name -> a count so far, reported per request (``per_req``)."""
         assert self.loadgen is not None
         spec = {**spec, "duration": self.args.duration, "warmup": self.args.warmup,
                 "ort_threads": self.args.ort_threads, "ort_intra_op_threads": 1}
-        window = CpuWindow(self._pids() if probes is None else probes)
+        # CpuWindow reports its "waits" as 1000 x delta / request: a count scaled by 1/1000
+        # comes out per request, and stays out of the CPU sums.
+        window = CpuWindow(self._pids() if probes is None else probes,
+                           {k: (lambda f=f: f() / 1000) for k, f in (counters or {}).items()})
         result = self.loadgen.run(spec, lambda: window.mark("start"), lambda: window.mark("end"))
         result.update(window.result(result.get("requests", 0)))
+        if counters:
+            result["per_req"] = result.pop("runq_wait_ms_per_req", {})
         cell = {"label": label, **{k: spec[k] for k in ("kind", "target", "addr", "model",
                                                         "concurrency", "case", "protocol")},
                 **result}

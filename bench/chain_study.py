@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import NOISY_OTHER_PCT, MmguardProcess, fmt, proc_cpu_s, render_table
+from _common import NOISY_OTHER_PCT, MmguardProcess, fmt, proc_cpu_s, proc_minflt, render_table
 
 TRITON_MODEL, TRITON_IN, TRITON_OUT = "pixel_identity", "pixel_values", "pixel_out"
 STEPS = ("limits", "shape_guard", "quality", "output_drift", "shadow", "fallback", "fault",
@@ -52,6 +52,21 @@ CANARY_HEADER = "x-canary"
 DRILL_HEADER = "x-fault-drill"
 FAULT_HEADER = "mmguard-fault"
 PROTOCOLS = ("grpc", "http")
+
+
+def photo_pixels() -> Any:
+    """scikit-image's astronaut as a client sends it to a vision model: FP32 [1,3,224,224] in
+    [0, 1] (``tests/support/photos.py``); None without the test extra (then the bench sends its
+    seeded random tensor, which quality scores on its slower out-of-range path)."""
+    try:
+        import numpy as np
+
+        from tests.support.photos import _load, to_model_input
+        rgb = to_model_input(_load("astronaut"))
+    except ImportError:
+        return None
+    chw = np.ascontiguousarray(rgb.transpose(2, 0, 1), dtype=np.float32) / np.float32(255)
+    return chw.reshape(1, *chw.shape)
 
 
 def parse_chains(text: str) -> list[str]:
@@ -178,6 +193,8 @@ def summarize(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
             cpus = [v for v in map(_cpu, mine) if v is not None]
             rps = [float(c["rps"]) for c in mine if "failed" not in c and c.get("rps")]
             cpu = statistics.median(cpus) if cpus else None
+            faults = [float(c["per_req"]["page_faults"]) for c in mine
+                      if "failed" not in c and "page_faults" in (c.get("per_req") or {})]
             if chain == "default":
                 base = cpu
             rows.append({
@@ -187,6 +204,7 @@ def summarize(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "mmguard_cpu_ms_per_req": cpu,
                 "cpu_min": min(cpus) if cpus else None, "cpu_max": max(cpus) if cpus else None,
                 "rps": statistics.median(rps) if rps else None,
+                "page_faults_per_req": statistics.median(faults) if faults else None,
                 "delta_prev_ms": (cpu - previous if cpu is not None and previous is not None
                                   and chain != "default" else None),
                 "delta_default_ms": (cpu - base if cpu is not None and base is not None
@@ -214,14 +232,15 @@ ADDED = {"default": "(limits: the default chain)", "full": "+ modality_router = 
 
 def chain_table(rows: list[dict[str, Any]], md: bool) -> str:
     head = ["chain", "protocol", "mmguard CPU ms/req", "min-max", "Δ vs previous",
-            "Δ vs default", "req/s", "rounds", "noisy", "faulted answers"]
+            "Δ vs default", "req/s", "page faults/req", "rounds", "noisy", "faulted answers"]
     body = []
     for r in rows:
         what = ADDED.get(r["chain"], f"+ {r['chain']}")
         spread = (f"{r['cpu_min']:.3f}-{r['cpu_max']:.3f}" if r["cpu_min"] is not None else "-")
         body.append([what, r["protocol"], fmt(r["mmguard_cpu_ms_per_req"], ".3f"), spread,
                      fmt(r["delta_prev_ms"], "+.3f"), fmt(r["delta_default_ms"], "+.3f"),
-                     fmt(r["rps"], ".0f"), str(r["rounds"]),
+                     fmt(r["rps"], ".0f"), fmt(r.get("page_faults_per_req"), ".1f"),
+                     str(r["rounds"]),
                      str(r["noisy"]) if r["noisy"] else "",
                      str(r["fault_answers"]) + (" FAILED" if r["failed"] else "")])
     return render_table(head, body, md)
@@ -314,8 +333,7 @@ class ChainStudy:
         if cell.get("header_count"):
             cell["failed"] = f"{cell['header_count']} answers carried {FAULT_HEADER}"
 
-    def run(self, measure: Callable[[dict[str, Any], str, dict[str, Callable[[], float]]],
-                                    dict[str, Any]],
+    def run(self, measure: Callable[..., dict[str, Any]],
             probes: dict[str, Callable[[], float]]) -> list[dict[str, Any]]:
         assert self.mmguard is not None and self.mmguard.pid is not None
         pid = self.mmguard.pid
@@ -328,8 +346,9 @@ class ChainStudy:
                     "input": TRITON_IN, "output": TRITON_OUT, "op": "identity",
                     "target": "mmguard", "addr": f"127.0.0.1:{self.mmguard.ports[proto]}",
                     "model": route(chain, proto), "headers": {CANARY_HEADER: "1"},
-                    "count_header": FAULT_HEADER}
-            cell = measure(spec, f"mmguard chain {chain} -> triton_{proto}", probes)
+                    "count_header": FAULT_HEADER, "payload": "photo"}
+            cell = measure(spec, f"mmguard chain {chain} -> triton_{proto}", probes,
+                           {"page_faults": lambda: proc_minflt(pid)})
             cell.update(chain=chain, round=rnd)
             self._after(cell, chain, proto)
             self.cells.append(cell)
