@@ -44,6 +44,7 @@ def test_every_chain_is_a_config_mmguard_accepts(tmp_path: Path) -> None:
                 shadow = next(s.config for s in cfg.chain(front) if s.name == "shadow")
                 assert shadow.percent == percent  # type: ignore[attr-defined]
                 assert shadow.canary in routes  # type: ignore[attr-defined]
+                assert shadow.verdict.max_latency_ratio is None  # type: ignore[attr-defined]
     # the full chain has the filters, the router innermost over two paths
     full = routes[study.route("full", "grpc")]
     specs = {s.name: s.config for s in cfg.chain(full)}
