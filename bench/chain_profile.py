@@ -44,6 +44,67 @@ def _identity(call: Call, target: Target) -> Result:
                                                  raw=bytes(t.raw_bytes()))])
 
 
+class Breakdown:
+    """Each filter's own CPU (``time.thread_time_ns``: this thread's CPU, not wall time), the
+    time spent in its ``next`` and in the backend left out: ``proxy.chain._step`` is wrapped
+    for the run (a bench-only build of the chain). The modality router's reroute (the path
+    route's data plane and chain) is its own; the backend answering it is not."""
+
+    def __init__(self) -> None:
+        self.ns: dict[str, int] = {}
+        self.backend_ns = 0
+        self.calls = 0
+
+    def install(self) -> Any:
+        import proxy.chain as chain_mod
+
+        original = chain_mod._step
+        me = self
+
+        def step(name: str, f: Any, nxt: Any, tracer: Any) -> Any:
+            async def timed_step(call: Call) -> Any:
+                inside = [0, 0]  # ns in next, backend ns within next
+
+                async def timed_next(c: Call) -> Any:
+                    b0, t0 = me.backend_ns, time.thread_time_ns()
+                    try:
+                        return await nxt(c)
+                    finally:
+                        inside[0] += time.thread_time_ns() - t0
+                        inside[1] += me.backend_ns - b0
+
+                b0, t0 = me.backend_ns, time.thread_time_ns()
+                try:
+                    return await f(call, timed_next)
+                finally:
+                    total = time.thread_time_ns() - t0
+                    backend_outside_next = (me.backend_ns - b0) - inside[1]
+                    me.ns[name] = me.ns.get(name, 0) + total - inside[0] - backend_outside_next
+
+            return original(name, timed_step_filter(timed_step), nxt, tracer)
+
+        def timed_step_filter(timed_step: Any) -> Any:
+            async def as_filter(call: Call, _nxt: Any) -> Any:
+                return await timed_step(call)
+            return as_filter
+
+        chain_mod._step = step  # type: ignore[assignment]
+        return original
+
+    def answer(self, call: Call, target: Target) -> Result:
+        t0 = time.thread_time_ns()
+        try:
+            return _identity(call, target)
+        finally:
+            self.backend_ns += time.thread_time_ns() - t0
+
+    def reset(self) -> None:
+        self.ns, self.calls = {}, 0
+
+    def per_call_us(self) -> dict[str, float]:
+        return {k: v / 1000 / max(self.calls, 1) for k, v in self.ns.items()}
+
+
 def harness_doc(chains: list[str]) -> dict[str, Any]:
     """The chains' routes (gRPC ones) on the harness's in-memory backend."""
     routes = [{k: v for k, v in r.items() if k not in ("backend", "backend_model")}
@@ -52,8 +113,9 @@ def harness_doc(chains: list[str]) -> dict[str, Any]:
             "listeners": {"grpc": {"trust_canary_headers": True}}, "models": routes}
 
 
-async def _run(chains: list[str], calls: int, repeats: int,
-               profile: str | None) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+async def _run(chains: list[str], calls: int, repeats: int, profile: str | None,
+               breakdown: Breakdown | None = None
+               ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     import numpy as np
 
     doc = harness_doc(chains)
@@ -65,7 +127,9 @@ async def _run(chains: list[str], calls: int, repeats: int,
         x = np.random.default_rng(20260105).standard_normal(SHAPE).astype(np.float32)
     out: dict[str, list[float]] = {c: [] for c in chains}
     faults: dict[str, list[float]] = {c: [] for c in chains}
-    async with ChainHarness.open(doc, answer=_identity, contracts=contracts) as h:
+    per_filter: dict[str, list[dict[str, float]]] = {c: [] for c in chains}
+    answer = breakdown.answer if breakdown is not None else _identity
+    async with ChainHarness.open(doc, answer=answer, contracts=contracts) as h:
         for chain in chains:
             if study.has_fault(chain):
                 body = study.drill(chain, "grpc")
@@ -93,6 +157,8 @@ async def _run(chains: list[str], calls: int, repeats: int,
                 for i in range(20):  # warm-up (and the byte check)
                     await one(route, i)
                 prof = cProfile.Profile() if profile == chain and rnd == 0 else None
+                if breakdown is not None:
+                    breakdown.reset()
                 t0, f0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 if prof:
                     prof.enable()
@@ -103,9 +169,26 @@ async def _run(chains: list[str], calls: int, repeats: int,
                     prof.disable()
                     pstats.Stats(prof).sort_stats("tottime").print_stats(30)
                 out[chain].append((time.process_time() - t0) * 1000 / calls)
+                if breakdown is not None:
+                    breakdown.calls = calls
+                    per_filter[chain].append(breakdown.per_call_us())
                 faults[chain].append(
                     (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / calls)
+    if breakdown is not None:
+        breakdown.found = per_filter  # type: ignore[attr-defined]
     return out, faults
+
+
+def _breakdown_table(found: dict[str, list[dict[str, float]]]) -> str:
+    names = list(study.STEPS)
+    head = ["chain", *[f"{n} µs" for n in names], "sum µs"]
+    body = []
+    for chain, runs in found.items():
+        med = {n: statistics.median(r.get(n, 0.0) for r in runs) for n in names}
+        steps = study.CHAINS[chain][0]
+        body.append([chain, *[f"{med[n]:.0f}" if i < steps else "" for i, n in enumerate(names)],
+                     f"{sum(med.values()):.0f}"])
+    return render_table(head, body, md=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,9 +197,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--chains", default=",".join(study.STUDY))
     p.add_argument("--profile", default=None, help="a chain to cProfile (first repeat)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also each filter's own CPU per call (next and backend left out)")
     args = p.parse_args(argv)
     chains = study.parse_chains(args.chains)
-    found, faults = asyncio.run(_run(chains, args.calls, args.repeats, args.profile))
+    breakdown = Breakdown() if args.breakdown else None
+    original = breakdown.install() if breakdown is not None else None
+    try:
+        found, faults = asyncio.run(_run(chains, args.calls, args.repeats, args.profile,
+                                         breakdown))
+    finally:
+        if original is not None:
+            import proxy.chain as chain_mod
+            chain_mod._step = original
     rows, prev, base = [], None, None
     for chain in chains:
         ms = statistics.median(found[chain])
@@ -129,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
             prev = ms
     print(render_table(["chain", "CPU ms/call (median)", "min-max", "Δ vs previous",
                         "Δ vs default", "page faults/call"], rows, md=False))
+    if breakdown is not None:
+        print()
+        print("each filter's own CPU per call (median of the repeats; thread CPU time):")
+        print(_breakdown_table(breakdown.found))  # type: ignore[attr-defined]
     return 0
 
 
