@@ -265,8 +265,14 @@ def chain_notes(concurrency: int, rounds: int) -> list[str]:
         "(must be 0); the experiment's `matched` count is read back after each cell.",
         "- shape_guard's token limit is declared on `input_ids`, which the image-only request "
         "does not have; quality scores the image (default rules, drift on); output_drift reads "
-        "the answer's mean (`scalar`); fallback has its breaker and answer cache; the router "
-        "chooses between two paths to the same model.",
+        "the answer's mean (`scalar`); fallback has its breaker and answer cache; the shadow "
+        "compares answers but does not judge latency (a loaded machine would abort it); the "
+        "router chooses between two paths to the same model.",
+        "- The request is a real photograph (scikit-image's astronaut, FP32 in [0, 1]; the "
+        "seeded random tensor without the test extra); the first answer of every cell is "
+        "checked byte for byte. *page faults/req*: mmguard's minor page faults per request.",
+        "- Each filter's own CPU, free of the transport and of the machine's noise: "
+        "`python bench/chain_profile.py --breakdown` (bench/README.md).",
     ]
 
 
