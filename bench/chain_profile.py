@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                      "-" if prev is None else f"{ms - prev:+.3f}",
                      "-" if base is None or chain == "default" else f"{ms - base:+.3f}",
                      f"{statistics.median(faults[chain]):.0f}"])
-        if chain != "full_shadow10":
+        if chain not in study.VARIANTS:
             prev = ms
     print(render_table(["chain", "CPU ms/call (median)", "min-max", "Δ vs previous",
                         "Δ vs default", "page faults/call"], rows, md=False))

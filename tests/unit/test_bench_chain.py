@@ -56,6 +56,11 @@ def test_every_chain_is_a_config_mmguard_accepts(tmp_path: Path) -> None:
     assert specs["shape_guard"].inputs["input_ids"].max_tokens == 77  # type: ignore[attr-defined]
     assert specs["fallback"].cache is not None  # type: ignore[attr-defined]
     assert "pixel_values" in specs["quality"].images  # type: ignore[attr-defined]
+    assert specs["quality"].sample == 1.0  # type: ignore[attr-defined]
+    lean = {s.name: s.config for s in cfg.chain(routes[study.route("full_lean", "http")])}
+    assert lean["quality"].sample == 0.1  # type: ignore[attr-defined]
+    assert lean["fallback"].cache is None  # type: ignore[attr-defined]
+    assert lean["fallback"].breaker == specs["fallback"].breaker  # type: ignore[attr-defined]
 
 
 def test_the_default_chain_is_mmguards_default(tmp_path: Path) -> None:
@@ -91,6 +96,7 @@ def test_summarize_takes_medians_and_deltas() -> None:
              _cell("default", "grpc", 9.0, other_cpu_pct=40.0),
              _cell("quality", "grpc", 2.9), _cell("full", "grpc", 3.1),
              _cell("full_shadow10", "grpc", 3.6, header_count=0),
+             _cell("full_lean", "grpc", 2.5),
              _cell("full", "grpc", 1.0, failed="boom")]
     rows = {r["chain"]: r for r in study.summarize(cells)}
     assert rows["default"]["mmguard_cpu_ms_per_req"] == pytest.approx(2.2)
@@ -102,6 +108,7 @@ def test_summarize_takes_medians_and_deltas() -> None:
     assert rows["full"]["delta_default_ms"] == pytest.approx(0.9)
     assert rows["full_shadow10"]["delta_prev_ms"] == pytest.approx(0.5)  # over full
     assert rows["full_shadow10"]["delta_default_ms"] == pytest.approx(1.4)
+    assert rows["full_lean"]["delta_prev_ms"] == pytest.approx(-0.6)  # over full too
     table = study.chain_table(study.summarize(cells), md=True)
     assert "| + quality | grpc | 2.900 |" in table
 
