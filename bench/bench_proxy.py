@@ -29,6 +29,11 @@ Besides req/s and latency, every cell records the CPU time each process spent du
 measured window (from /proc), as ms of CPU per request: on a small machine the servers and the
 load generator compete for the same cores, and CPU per request says who is paying.
 
+The full chain's price (``bench/chain_study.py``): ``--chains`` (default ``default,full,
+full_shadow10``) or ``--chain-study`` (one filter added at a time) measures mmguard's CPU per
+request with each chain on the 600 KB case over gRPC and HTTP, served by one more mmguard
+process; ``--chain-only`` skips the matrix above.
+
 Results: a table on stdout, ``<out>/results.json`` and ``<out>/results.md``. Every process is
 stopped on exit, Ctrl-C and SIGTERM included (children also get SIGTERM if this script is
 SIGKILLed: ``PR_SET_PDEATHSIG``).

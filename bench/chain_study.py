@@ -312,9 +312,13 @@ class ChainStudy:
         self.concurrency = concurrency
         self.mmguard: ChainMmguard | None = None
         self.cells: list[dict[str, Any]] = []
+        self.payload = ""
 
     def start(self, root: Path, triton: Any, log_level: str) -> None:
         root.mkdir(parents=True, exist_ok=True)
+        self.payload = ("photo (scikit-image's astronaut)" if photo_pixels() is not None else
+                        "seeded random tensor (no scikit-image: quality's out-of-range path)")
+        print(f"  chain payload: {self.payload}", flush=True)
         self.mmguard = ChainMmguard(root, self.chains, triton, log_level)
         print(f"starting mmguard for the chains ({', '.join(self.chains)}) ...", flush=True)
         self.mmguard.start()
@@ -367,7 +371,7 @@ class ChainStudy:
                     "count_header": FAULT_HEADER, "payload": "photo"}
             cell = measure(spec, f"mmguard chain {chain} -> triton_{proto}", probes,
                            {"page_faults": lambda: proc_minflt(pid)})
-            cell.update(chain=chain, round=rnd)
+            cell.update(chain=chain, round=rnd, payload=self.payload)
             self._after(cell, chain, proto)
             self.cells.append(cell)
         return self.cells
