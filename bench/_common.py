@@ -150,6 +150,12 @@ def _stat_fields(pid: int) -> list[str] | None:
     return raw[raw.rfind(")") + 2:].split()
 
 
+def proc_minflt(pid: int) -> float:
+    """Minor page faults of a process so far (memory it touched for the first time)."""
+    f = _stat_fields(pid)
+    return 0.0 if f is None else float(f[7])  # minflt (field 10)
+
+
 def proc_cpu_s(pid: int) -> float:
     f = _stat_fields(pid)
     if f is None:

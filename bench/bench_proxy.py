@@ -29,6 +29,11 @@ Besides req/s and latency, every cell records the CPU time each process spent du
 measured window (from /proc), as ms of CPU per request: on a small machine the servers and the
 load generator compete for the same cores, and CPU per request says who is paying.
 
+The full chain's price (``bench/chain_study.py``): ``--chains`` (default ``default,full,
+full_shadow10``) or ``--chain-study`` (one filter added at a time) measures mmguard's CPU per
+request with each chain on the 600 KB case over gRPC and HTTP, served by one more mmguard
+process; ``--chain-only`` skips the matrix above.
+
 Results: a table on stdout, ``<out>/results.json`` and ``<out>/results.md``. Every process is
 stopped on exit, Ctrl-C and SIGTERM included (children also get SIGTERM if this script is
 SIGKILLed: ``PR_SET_PDEATHSIG``).
@@ -76,6 +81,16 @@ from _common import (
     report_problems,
     serve_cells,
     stop_process,
+)
+from chain_study import (
+    DEFAULT_CHAINS,
+    STUDY,
+    ChainStudy,
+    chain_notes,
+    chain_table,
+    parse_chains,
+    photo_pixels,
+    summarize,
 )
 
 MiB = 1 << 20
@@ -125,8 +140,10 @@ PROTOCOLS = ("grpc", "http")
 def _payload(spec: dict[str, Any]) -> tuple[Any, bytes]:
     import numpy as np
 
-    rng = np.random.default_rng(20260101 + len(spec["shape"]))
-    x = rng.standard_normal(spec["shape"]).astype(np.float32)
+    x = photo_pixels() if spec.get("payload") == "photo" else None
+    if x is None:
+        rng = np.random.default_rng(20260101 + len(spec["shape"]))
+        x = rng.standard_normal(spec["shape"]).astype(np.float32)
     expected = x if spec["op"] == "identity" else (x * np.float32(2)).astype(np.float32)
     return x, expected.tobytes()
 
@@ -197,17 +214,39 @@ async def _cell_grpc(spec: dict[str, Any], rec_factory: Callable[[], Recorder]) 
     body = _grpc_request(spec, x)
     opts = [("grpc.max_send_message_length", 64 * MiB),
             ("grpc.max_receive_message_length", 64 * MiB)]
+    metadata = tuple((k, v) for k, v in (spec.get("headers") or {}).items()) or None
+    watch = spec.get("count_header")  # chain cells: count answers that carry this trailer
+    seen = 0
     async with grpc.aio.insecure_channel(spec["addr"], options=opts) as channel:
         await asyncio.wait_for(channel.channel_ready(), 15)
         call = channel.unary_unary(GRPC_INFER)  # no (de)serializers: bytes in, bytes out
-        _grpc_check(spec, await call(body, timeout=30), expected)
+        if watch:
+            first = call(body, timeout=30, metadata=metadata)
+            _grpc_check(spec, await first, expected)
+            trailers = {k: str(v) for k, v in (await first.trailing_metadata() or ())}
+            if watch in trailers:
+                raise AssertionError(f"first answer carries {watch}: {trailers[watch]}")
 
-        async def one() -> None:
-            await call(body, timeout=30)
+            async def one() -> None:
+                nonlocal seen
+                c = call(body, timeout=30, metadata=metadata)
+                await c
+                if any(k == watch for k, _ in (await c.trailing_metadata() or ())):
+                    seen += 1
+        else:
+            _grpc_check(spec, await call(body, timeout=30), expected)
+            trailers = {}
+
+            async def one() -> None:
+                await call(body, timeout=30)
 
         rec = rec_factory()
         await drive(one, rec, spec["concurrency"])
-    return rec.result()
+    out = rec.result()
+    if watch:
+        out["header_count"] = seen
+        out["first_decisions"] = {k: v for k, v in trailers.items() if k.startswith("mmguard-")}
+    return out
 
 
 async def _cell_http(spec: dict[str, Any], rec_factory: Callable[[], Recorder]) -> dict[str, Any]:
@@ -216,20 +255,33 @@ async def _cell_http(spec: dict[str, Any], rec_factory: Callable[[], Recorder]) 
     x, expected = _payload(spec)
     body, headers = _http_request(spec, x)
     url = f"http://{spec['addr']}/v2/models/{spec['model']}/infer"
+    headers.update(spec.get("headers") or {})
+    watch = spec.get("count_header")  # chain cells: count answers that carry this header
+    seen = 0
     connector = aiohttp.TCPConnector(limit=spec["concurrency"], keepalive_timeout=300)
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
         async with session.post(url, data=body, headers=headers) as r:
             _http_check(spec, r.status, r.headers, await r.read(), expected)
+            first = {k.lower(): v for k, v in r.headers.items()}
+        if watch and watch in first:
+            raise AssertionError(f"first answer carries {watch}: {first[watch]}")
 
         async def one() -> None:
+            nonlocal seen
             async with session.post(url, data=body, headers=headers) as r:
                 data = await r.read()
                 if r.status != 200:
                     raise RuntimeError(f"HTTP {r.status}: {data[:200]!r}")
+                if watch and watch in r.headers:
+                    seen += 1
 
         rec = rec_factory()
         await drive(one, rec, spec["concurrency"])
-    return rec.result()
+    out = rec.result()
+    if watch:
+        out["header_count"] = seen
+        out["first_decisions"] = {k: v for k, v in first.items() if k.startswith("mmguard-")}
+    return out
 
 
 async def _cell_ort(spec: dict[str, Any], rec_factory: Callable[[], Recorder]) -> dict[str, Any]:
@@ -466,6 +518,8 @@ class Bench:
         self.ort_paths: dict[str, Path] = {}
         self.cells: list[dict[str, Any]] = []
         self._ort_direct: dict[tuple[str, int], dict[str, Any]] = {}
+        self.study = (ChainStudy(args.chains, args.chain_rounds, args.chain_concurrency)
+                      if args.chains else None)
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -488,6 +542,8 @@ class Bench:
             self.nginx.start()
             print(f"  nginx ready: grpc {self.nginx.ports['grpc']}, http "
                   f"{self.nginx.ports['http']}", flush=True)
+        if self.study is not None:
+            self.study.start(root / "mmguard-chains", self.triton, self.args.mmguard_log_level)
         if self.args.floor:
             self.floor = Floor(root, self.triton)
             self.floor.start()
@@ -500,6 +556,7 @@ class Bench:
                          ("nginx", self.nginx and self.nginx.stop),
                          ("pass-through", self.floor and self.floor.stop),
                          ("mmguard", self.mmguard and self.mmguard.stop),
+                         ("chains' mmguard", self.study and self.study.stop),
                          ("Triton", self.triton and self.triton.stop)):
             if not fn:
                 continue
@@ -529,13 +586,22 @@ class Bench:
             out["loadgen"] = lambda: proc_cpu_s(lg)
         return out
 
-    def measure(self, spec: dict[str, Any], label: str) -> dict[str, Any]:
+    def measure(self, spec: dict[str, Any], label: str,
+                probes: dict[str, Callable[[], float]] | None = None,
+                counters: dict[str, Callable[[], float]] | None = None) -> dict[str, Any]:
+        """One cell; ``probes``: the processes whose CPU it records (default: every server);
+        ``counters``: name -> a count so far, reported per request (``per_req``)."""
         assert self.loadgen is not None
         spec = {**spec, "duration": self.args.duration, "warmup": self.args.warmup,
                 "ort_threads": self.args.ort_threads, "ort_intra_op_threads": 1}
-        window = CpuWindow(self._pids())
+        # CpuWindow reports its "waits" as 1000 x delta / request: a count scaled by 1/1000
+        # comes out per request, and stays out of the CPU sums.
+        window = CpuWindow(self._pids() if probes is None else probes,
+                           {k: (lambda f=f: f() / 1000) for k, f in (counters or {}).items()})
         result = self.loadgen.run(spec, lambda: window.mark("start"), lambda: window.mark("end"))
         result.update(window.result(result.get("requests", 0)))
+        if counters:
+            result["per_req"] = result.pop("runq_wait_ms_per_req", {})
         cell = {"label": label, **{k: spec[k] for k in ("kind", "target", "addr", "model",
                                                         "concurrency", "case", "protocol")},
                 **result}
@@ -545,10 +611,19 @@ class Bench:
 
     # -- the matrix ------------------------------------------------------------------------
 
+    def run_chains(self) -> list[dict[str, Any]]:
+        """The chain study's cells (``--chains``), also appended to ``self.cells``."""
+        if self.study is None:
+            return []
+        probes = {k: f for k, f in self._pids().items() if k in ("triton", "loadgen")}
+        return self.study.run(self.measure, probes)
+
     def run(self) -> list[dict[str, Any]]:
         assert self.triton and self.mmguard
         rows: list[dict[str, Any]] = []
         concs = self.args.concurrency
+        if self.args.chain_only:
+            return rows
         for case in CASES:
             for proto in PROTOCOLS:
                 for c in concs:
@@ -720,13 +795,15 @@ def _machine_line(m: dict[str, Any]) -> str:
 
 def write_reports(out: Path, info: dict[str, Any], args: argparse.Namespace,
                   rows: list[dict[str, Any]], cells: list[dict[str, Any]],
-                  mmguard_config: dict[str, Any], elapsed: float) -> str:
+                  mmguard_configs: dict[str, Any], elapsed: float,
+                  chain_rows: list[dict[str, Any]] | None = None) -> str:
     summary = summary_rows(rows)
-    table = _table(summary, md=False)
+    table = _table(summary, md=False) if summary else "(no direct / nginx / mmguard rows)"
     out.mkdir(parents=True, exist_ok=True)
     doc = {"machine": info, "args": {k: v for k, v in vars(args).items() if k != "out"},
-           "elapsed_s": round(elapsed, 1), "mmguard_config": mmguard_config,
-           "summary": summary, "cells": cells}
+           "elapsed_s": round(elapsed, 1), "mmguard_config": mmguard_configs["mmguard"],
+           "chains_mmguard_config": mmguard_configs.get("chains"),
+           "summary": summary, "chains": chain_rows or [], "cells": cells}
     (out / "results.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
     notes = [
         "- Cells: `--duration` s measured after `--warmup` s of the same load, one load-generator "
@@ -752,7 +829,9 @@ def write_reports(out: Path, info: dict[str, Any], args: argparse.Namespace,
         _machine_line(info), "",
         f"`{' '.join(['python', 'bench/bench_proxy.py', *sys.argv[1:]])}` — {elapsed:.0f} s, "
         f"mmguard at {git_line(info)}", "",
-        "## Summary", "", _table(summary, md=True), "", *notes, "",
+        *(["## Summary", "", _table(summary, md=True), "", *notes, ""] if summary else []),
+        *(["## The chain's price", "", chain_table(chain_rows, md=True), "",
+           *chain_notes(args.chain_concurrency, args.chain_rounds), ""] if chain_rows else []),
         "## Every cell", "", _detail_md(cells), "",
     ])
     (out / "results.md").write_text(md)
@@ -783,7 +862,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "pass-through: the floor for a Python proxy) on the Triton rows")
     p.add_argument("--keep-tmp", action="store_true",
                    help="keep the temp dir (configs, server logs) and print its path")
+    g = p.add_argument_group("the full chain's price (bench/chain_study.py)")
+    g.add_argument("--chains", default=",".join(DEFAULT_CHAINS),
+                   help=f"chains to measure on the 600 KB case, comma-separated, from "
+                        f"{','.join(STUDY)}; '' for none ({','.join(DEFAULT_CHAINS)})")
+    g.add_argument("--chain-study", action="store_true",
+                   help="every chain: the default, one filter added at a time, full, full with "
+                        "the shadow at 10 %% (overrides --chains)")
+    g.add_argument("--chain-only", action="store_true",
+                   help="measure only the chains (no direct / nginx / mmguard matrix)")
+    g.add_argument("--chain-rounds", type=int, default=1,
+                   help="rounds of every chain, interleaved; the median is reported (1)")
+    g.add_argument("--chain-concurrency", type=int, default=16,
+                   help="requests in flight in the chain cells (16)")
     args = p.parse_args(argv)
+    try:
+        args.chains = list(STUDY) if args.chain_study else parse_chains(args.chains)
+    except ValueError as exc:
+        p.error(f"--chains: {exc}")
+    if args.chain_only and not args.chains:
+        p.error("--chain-only needs chains to measure")
+    if args.chain_rounds < 1 or args.chain_concurrency < 1:
+        p.error("--chain-rounds and --chain-concurrency take positive integers")
     try:
         args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     except ValueError:
@@ -818,16 +918,23 @@ def main(argv: list[str] | None = None) -> int:
         if meta:
             info["versions"]["triton"] = meta.get("version", "?")
         rows = bench.run()
+        chain_rows = summarize(bench.run_chains())
         assert bench.mmguard is not None
         elapsed = time.monotonic() - began
-        table = write_reports(args.out, info, args, rows, bench.cells, bench.mmguard.config,
-                              elapsed)
+        configs = {"mmguard": bench.mmguard.config,
+                   **({"chains": bench.study.mmguard.config}
+                      if bench.study and bench.study.mmguard else {})}
+        table = write_reports(args.out, info, args, rows, bench.cells, configs, elapsed,
+                              chain_rows)
         print()
         print(_machine_line(info))
         print(f"duration {args.duration:g}s + warm-up {args.warmup:g}s per cell, "
               f"{len(bench.cells)} cells, {elapsed:.0f}s in all")
         print()
         print(table)
+        if chain_rows:
+            print()
+            print(chain_table(chain_rows, md=False))
         print()
         print(f"written: {args.out / 'results.json'}, {args.out / 'results.md'}")
         return report_problems(bench.cells, "results.md", _cell_line)

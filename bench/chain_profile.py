@@ -1,0 +1,233 @@
+#!/usr/bin/env python
+"""Each filter's CPU per call on the 600 KB case, in-process: the chain study's chains
+(``bench/chain_study.py``) over ``tests/support/chain_harness.py``'s in-memory backend, so the
+figure is the filters' own work, free of the transport and of the other processes on a busy
+machine (CPU time of this process, ``time.process_time``).
+
+    python bench/chain_profile.py [--calls 300] [--repeats 5] [--chains default,full]
+    python bench/chain_profile.py --profile full      # cProfile of one chain, top functions
+
+What it does not see: the codecs and sockets (the same for every chain: ``bench_proxy.py``'s
+chain rows measure the whole process), and a real Triton's answer buffers (the in-memory backend
+answers with a fresh ``bytes`` copy of the input, as a decoded answer is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import pstats
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+import chain_study as study
+from _common import render_table
+
+from proxy.call import Call, Result, Target
+from proxy.tensor import Tensor
+from tests.support.chain_harness import ChainHarness, contract_for
+
+SHAPE = (1, 3, 224, 224)
+
+
+def _identity(call: Call, target: Target) -> Result:
+    """pixel_identity: pixel_values back as pixel_out, in a buffer of its own."""
+    t = call.inputs[0]
+    return Result(target.model, outputs=[Tensor(study.TRITON_OUT, "FP32", t.shape,
+                                                 raw=bytes(t.raw_bytes()))])
+
+
+class Breakdown:
+    """Each filter's own CPU (``time.thread_time_ns``: this thread's CPU, not wall time), the
+    time spent in its ``next`` and in the backend left out: ``proxy.chain._step`` is wrapped
+    for the run (a bench-only build of the chain). The modality router's reroute (the path
+    route's data plane and chain) is its own; the backend answering it is not."""
+
+    def __init__(self) -> None:
+        self.ns: dict[str, int] = {}
+        self.backend_ns = 0
+        self.calls = 0
+
+    def install(self) -> Any:
+        import proxy.chain as chain_mod
+
+        original = chain_mod._step
+        me = self
+
+        def step(name: str, f: Any, nxt: Any, tracer: Any) -> Any:
+            async def timed_step(call: Call) -> Any:
+                inside = [0, 0]  # ns in next, backend ns within next
+
+                async def timed_next(c: Call) -> Any:
+                    b0, t0 = me.backend_ns, time.thread_time_ns()
+                    try:
+                        return await nxt(c)
+                    finally:
+                        inside[0] += time.thread_time_ns() - t0
+                        inside[1] += me.backend_ns - b0
+
+                b0, t0 = me.backend_ns, time.thread_time_ns()
+                try:
+                    return await f(call, timed_next)
+                finally:
+                    total = time.thread_time_ns() - t0
+                    backend_outside_next = (me.backend_ns - b0) - inside[1]
+                    me.ns[name] = me.ns.get(name, 0) + total - inside[0] - backend_outside_next
+
+            return original(name, timed_step_filter(timed_step), nxt, tracer)
+
+        def timed_step_filter(timed_step: Any) -> Any:
+            async def as_filter(call: Call, _nxt: Any) -> Any:
+                return await timed_step(call)
+            return as_filter
+
+        chain_mod._step = step  # type: ignore[assignment]
+        return original
+
+    def answer(self, call: Call, target: Target) -> Result:
+        t0 = time.thread_time_ns()
+        try:
+            return _identity(call, target)
+        finally:
+            self.backend_ns += time.thread_time_ns() - t0
+
+    def reset(self) -> None:
+        self.ns, self.calls = {}, 0
+
+    def per_call_us(self) -> dict[str, float]:
+        return {k: v / 1000 / max(self.calls, 1) for k, v in self.ns.items()}
+
+
+def harness_doc(chains: list[str]) -> dict[str, Any]:
+    """The chains' routes (gRPC ones) on the harness's in-memory backend."""
+    routes = [{k: v for k, v in r.items() if k not in ("backend", "backend_model")}
+              for r in study.chain_routes(chains) if "-grpc" in r["name"]]
+    return {"canary": {"headers": {study.CANARY_HEADER: "1"}},
+            "listeners": {"grpc": {"trust_canary_headers": True}}, "models": routes}
+
+
+async def _run(chains: list[str], calls: int, repeats: int, profile: str | None,
+               breakdown: Breakdown | None = None
+               ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    import numpy as np
+
+    doc = harness_doc(chains)
+    contract = contract_for(study.TRITON_MODEL, {study.TRITON_IN: ("FP32", (-1, 3, 224, 224))},
+                            {study.TRITON_OUT: ("FP32", (-1, 3, 224, 224))}, max_batch_size=8)
+    contracts = {m["name"]: contract for m in doc["models"]}
+    x = study.photo_pixels()
+    if x is None:
+        x = np.random.default_rng(20260105).standard_normal(SHAPE).astype(np.float32)
+    out: dict[str, list[float]] = {c: [] for c in chains}
+    faults: dict[str, list[float]] = {c: [] for c in chains}
+    per_filter: dict[str, list[dict[str, float]]] = {c: [] for c in chains}
+    answer = breakdown.answer if breakdown is not None else _identity
+    async with ChainHarness.open(doc, answer=answer, contracts=contracts) as h:
+        for chain in chains:
+            if study.has_fault(chain):
+                body = study.drill(chain, "grpc")
+                from filters.fault.config import ExperimentConfig
+                from filters.fault.registry import EXPERIMENTS
+                reg = h.runtime.state.get(EXPERIMENTS)
+                assert reg is not None
+                reg.start(ExperimentConfig.model_validate(body["experiment"]), body["route"],
+                          "api")
+
+        async def one(route: str, i: int) -> None:
+            reply = await h.infer(route, [Tensor(study.TRITON_IN, "FP32", SHAPE,
+                                                 raw=memoryview(x.tobytes()))],
+                                  headers={study.CANARY_HEADER: "1"}, request_id=f"r{i}")
+            h.backend.calls.clear()  # the harness keeps every call: 600 KB each
+            assert isinstance(reply, Result), reply
+            if i == 0 and reply.outputs[0].raw_bytes() != x.tobytes():
+                raise AssertionError(f"{route}: the answer differs from the input")
+            if h.decision(study.FAULT_HEADER):
+                raise AssertionError(f"{route}: a fault was injected")
+
+        for rnd in range(repeats):  # interleaved, as the bench's rounds
+            for chain in chains:
+                route = study.route(chain, "grpc")
+                for i in range(20):  # warm-up (and the byte check)
+                    await one(route, i)
+                prof = cProfile.Profile() if profile == chain and rnd == 0 else None
+                if breakdown is not None:
+                    breakdown.reset()
+                t0, f0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                if prof:
+                    prof.enable()
+                for i in range(calls):
+                    await one(route, 100 + i)
+                await asyncio.sleep(0)
+                if prof:
+                    prof.disable()
+                    pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+                out[chain].append((time.process_time() - t0) * 1000 / calls)
+                if breakdown is not None:
+                    breakdown.calls = calls
+                    per_filter[chain].append(breakdown.per_call_us())
+                faults[chain].append(
+                    (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / calls)
+    if breakdown is not None:
+        breakdown.found = per_filter  # type: ignore[attr-defined]
+    return out, faults
+
+
+def _breakdown_table(found: dict[str, list[dict[str, float]]]) -> str:
+    names = list(study.STEPS)
+    head = ["chain", *[f"{n} µs" for n in names], "sum µs"]
+    body = []
+    for chain, runs in found.items():
+        med = {n: statistics.median(r.get(n, 0.0) for r in runs) for n in names}
+        steps = study.CHAINS[chain][0]
+        body.append([chain, *[f"{med[n]:.0f}" if i < steps else "" for i, n in enumerate(names)],
+                     f"{sum(med.values()):.0f}"])
+    return render_table(head, body, md=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--calls", type=int, default=300)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--chains", default=",".join(study.STUDY))
+    p.add_argument("--profile", default=None, help="a chain to cProfile (first repeat)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also each filter's own CPU per call (next and backend left out)")
+    args = p.parse_args(argv)
+    chains = study.parse_chains(args.chains)
+    breakdown = Breakdown() if args.breakdown else None
+    original = breakdown.install() if breakdown is not None else None
+    try:
+        found, faults = asyncio.run(_run(chains, args.calls, args.repeats, args.profile,
+                                         breakdown))
+    finally:
+        if original is not None:
+            import proxy.chain as chain_mod
+            chain_mod._step = original
+    rows, prev, base = [], None, None
+    for chain in chains:
+        ms = statistics.median(found[chain])
+        base = ms if chain == "default" else base
+        rows.append([chain, f"{ms:.3f}", f"{min(found[chain]):.3f}-{max(found[chain]):.3f}",
+                     "-" if prev is None else f"{ms - prev:+.3f}",
+                     "-" if base is None or chain == "default" else f"{ms - base:+.3f}",
+                     f"{statistics.median(faults[chain]):.0f}"])
+        if chain not in study.VARIANTS:
+            prev = ms
+    print(render_table(["chain", "CPU ms/call (median)", "min-max", "Δ vs previous",
+                        "Δ vs default", "page faults/call"], rows, md=False))
+    if breakdown is not None:
+        print()
+        print("each filter's own CPU per call (median of the repeats; thread CPU time):")
+        print(_breakdown_table(breakdown.found))  # type: ignore[attr-defined]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
