@@ -134,10 +134,12 @@ def plan_cpus(available: Sequence[int], pin: bool = True) -> CpuPlan:
                        f"added takes CPU from the others")
     if n == 2:
         return CpuPlan(cpus[:1], cpus[:1], cpus[1:], True,
-                       f"2 CPUs: the load generator and the backend share CPU {cpus[0]} (nothing "
-                       f"is left to pin them apart) and mmguard has CPU {cpus[1]} alone, for every "
-                       f"N: N workers share that one CPU, so N > 1 cannot scale here (bound 1/N); "
-                       f"what it shows is what the extra workers cost")
+                       f"2 CPUs: the load generator and the backend share CPU {cpus[0]} "
+                       f"(nothing is left to pin them apart) and mmguard has CPU {cpus[1]}, "
+                       f"for every N (alone among the benchmark's processes; the machine's "
+                       f"other work is not pinned: see other CPU %): N workers share that one "
+                       f"CPU, so N > 1 cannot scale here (bound 1/N); what it shows is what "
+                       f"the extra workers cost")
     if n == 3:
         return CpuPlan(cpus[:1], cpus[1:2], cpus[2:], True,
                        "3 CPUs: one for the load generator, one for the backend, one for mmguard")
@@ -165,6 +167,11 @@ def efficiency(rps: float | None, workers: int, rps_one: float | None) -> float 
 def efficiency_bound(workers: int, mmguard_cpus: int) -> float:
     """The best efficiency N workers can reach on ``mmguard_cpus`` CPUs: min(N, CPUs) / N."""
     return min(workers, mmguard_cpus) / workers
+
+
+def expected_processes(workers: int) -> int:
+    """``--workers 1`` is one process; N > 1 is a supervisor and N workers."""
+    return 1 if workers <= 1 else workers + 1
 
 
 def imbalance(cpu_by_process: Sequence[float]) -> float | None:
@@ -239,9 +246,13 @@ class PodWindow(CpuWindow):
             return {}
         a, b = self.marks["start"]["pod"], self.marks["end"]["pod"]
         per = {pid: b[pid] - a.get(pid, 0.0) for pid in b}
+        # with workers, the serve process is their supervisor: the balance is the workers'
+        workers = [v for pid, v in per.items() if pid != self.pod_root] if len(per) > 1 else []
         return {"pod_processes": len(b), "pod_pids_changed": sorted(set(a) ^ set(b)),
                 "pod_cpu_s_by_pid": {str(p): round(v, 3) for p, v in per.items()},
-                "pod_imbalance": imbalance(list(per.values())),
+                "supervisor_cpu_s": round(per.get(self.pod_root or 0, 0.0), 3) if workers
+                else None,
+                "pod_imbalance": imbalance(workers),
                 "window_s": round(self.marks["end"]["t"] - self.marks["start"]["t"], 3)}
 
 
@@ -373,13 +384,15 @@ class PodMmguard(MmguardProcess):
                                f"log tail:\n{tail}")
 
     def _wait_ready(self, deadline: float) -> bool:
-        """Ready on a first connection, then with all its workers up: each fresh connection
-        may land on any worker, so 4 per worker must all find one ready."""
+        """Ready when the admin port's /readyz says so (a pod's supervisor: every worker
+        connected and ready), its processes are there (supervisor + N workers) and 4 fresh
+        connections per worker, each of which may land on any worker, all find one ready."""
         assert self.proc is not None
         url = f"http://127.0.0.1:{self.ports['http']}/v2/health/ready"
-        want = 1 if self.workers is None else self.workers
+        pod = f"http://127.0.0.1:{self.ports['admin']}/readyz"
+        want = expected_processes(self.workers or 1)
         while time.monotonic() < deadline and self.proc.poll() is None:
-            if (http_status(url) == 200 and len(process_tree(self.proc.pid)) >= want
+            if (http_status(pod) == 200 and len(process_tree(self.proc.pid)) >= want
                     and all(http_status(url) == 200 for _ in range(4 * want))):
                 return True
             time.sleep(0.1)
@@ -508,34 +521,44 @@ class Bench:
         if "failed" not in cell:
             pod = window.pod_result()
             cell.update(pod)
-            cell.update(window.result(round(cell["rps"] * pod.get("window_s", 0))))
+            requests = round(cell["rps"] * pod.get("window_s", 0))
+            cell.update(window.result(requests))
+            if pod.get("supervisor_cpu_s") is not None and requests:
+                cell["supervisor_cpu_ms_per_req"] = pod["supervisor_cpu_s"] * 1000 / requests
         self.cells.append(cell)
         print("  " + cell_line(cell), flush=True)
         return cell
 
     def run(self, workers_list: list[int], flag: bool) -> None:
-        if self.triton is not None:
-            for proto in PROTOCOLS:
-                addr = self.triton.grpc_url if proto == "grpc" else self.triton.http_url
-                self.measure(self._spec("direct", "triton", proto, None, addr,
-                                        PIXEL.triton_model), f"direct Triton {proto}")
-        for n in workers_list:
-            print(f"mmguard --workers {n}" if flag else "mmguard (no --workers flag)", flush=True)
-            self.start_mmguard(n if flag else None)
-            assert self.mmguard is not None
-            try:
-                for backend in self.args.backends:
-                    if backend == "triton" and self.triton is None:
-                        continue
-                    for proto in PROTOCOLS:
-                        model = (PIXEL.ort_model if backend == "ort" else
-                                 PIXEL.triton_model if proto == "grpc" else PIXEL.http_route)
-                        self.measure(self._spec("mmguard", backend, proto, n,
-                                                f"127.0.0.1:{self.mmguard.ports[proto]}",
-                                                model),
-                                     f"mmguard N={n} {proto} -> {backend}")
-            finally:
-                self.stop_mmguard()
+        """Every N in turn, ``--rounds`` times over (1, 2, 1, 2, ...): a change in what else
+        runs on the machine then falls on every N alike."""
+        for r in range(1, self.args.rounds + 1):
+            tag = f" (round {r}/{self.args.rounds})" if self.args.rounds > 1 else ""
+            if self.triton is not None:
+                for proto in PROTOCOLS:
+                    addr = self.triton.grpc_url if proto == "grpc" else self.triton.http_url
+                    self.measure(self._spec("direct", "triton", proto, None, addr,
+                                            PIXEL.triton_model), f"direct Triton {proto}{tag}")
+            for n in workers_list:
+                self._one_pod(n, flag, tag)
+
+    def _one_pod(self, n: int, flag: bool, tag: str) -> None:
+        print(f"mmguard --workers {n}{tag}" if flag else "mmguard (no --workers flag)",
+              flush=True)
+        self.start_mmguard(n if flag else None)
+        assert self.mmguard is not None
+        try:
+            for backend in self.args.backends:
+                if backend == "triton" and self.triton is None:
+                    continue
+                for proto in PROTOCOLS:
+                    model = (PIXEL.ort_model if backend == "ort" else
+                             PIXEL.triton_model if proto == "grpc" else PIXEL.http_route)
+                    self.measure(self._spec("mmguard", backend, proto, n,
+                                            f"127.0.0.1:{self.mmguard.ports[proto]}", model),
+                                 f"mmguard N={n} {proto} -> {backend}{tag}")
+        finally:
+            self.stop_mmguard()
 
     @staticmethod
     def _spec(target: str, backend: str, proto: str, workers: int | None, addr: str,
@@ -582,40 +605,63 @@ def cell_line(cell: dict[str, Any]) -> str:
             + f"  other {cell.get('other_cpu_pct')}%")
 
 
-def summary_rows(cells: list[dict[str, Any]], mmguard_cpus: int) -> list[dict[str, Any]]:
-    """One row per cell, with efficiency against the same backend/protocol at one worker."""
-    def ok(c: dict[str, Any]) -> bool:
-        return "failed" not in c and bool(c.get("rps"))
+def _median(values: Sequence[float | None]) -> float | None:
+    known = sorted(v for v in values if v is not None)
+    if not known:
+        return None
+    mid = len(known) // 2
+    return known[mid] if len(known) % 2 else (known[mid - 1] + known[mid]) / 2
 
-    one = {(c["backend"], c["protocol"]): c["rps"] for c in cells
-           if c["target"] == "mmguard" and c["workers"] == 1 and ok(c)}
-    rows = []
+
+def summary_rows(cells: list[dict[str, Any]], mmguard_cpus: int) -> list[dict[str, Any]]:
+    """One row per target, backend, protocol and N: the median over the rounds (a failed cell
+    makes its row FAIL), with efficiency against the same backend and protocol at one worker."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for c in cells:
-        n = c["workers"]
-        mm = c["target"] == "mmguard"
-        cpu = (c.get("cpu_ms_per_req") or {}).get("mmguard" if mm else "triton")
-        rps = c.get("rps") if ok(c) else None
+        groups.setdefault((c["target"], c["backend"], c["protocol"], c["workers"]), []).append(c)
+    one = {(b, p): _median([c.get("rps") for c in cs])
+           for (t, b, p, n), cs in groups.items() if t == "mmguard" and n == 1
+           and all("failed" not in c for c in cs)}
+    rows = []
+    for (target, backend, proto, n), cs in groups.items():
+        mm = target == "mmguard"
+        failed = any("failed" in c for c in cs)
+        good = [c for c in cs if "failed" not in c]
+
+        def med(key: str, sub: str | None = None, good: list[dict[str, Any]] = good) -> Any:
+            return _median([(c.get(key) or {}).get(sub) if sub else c.get(key) for c in good])
+
+        rates = [float(c.get("rps") or 0) for c in good]
+        rps = None if failed else med("rps")
         rows.append({
-            "backend": ("ORT in-process" if c["backend"] == "ort" else "Triton")
+            "backend": ("ORT in-process" if backend == "ort" else "Triton")
                        + ("" if mm else " (direct)"),
-            "protocol": c["protocol"], "workers": n if mm else None,
-            "processes": c.get("pod_processes") if mm else None,
-            "rps": rps, "p50_ms": c.get("p50_ms"), "p99_ms": c.get("p99_ms"),
-            "cpu_ms_per_req": cpu, "cpu_label": "mmguard pod" if mm else "Triton",
-            "imbalance": c.get("pod_imbalance") if mm and n and n > 1 else None,
-            "efficiency": efficiency(rps, n, one.get((c["backend"], c["protocol"])))
-                          if mm and n else None,
+            "protocol": proto, "workers": n if mm else None,
+            "processes": max((c.get("pod_processes") or 0) for c in good) if mm and good
+            else None,
+            "rounds": len(cs), "rps": rps,
+            "rps_range": f"{min(rates):.0f}-{max(rates):.0f}" if len(rates) > 1 else "",
+            "p50_ms": med("p50_ms"), "p99_ms": med("p99_ms"),
+            "cpu_ms_per_req": med("cpu_ms_per_req", "mmguard" if mm else "triton"),
+            "cpu_label": "mmguard pod" if mm else "Triton",
+            "supervisor_cpu_ms_per_req": med("supervisor_cpu_ms_per_req"),
+            "imbalance": med("pod_imbalance") if mm and n and n > 1 else None,
+            "efficiency": efficiency(rps, n, one.get((backend, proto))) if mm and n else None,
             "bound": efficiency_bound(n, mmguard_cpus) if mm and n else None,
-            "errors": "FAIL" if "failed" in c else str(c.get("errors", 0)),
-            "other_cpu_pct": c.get("other_cpu_pct"),
+            "errors": "FAIL" if failed else str(sum(int(c.get("errors", 0)) for c in good)),
+            "other_cpu_pct": max((c.get("other_cpu_pct") or 0.0) for c in good) if good
+            else None,
         })
     return rows
 
 
 COLUMNS = [("backend", "backend", None), ("proto", "protocol", None),
            ("workers", "workers", "d"), ("procs", "processes", "d"), ("req/s", "rps", ".0f"),
+           ("req/s range", "rps_range", None),
            ("p50 ms", "p50_ms", ".2f"), ("p99 ms", "p99_ms", ".2f"),
-           ("CPU ms/req", "cpu_ms_per_req", ".3f"), ("busiest/mean", "imbalance", ".2f"),
+           ("CPU ms/req", "cpu_ms_per_req", ".3f"),
+           ("of it supervisor", "supervisor_cpu_ms_per_req", ".3f"),
+           ("busiest/mean", "imbalance", ".2f"),
            ("efficiency", "efficiency", ".2f"), ("bound", "bound", ".2f"),
            ("errors", "errors", None), ("other CPU %", "other_cpu_pct", ".1f")]
 
@@ -641,6 +687,8 @@ def write_reports(out: Path, doc: dict[str, Any], rows: list[dict[str, Any]]) ->
         f"`{doc['command']}` — {doc['elapsed_s']:.0f} s", "",
         f"**CPU sets**: {doc['plan']['note']}. Seen in /proc: {seen}.", "",
         table(rows, md=True), "",
+        f"- Each row: the median of {a['rounds']} round(s) (the workers list walked in turn "
+        "each round; *req/s range*: the rounds' lowest and highest).",
         f"- FP32 [1,3,224,224], {a['concurrency']} requests in flight over {a['connections']} "
         f"connections from {a['loadgens']} load-generator process(es); {a['duration']:g} s "
         f"measured after {a['warmup']:g} s of the same load per cell; ORT device "
@@ -650,7 +698,9 @@ def write_reports(out: Path, doc: dict[str, Any], rows: list[dict[str, Any]]) ->
         "ORT rows the inference runs inside the workers, so its CPU is in the figure.",
         "- *efficiency*: req/s at N / (N × req/s at N=1), same backend and protocol. *bound*: "
         "min(N, CPUs of mmguard's set) / N, the best this machine allows.",
-        "- *busiest/mean*: CPU of the busiest pod process over the mean of the busy ones: the "
+        "- *of it supervisor*: the part of it the supervisor used (N > 1: it owns the admin "
+        "port and the pod's control state; the data goes straight to the workers).",
+        "- *busiest/mean*: CPU of the busiest worker over the mean of the busy ones: the "
         "kernel's SO_REUSEPORT hash decides which worker gets a connection.",
         "- *other CPU %*: the machine's CPU used by processes outside the benchmark during "
         "the cell (noisy above 5 %).", ""])
@@ -678,6 +728,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers-list", default="1,2", help="worker counts to measure (1,2)")
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds per cell (5)")
     p.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per cell (1)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="walk the workers list this many times; the table gives medians (1)")
     p.add_argument("--concurrency", type=int,
                    help="requests in flight in all (default: max(16, 8 × the largest N))")
     p.add_argument("--connections", type=int, help="connections in all (default: concurrency)")
@@ -699,6 +751,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.backends = [b for b in args.backends.split(",") if b.strip()]
     if not args.backends or set(args.backends) - {"ort", "triton"}:
         p.error(f"--backends takes ort and/or triton, got {','.join(args.backends)!r}")
+    if args.rounds < 1:
+        p.error("--rounds takes a positive integer")
     if args.concurrency is None:
         args.concurrency = max(16, 8 * max(args.workers_list))
     args.connections = args.connections or args.concurrency
@@ -766,9 +820,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check_pods(cells: list[dict[str, Any]]) -> int:
-    """1 when a pod had fewer processes than workers, or one changed during a cell."""
+    """1 when a pod had other than the processes its workers make, or one changed during a
+    cell (a worker died and was restarted: its CPU and its requests are then not all counted)."""
     bad = [c for c in cells if c["target"] == "mmguard" and "failed" not in c
-           and ((c.get("pod_processes") or 0) < (c["workers"] or 1) or c.get("pod_pids_changed"))]
+           and ((c.get("pod_processes") or 0) != expected_processes(c["workers"] or 1)
+                or c.get("pod_pids_changed"))]
     for c in bad:
         changed = c.get("pod_pids_changed")
         print(f"{c['label']}: {c.get('pod_processes')} pod processes for {c['workers']} workers"

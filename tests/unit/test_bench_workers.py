@@ -103,20 +103,30 @@ def test_imbalance_is_busiest_over_mean_of_busy_processes() -> None:
     assert bw.imbalance([0.0]) is None
 
 
-def test_summary_rows_compare_each_backend_and_protocol_with_its_own_one_worker_row() -> None:
+def test_summary_rows_take_medians_over_rounds_and_compare_with_one_worker() -> None:
     def cell(backend: str, proto: str, n: int, rps: float) -> dict[str, Any]:
         return {"target": "mmguard", "backend": backend, "protocol": proto, "workers": n,
-                "rps": rps, "pod_processes": n + (1 if n > 1 else 0), "pod_imbalance": 1.1,
-                "cpu_ms_per_req": {"mmguard": 1.5}, "errors": 0}
+                "rps": rps, "pod_processes": bw.expected_processes(n), "pod_imbalance": 1.1,
+                "cpu_ms_per_req": {"mmguard": rps / 1000}, "errors": 0, "other_cpu_pct": 2.0}
 
     cells = [cell("ort", "grpc", 1, 500.0), cell("ort", "http", 1, 800.0),
              cell("ort", "grpc", 2, 900.0), cell("ort", "http", 2, 800.0),
              {"target": "mmguard", "backend": "triton", "protocol": "grpc", "workers": 2,
-              "failed": "AssertionError: output bytes differ"}]
+              "failed": "AssertionError: output bytes differ"},
+             cell("ort", "grpc", 1, 500.0), cell("ort", "grpc", 2, 1100.0),
+             cell("triton", "grpc", 2, 700.0)]
     rows = bw.summary_rows(cells, mmguard_cpus=1)
-    assert [r["efficiency"] for r in rows[:4]] == pytest.approx([1.0, 1.0, 0.9, 0.5])
+    assert [(r["backend"], r["protocol"], r["workers"], r["rounds"]) for r in rows] == [
+        ("ORT in-process", "grpc", 1, 2), ("ORT in-process", "http", 1, 1),
+        ("ORT in-process", "grpc", 2, 2), ("ORT in-process", "http", 2, 1),
+        ("Triton", "grpc", 2, 2)]
+    assert rows[2]["rps"] == pytest.approx(1000.0)  # median of 900 and 1100
+    assert rows[2]["rps_range"] == "900-1100"
+    assert rows[2]["cpu_ms_per_req"] == pytest.approx(1.0)
+    assert rows[2]["processes"] == 3
+    assert [r["efficiency"] for r in rows[:4]] == pytest.approx([1.0, 1.0, 1.0, 0.5])
     assert [r["bound"] for r in rows[:4]] == pytest.approx([1.0, 1.0, 0.5, 0.5])
-    assert rows[4]["errors"] == "FAIL" and rows[4]["rps"] is None
+    assert rows[4]["errors"] == "FAIL" and rows[4]["rps"] is None  # one failed round of two
     assert rows[4]["efficiency"] is None
     assert "FAIL" in bw.table(rows, md=True)
 
@@ -157,3 +167,7 @@ def test_process_tree_finds_grandchildren_and_affinity_is_inherited() -> None:
         if proc.stdout is not None:
             proc.stdout.close()
         subprocess.run(["kill", "-9", str(grandchild)], check=False)
+
+
+def test_one_worker_is_one_process_more_are_a_supervisor_and_workers() -> None:
+    assert [bw.expected_processes(n) for n in (1, 2, 8)] == [1, 3, 9]
