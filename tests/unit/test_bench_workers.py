@@ -1,9 +1,10 @@
-"""bench/bench_workers.py's pure helpers: CPU-set planning, shares, efficiency, and the /proc
-walk that finds a pod's processes (against real child processes)."""
+"""The worker-scaling bench's pure helpers (bench/_workers.py): CPU-set planning, shares,
+efficiency and its bound, medians over rounds, and the /proc walk that finds a pod's processes
+(against real child processes)."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 import subprocess
 import sys
@@ -13,17 +14,14 @@ from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_workers.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def _load() -> Any:
-    # bench/ is a folder of scripts, not a package: load the file itself
-    spec = importlib.util.spec_from_file_location("bench_workers", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    # bench/ is a folder of scripts, not a package: its modules import each other by name
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    return importlib.import_module("_workers")
 
 
 bw = _load()
