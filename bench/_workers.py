@@ -151,22 +151,36 @@ def allowed_cpus(pid: int) -> str:
     return "?"
 
 
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every live process (field 4 of /proc/<pid>/stat)."""
+    out: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # the comm field may hold spaces: split after its closing parenthesis
+        with contextlib.suppress(IndexError, ValueError):
+            out[int(entry)] = int(raw[raw.rfind(")") + 2:].split()[1])
+    return out
+
+
 def process_tree(root: int) -> list[int]:
-    """``root`` and every live process below it."""
+    """``root`` and every live process below it. From the parent pids rather than
+    /proc/<pid>/task/<tid>/children, which some kernels (and gVisor) do not offer."""
+    parents = _parents()
+    if root not in parents:
+        return []
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
     out, todo = [], [root]
     while todo:
         pid = todo.pop()
-        if not Path(f"/proc/{pid}").exists():
-            continue
         out.append(pid)
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            with contextlib.suppress(OSError, ValueError):
-                todo += [int(c) for c in
-                         Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        todo += children.get(pid, [])
     return out
 
 
