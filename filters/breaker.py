@@ -5,6 +5,11 @@ seconds). Once the window holds ``minimum_calls``, a failure rate or a slow-call
 above its threshold opens the breaker. OPEN refuses calls for ``wait_in_open_s``, then lets
 ``permitted_in_half_open`` calls through (HALF_OPEN); their outcomes close the breaker again or
 re-open it. FORCED_OPEN and FORCED_CLOSED are set by an operator and stay until reset.
+
+In a pod of several workers (``proxy.pod``) the breaker is decided once, by the supervisor, on
+every worker's outcomes: a worker forwards ``record`` and reads its replica; the wait in open
+ends on the supervisor's clock (``tick``); the half-open probes are shared out over the workers,
+so the pod lets ``permitted_in_half_open`` through, not that many per worker.
 """
 
 from __future__ import annotations
@@ -13,9 +18,10 @@ import enum
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from proxy.clock import Clock
+from proxy.pod import POD, Shared, decided, permits_share
 
 
 class State(enum.IntEnum):  # the value is the gauge's value
@@ -45,10 +51,14 @@ class Outcome:
     slow: bool
 
 
-class Breaker:
+class Breaker(Shared):
     def __init__(self, settings: BreakerSettings, clock: Clock,
-                 on_change: Callable[[State, State, str], None] | None = None) -> None:
+                 on_change: Callable[[State, State, str], None] | None = None,
+                 on_import: Callable[[State], None] | None = None) -> None:
         self.s = settings
+        self._on_import = on_import
+        """A replica took a new state from the pod's supervisor (gauges; the log is the
+        supervisor's)."""
         self.clock = clock
         self.state = State.CLOSED
         self._window: deque[Outcome] = deque()
@@ -79,6 +89,8 @@ class Breaker:
         if self.state == State.OPEN:
             if self.clock.monotonic() - self._opened_at < self.s.wait_in_open_s:
                 return False
+            if POD.is_worker and self.shared_id:
+                return False  # the supervisor moves it to half-open (tick), for the whole pod
             self._move(State.HALF_OPEN, f"{self.s.wait_in_open_s:g}s in open passed")
         if self._half_open_left <= 0:
             return False
@@ -90,6 +102,7 @@ class Breaker:
             return self.s.wait_in_open_s
         return max(0.0, self.s.wait_in_open_s - (self.clock.monotonic() - self._opened_at))
 
+    @decided
     def record(self, failed: bool, duration_s: float) -> None:
         outcome = Outcome(self.clock.monotonic(), failed, duration_s >= self.s.slow_call_s)
         if self.state == State.HALF_OPEN:
@@ -126,6 +139,7 @@ class Breaker:
             while self._window and self._window[0].at < horizon:
                 self._window.popleft()
 
+    @decided
     def force(self, action: Literal["open", "close", "reset"]) -> None:
         if action == "open":
             self._move(State.FORCED_OPEN, "forced open by an operator")
@@ -133,6 +147,33 @@ class Breaker:
             self._move(State.FORCED_CLOSED, "forced closed by an operator")
         else:
             self._move(State.CLOSED, "reset by an operator")
+
+    # --- a pod's one breaker (proxy.pod) ----------------------------------------------------
+
+    def tick(self) -> bool:
+        if (self.state == State.OPEN
+                and self.clock.monotonic() - self._opened_at >= self.s.wait_in_open_s):
+            self._move(State.HALF_OPEN, f"{self.s.wait_in_open_s:g}s in open passed")
+            return True
+        return False
+
+    def export_state(self) -> dict[str, object]:
+        return {"state": self.state, "reason": self.reason, "window": list(self._window),
+                "opened_at": self._opened_at, "half_open_left": self._half_open_left,
+                "half_open_outcomes": list(self._half_open_outcomes)}
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        old = self.state
+        new = State(state["state"])
+        self.reason = str(state["reason"])
+        self._window = deque(state["window"])
+        self._opened_at = float(state["opened_at"])
+        self._half_open_outcomes = list(state["half_open_outcomes"])
+        if new == State.HALF_OPEN and old != State.HALF_OPEN:  # this worker's part of the probes
+            self._half_open_left = permits_share(self.s.permitted_in_half_open)
+        self.state = new
+        if old != new and self._on_import is not None:
+            self._on_import(new)
 
     def snapshot(self) -> dict[str, object]:
         rate, slow = _rates(self._window) if self._window else (0.0, 0.0)

@@ -39,13 +39,10 @@ class RuleState:
 
 
 def in_baseline(exp: Any) -> bool:
-    """This matching call is part of the baseline: observe it, inject nothing."""
-    want = exp.cfg.stop.baseline_calls
+    """This matching call is part of the baseline: observe it, inject nothing (the caller
+    counts it: ``baseline_seen``)."""
     st: RuleState = exp.rules
-    if st.baseline_seen >= want:
-        return False
-    st.baseline_seen += 1
-    return True
+    return bool(st.baseline_seen < exp.cfg.stop.baseline_calls)
 
 
 def injected(exp: Any, now: float) -> None:

@@ -39,6 +39,7 @@ from proxy.config_refs import ConfigReferences
 from proxy.errors import ErrorKind, ProxyError
 from proxy.fingerprint import log_mismatch
 from proxy.lifecycle import FilterFactoryBase
+from proxy.pod import share
 from proxy.strict import Strict
 from proxy.tensor import Tensor
 
@@ -185,8 +186,15 @@ class Fallback:
                         extra={"fields": {"model": self.ctx.route, "level": level,
                                           "state": new.name.lower(), "reason": reason}})
 
+        def imported(new: State) -> None:
+            gauge.set(int(new))
+            status.set((self.ctx.route, level), new.name.lower())
+
         gauge.set(0)
-        return Breaker(settings, self.ctx.clock, changed)
+        breaker = Breaker(settings, self.ctx.clock, changed, imported)
+        # Named pod-wide once its runtime serves: a rejected reload's breakers take nothing over.
+        self.ctx.on_activate(lambda: share(breaker, f"breaker/{self.ctx.route}/{level}"))
+        return breaker
 
     async def __call__(self, call: Call, next: Next) -> Reply:
         if call.streaming:

@@ -38,6 +38,7 @@ from proxy.lifecycle import (
     FilterFactoryBase,
     StateKey,
 )
+from proxy.pod import POD, Shared, decided, share
 from proxy.strict import Strict
 
 Modality = Literal["image", "text"]
@@ -103,7 +104,12 @@ class PathStats:
         return sum(f for _, f in self.samples) / len(self.samples) if self.samples else 0.0
 
 
-class ModalityRouter:
+class ModalityRouter(Shared):
+    """Weights per path from live latency and confidence. In a pod of several workers
+    (``proxy.pod``) the supervisor keeps the one set of statistics (every worker forwards what
+    it measured, ``record``) and sets the weights (``tick``, every ``dwell_s``); the workers
+    route by their replica's weights."""
+
     def __init__(self, cfg: RouterConfig, ctx: FilterContext) -> None:
         self.cfg = cfg
         self.ctx = ctx
@@ -116,6 +122,7 @@ class ModalityRouter:
         for p in cfg.paths:
             self.gauge.labels(ctx.route, p.route).set(self.weights[p.route])
         ctx.local.setdefault(ROUTERS, dict)[ctx.route] = self
+        ctx.on_activate(lambda: share(self, f"router/{ctx.route}"))
 
     # --- weights ----------------------------------------------------------------------------
 
@@ -149,15 +156,35 @@ class ModalityRouter:
         w = eps + (1 - eps * len(w)) * w
         return {r: float(x) for r, x in zip(routes, w, strict=True)}
 
-    def _maybe_update(self) -> None:
+    def _maybe_update(self) -> bool:
+        if POD.is_worker and self.shared_id:
+            return False  # the pod's supervisor sets the weights
         now = self.ctx.clock.monotonic()
         if now - self._updated < self.cfg.dwell_s:
-            return  # hysteresis: weights hold for dwell_s, so one slow answer cannot flap them
+            return False  # hysteresis: weights hold for dwell_s, so one slow answer cannot flap
         self._updated = now
         self.weights = self.compute()
+        self._publish()
+        return True
+
+    def _publish(self) -> None:
         for route, w in self.weights.items():
             self.gauge.labels(self.ctx.route, route).set(w)
 
+    def tick(self) -> bool:
+        return self._maybe_update()
+
+    def export_state(self) -> dict[str, Any]:
+        return {"stats": self.stats, "weights": self.weights}
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        self.stats = {r: state["stats"].get(r, s) for r, s in self.stats.items()}
+        changed = state["weights"] != self.weights
+        self.weights = {r: state["weights"].get(r, w) for r, w in self.weights.items()}
+        if changed:
+            self._publish()
+
+    @decided
     def record(self, route: str, seconds: float, failed: bool, confidence: float | None) -> None:
         s = self.stats[route]
         if not failed:

@@ -311,9 +311,10 @@ class RobustnessExperiment:
     """Draws copies (share, rate cap), perturbs them for both sides and fills the table."""
 
     def __init__(self, cfg: RobustnessConfig, table: RobustnessTable, timeout_s: float,
-                 now: Callable[[], float] = time.monotonic) -> None:
+                 now: Callable[[], float] = time.monotonic, workers: int = 1) -> None:
         self.cfg, self.table, self.timeout_s = cfg, table, timeout_s
-        self.bucket = TokenBucket(cfg.max_qps, now)
+        self.bucket = TokenBucket(cfg.max_qps / workers, now)
+        """A pod's workers each take their part of the cap: production sees ``max_qps``."""
 
     def draw(self, in_share: bool) -> bool:
         """Whether this copy is measured: in the share and within production's cap."""

@@ -13,6 +13,7 @@ Secrets are never echoed.
 from __future__ import annotations
 
 import hmac
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -38,7 +39,8 @@ Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
 def admin_app(plane: DataPlane, token: str | None = None,
-              reload: Callable[[], Awaitable[Outcome]] | None = None) -> web.Application:
+              reload: Callable[[], Awaitable[Outcome]] | None = None,
+              pod: Callable[[], list[dict[str, Any]]] | None = None) -> web.Application:
     def guarded(access: Access, handler: Handler) -> Handler:
         async def checked(request: web.Request) -> web.Response:
             if (denied := _refused(request, token, access)) is not None:
@@ -53,6 +55,15 @@ def admin_app(plane: DataPlane, token: str | None = None,
                              guarded(route.access, _filter_handler(plane, route)))
     for path, handler in _health(plane).items():
         app.router.add_get(path, handler)
+
+    async def workers(request: web.Request) -> web.Response:
+        found = pod() if pod is not None else [{"worker": 0, "pid": os.getpid(),
+                                                 "connected": True, "ready": await plane.ready(),
+                                                 "restarts": 0, "exit_codes": []}]
+        return web.json_response({"workers": found, "supervisor_pid": os.getpid()
+                                  if pod is not None else None})
+
+    app.router.add_get("/admin/pod", workers)
     return app
 
 
@@ -101,7 +112,7 @@ def _reloader(reload: Callable[[], Awaitable[Outcome]] | None) -> Handler:
 
 def _health(plane: DataPlane) -> dict[str, Handler]:
     async def metrics(request: web.Request) -> web.Response:
-        body = generate_latest(plane.telemetry.registry)
+        body = generate_latest(plane.telemetry.exposition)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(request: web.Request) -> web.Response:

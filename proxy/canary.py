@@ -21,19 +21,23 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import os
 import random
 import secrets
 from typing import TYPE_CHECKING
 
 from proxy.call import CANARY, Call, headers_match
+from proxy.pod import POD, Role
 
 if TYPE_CHECKING:
     from proxy.config import Config
 
 log = logging.getLogger("mmguard.canary")
 
-_PER_PROCESS_SECRET = secrets.token_bytes(32)
-"""Used when no secret is configured: stable for this process's life (reloads included)."""
+_PER_PROCESS_SECRET = (bytes.fromhex(os.environ["MMGUARD_POD_SECRET"])
+                       if os.environ.get("MMGUARD_POD_SECRET") else secrets.token_bytes(32))
+"""Used when no secret is configured: stable for this process's life (reloads included); the
+workers of one pod get the same one from their supervisor, so they agree on membership."""
 
 
 class ShareHash:
@@ -97,7 +101,11 @@ def share_hash_for(config: Config) -> ShareHash:
 
 
 def log_membership(share_hash: ShareHash) -> None:
-    if share_hash.per_process:
+    if share_hash.per_process and POD.role is Role.SUPERVISOR:
+        log.info("canary.secret_file / canary.secret_env is not set: share membership is keyed "
+                 "with a random secret this pod's workers share; it differs between pods and "
+                 "restarts")
+    elif share_hash.per_process:
         log.info("canary.secret_file / canary.secret_env is not set: share membership "
                     "(canary share, shadow percent, experiment shares) is keyed with a random "
                     "per-process secret, so it differs between replicas and restarts")

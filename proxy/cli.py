@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--http-port", type=int, help="KServe v2 HTTP port (default 9000)")
     serve.add_argument("--grpc-port", type=int, help="KServe v2 gRPC port (default 9001)")
     serve.add_argument("--admin-port", type=int, help="admin port: /metrics, /healthz (9002)")
+    serve.add_argument("--workers", help="worker processes sharing the ports, or 'auto' (the "
+                       "CPUs this process may use); default: the config's `workers`, 1")
     check = sub.add_parser("check-config", help="validate a config file without serving")
     check.add_argument("file", type=Path)
     demo = sub.add_parser("demo", help="walk through what mmguard does, against a running "
@@ -79,12 +81,39 @@ def serve_main(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 1
+    from proxy.supervisor import become_supervisor, become_worker, resolve_workers
+
+    worker = become_worker()
+    try:
+        workers = 1 if worker else resolve_workers(args.workers, config)
+    except ValueError:
+        print(f"--workers: expected a number of workers or 'auto', got {args.workers!r}",
+              file=sys.stderr)
+        return 1
+    if workers > 1 and config.shared_memory.system:
+        print("shared_memory.system needs one process: client regions are registered with the "
+              "worker a connection reaches; run with workers: 1 (docs/workers.md)",
+              file=sys.stderr)
+        return 1
     _raise_open_files_limit()
+    if workers > 1:
+        metrics_dir = become_supervisor(workers)
     setup_logging(config.telemetry.log_level, config.telemetry.log_format)
     setup_tracing(config.telemetry.otlp_endpoint, config.telemetry.service_name)
+    ports = Ports(args.http_port, args.grpc_port, args.admin_port)
 
     async def run() -> None:
-        server = Server(config, path, Ports(args.http_port, args.grpc_port, args.admin_port))
+        if workers > 1:
+            from proxy.supervisor import Supervisor
+            from proxy.telemetry import Telemetry, pod_exposition
+
+            telemetry = Telemetry()
+            telemetry.exposition = pod_exposition(str(metrics_dir))
+            pod = Supervisor(config, path, ports, workers, telemetry)
+            await pod.start()
+            await pod.run_until_signalled()
+            return
+        server = Server(config, path, ports)
         await server.start()
         await server.run_until_signalled()
 

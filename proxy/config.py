@@ -14,7 +14,7 @@ import contextlib
 import gc
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -211,6 +211,10 @@ class Config(Strict):
     contract_refresh_s: float = Field(30.0, gt=0)
     """How often each backend's contract is re-read (a model reload is noticed within this)."""
     shutdown_grace_s: float = Field(10.0, ge=0)
+    workers: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
+    """Worker processes sharing the data ports (``--workers`` wins); ``auto``: the CPUs the
+    process may use (affinity and cgroup quota). Over 1: a supervisor owns the admin port and
+    the pod's one control state (docs/workers.md). Read at start only."""
     watch_config_s: float = Field(2.0, ge=0)
     """How often the config file and the TLS files it names are checked for a change (a
     ConfigMap update is a symlink swap); a change reloads as SIGHUP does. 0: not watched."""

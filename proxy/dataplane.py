@@ -13,7 +13,7 @@ import hashlib
 import hmac
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +61,8 @@ class DataPlane:
         self.telemetry = telemetry
         self.stats: dict[str, ModelStats] = {}
         self.draining = False
+        self.ready_override: Callable[[], bool] | None = None
+        """A pod's supervisor: ready when its workers are (it serves no data itself)."""
 
     # --- health and metadata ----------------------------------------------------------------
 
@@ -68,6 +70,8 @@ class DataPlane:
         return True
 
     async def ready(self) -> bool:
+        if self.ready_override is not None:
+            return not self.draining and self.ready_override()
         self._check_contracts()
         return not self.draining and await self.runtime.ready()
 

@@ -114,11 +114,13 @@ _REFUSED_LINGER_S = 1.0
 class CappedSite(web.TCPSite):
     """A TCP site whose connections pass ``ConnectionCap`` and whose TLS handshakes are timed."""
 
-    __slots__ = ("_cap", "_handshake_timeout_s")
+    __slots__ = ("_cap", "_handshake_timeout_s", "_reuse")
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, *, cap: ConnectionCap,
-                 ssl_context: ssl.SSLContext | None, handshake_timeout_s: float) -> None:
-        super().__init__(runner, host, port, ssl_context=ssl_context, reuse_port=False)
+                 ssl_context: ssl.SSLContext | None, handshake_timeout_s: float,
+                 reuse_port: bool = False) -> None:
+        super().__init__(runner, host, port, ssl_context=ssl_context, reuse_port=reuse_port)
+        self._reuse = reuse_port
         self._cap = cap
         self._handshake_timeout_s = handshake_timeout_s
 
@@ -129,7 +131,7 @@ class CappedSite(web.TCPSite):
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             self._cap.protocol_factory(server), self._host, self._port, ssl=self._ssl_context,
-            backlog=self._backlog, reuse_port=False,
+            backlog=self._backlog, reuse_port=self._reuse,
             ssl_handshake_timeout=self._handshake_timeout_s if self._ssl_context else None)
         sockets = self._server.sockets
         self._bound_port = sockets[0].getsockname()[1] if sockets else self._port

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,8 +43,11 @@ from proxy.config_listeners import AdminListener, GrpcListener, HttpListener, Li
 from proxy.dataplane import DataPlane
 from proxy.fronts.grpc_v2 import SERVICE, GrpcFront
 from proxy.fronts.http_v2 import HttpFront
+from proxy.pod import POD, Role
+from proxy.pod_link import WorkerLink
 from proxy.runtime import Runtime
 from proxy.shm import SharedMemory
+from proxy.supervisor import SOCKET_ENV
 from proxy.telemetry import Telemetry
 from proxy.tls import ListenerTls, restart_needed
 from proxy.watch import FileWatch, watched_files
@@ -104,22 +109,40 @@ class Server:
         for listener, limit in LISTENER_LIMITS:  # at 0 from the start: increase() sees the first
             self._refused.labels(listener, limit)
         self._watch: FileWatch | None = None
+        self.pod_reload: Callable[[], Awaitable[str]] | None = None
+        """A pod's supervisor: reloads every worker once its own reload applied."""
+        self.pod_snapshot: Callable[[], list[dict[str, Any]]] | None = None
+        self._link: WorkerLink | None = None
         for result in ("applied", "rejected"):  # at 0 from the start: increase() sees the first
             self.telemetry.config_reloads.labels(result)
 
     async def start(self) -> None:
+        """Serve. A pod's supervisor (``proxy.supervisor``) serves only the admin listener on
+        a runtime whose backends never start (its control state); a pod's worker serves the
+        data listeners on shared ports, without the admin one, once it has the pod's state."""
         runtime = self.plane.runtime
-        runtime.activate()
-        log_membership(runtime.share_hash)
-        await runtime.start()
+        runtime.activate()  # its shared state is named now: the pod's state reaches it next
+        if POD.is_worker:
+            self._link = WorkerLink(os.environ[SOCKET_ENV], self.reload)
+            await self._link.start()
+        if not POD.is_worker:  # a pod's supervisor says it for every worker
+            log_membership(runtime.share_hash)
         lc = self._listeners = self.config.listeners
         self._tls = {name: ListenerTls(cfg.tls) for name, cfg in _by_name(lc)
                      if cfg.tls is not None}
+        if POD.role is Role.SUPERVISOR:
+            self.admin_port = await self._serve_http(
+                self._admin_app(lc.admin), "admin", lc.admin,
+                _pick(self._ports.admin, lc.admin.port))
+            self._watch_config()
+            return
+        await runtime.start()
         self.http_port = await self._serve_http(
             self._http_app(lc.http), "http", lc.http, _pick(self._ports.http, lc.http.port))
-        self.admin_port = await self._serve_http(
-            self._admin_app(lc.admin), "admin", lc.admin,
-            _pick(self._ports.admin, lc.admin.port))
+        if not POD.is_worker:
+            self.admin_port = await self._serve_http(
+                self._admin_app(lc.admin), "admin", lc.admin,
+                _pick(self._ports.admin, lc.admin.port))
         self._grpc = grpc.aio.server(options=_grpc_options(lc.grpc),
                                      maximum_concurrent_rpcs=lc.grpc.max_concurrent_requests)
         self._grpc.add_generic_rpc_handlers((GrpcFront(self.plane, self.shm).handler(),))
@@ -133,15 +156,19 @@ class Server:
         self.shm.grpc_port = self.grpc_port  # grpc.aio tells a handler its peer, not its port
         await self._grpc.start()
         self._health_task = asyncio.create_task(self._track_health())
-        if self.config_path is not None and self.config.watch_config_s > 0:
-            self._watch = FileWatch(lambda: watched_files(self.config_path, self.config),
-                                    self.config.watch_config_s, self._file_changed)
-            self._watch.start()
+        if not POD.is_worker:  # a pod's supervisor watches the file for every worker
+            self._watch_config()
         log.info("mmguard serving: http %d, grpc %d, admin %d", self.http_port, self.grpc_port,
                  self.admin_port, extra={"fields": {"http_port": self.http_port,
                                                     "grpc_port": self.grpc_port,
                                                     "admin_port": self.admin_port,
                                                     "tls": sorted(self._tls)}})
+
+    def _watch_config(self) -> None:
+        if self.config_path is not None and self.config.watch_config_s > 0:
+            self._watch = FileWatch(lambda: watched_files(self.config_path, self.config),
+                                    self.config.watch_config_s, self._file_changed)
+            self._watch.start()
 
     def _http_app(self, cfg: HttpListener) -> web.Application:
         app = HttpFront(self.plane, cfg.max_request_bytes, cfg.max_json_bytes, self.shm).app()
@@ -153,7 +180,8 @@ class Server:
         return app
 
     def _admin_app(self, cfg: AdminListener) -> web.Application:
-        app = admin_app(self.plane, cfg.resolve_token(), reload=self.reload)
+        app = admin_app(self.plane, cfg.resolve_token(), reload=self.reload,
+                        pod=self.pod_snapshot)
         app.middlewares[:0] = [guard.header_budget(cfg.max_header_bytes, "admin", self._refused),
                                guard.body_limit(cfg.max_request_bytes, "admin", self._refused)]
         return app
@@ -178,7 +206,8 @@ class Server:
         tls = self._tls.get(name)
         site = guard.CappedSite(runner, cfg.host, port, cap=cap,
                                 ssl_context=None if tls is None else tls.ssl_context,
-                                handshake_timeout_s=cfg.header_timeout_s)
+                                handshake_timeout_s=cfg.header_timeout_s,
+                                reuse_port=POD.is_worker and name != "admin")
         await site.start()
         self._runners.append(runner)
         return site.port
@@ -186,6 +215,8 @@ class Server:
     async def refresh_health(self) -> bool:
         """Set grpc.health.v1 (overall and per service name) from readiness; returns it."""
         ready = await self.plane.ready()
+        if self._link is not None:
+            self._link.status(ready)
         status = (health_pb2.HealthCheckResponse.SERVING if ready
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.health.set("", status)
@@ -215,9 +246,11 @@ class Server:
             reused = {n for n, b in new.backends.items() if old.backends.get(n) is b}
             new.contracts.update({r: c for r, c in old.contracts.items()
                                   if r in new.routes and new.routes[r].spec.backend in reused})
-            await new.start(started=reused)
-            # New backends connect before the swap, so calls never meet one half made.
-            slow = await new.wait_started(within_s=self.backend_start_s)
+            slow: list[str] = []
+            if POD.role is not Role.SUPERVISOR:  # the pod's control copy starts no backend
+                await new.start(started=reused)
+                # New backends connect before the swap, so calls never meet one half made.
+                slow = await new.wait_started(within_s=self.backend_start_s)
             replaced = [n for n in slow if n in old.backends]
             if replaced:  # the old one serves: keep it rather than answer 503 until fixed
                 await new.close(keep=reused)
@@ -238,7 +271,10 @@ class Server:
             retire = asyncio.create_task(self._retire(old, keep=reused))
             self._background.add(retire)
             retire.add_done_callback(self._background.discard)
-            return ReloadOutcome(True, f"config reloaded from {self.config_path}")
+            message = f"config reloaded from {self.config_path}"
+            if self.pod_reload is not None:
+                message += f" ({await self.pod_reload()})"
+            return ReloadOutcome(True, message)
 
     backend_start_s = 10.0
     """How long a reload waits for the backends it starts."""
@@ -306,6 +342,8 @@ class Server:
         for factory in filter_factories().values():  # e.g. queued mirror copies are dropped
             await factory.after_drain(self.plane.runtime.state)
         await self.plane.runtime.close()
+        if self._link is not None:
+            await self._link.close()
         self._stopped.set()
         log.info("stopped")
 
@@ -314,7 +352,11 @@ class Server:
         stop = asyncio.Event()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         loop.add_signal_handler(signal.SIGINT, stop.set)
-        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        if POD.is_worker:  # the supervisor orders a pod's reloads, to every worker at once
+            loop.add_signal_handler(signal.SIGHUP, lambda: log.warning(
+                "SIGHUP to a worker is ignored: send it to the pod's supervisor"))
+        else:
+            loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
         await stop.wait()
         await self.stop()
 
@@ -337,7 +379,7 @@ def _grpc_options(cfg: GrpcListener) -> list[tuple[str, Any]]:
     options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", cfg.max_request_bytes),
         ("grpc.max_send_message_length", 1 << 30),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", 1 if POD.is_worker else 0),  # a pod's workers share the port
         # Soft and hard limit alike: above it every call is refused, not a random share.
         ("grpc.max_metadata_size", cfg.max_header_bytes),
         ("grpc.absolute_max_metadata_size", cfg.max_header_bytes),

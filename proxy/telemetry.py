@@ -115,12 +115,40 @@ class RequestMetrics(NamedTuple):
     """The model's latency window (shared by its fronts and backends)."""
 
 
+_SUMMED = {"mmguard_requests_in_flight", "mmguard_shm_regions"}
+"""Gauges that count something each worker of a pod has: the pod's value is their sum."""
+_WORST = {"mmguard_backend_ready": "livemin", "mmguard_latency_jitter_coefficient": "livemax"}
+
+
+def gauge_mode(name: str) -> Any:
+    """How a pod's ``/metrics`` merges a gauge over its processes (prometheus-client
+    multiprocess mode; ignored in a single process): counts each worker has are summed; a
+    backend is ready when every worker sees it ready; jitter is the worst worker's; control
+    state (breakers, verdicts, experiments, router weights), which every process holds the same,
+    is the value set last."""
+    if name in _SUMMED:
+        return "livesum"
+    return _WORST.get(name, "livemostrecent")
+
+
+def pod_exposition(metrics_dir: str) -> CollectorRegistry:
+    """A pod supervisor's ``/metrics``: every process's metrics from the multiprocess files."""
+    from prometheus_client import multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=metrics_dir)  # type: ignore[no-untyped-call]
+    return registry
+
+
 class Telemetry:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self._request_metrics: dict[tuple[str, str, str], RequestMetrics] = {}
         self._jitter: dict[str, Jitter] = {}  # per model, shared by its fronts/backends
         self._extra: dict[str, Any] = {}
         r = self.registry = registry or CollectorRegistry()
+        self.exposition = r
+        """What ``/metrics`` shows: this registry, or for a pod's supervisor every process's
+        metrics (``pod_exposition``)."""
         self.access_sample = 0.0
         self._access_rng = random.Random()
         # The default collectors, on this server's own registry: CPU seconds, resident memory,
@@ -139,7 +167,8 @@ class Telemetry:
                                          ["model", "backend"], buckets=_LATENCY_BUCKETS,
                                          registry=r)
         self.in_flight = Gauge("mmguard_requests_in_flight", "Requests being served.",
-                               ["model", "front"], registry=r)
+                               ["model", "front"], registry=r,
+                               multiprocess_mode=gauge_mode("mmguard_requests_in_flight"))
         self.request_bytes = Counter("mmguard_request_bytes_total", "Request tensor bytes.",
                                      ["model", "front"], registry=r)
         self.response_bytes = Counter("mmguard_response_bytes_total", "Response body bytes.",
@@ -148,7 +177,8 @@ class Telemetry:
                                  "Decisions filters made (reject, reroute, degrade, inject...).",
                                  ["filter", "model", "decision"], registry=r)
         self.backend_ready = Gauge("mmguard_backend_ready", "1 when the backend is ready.",
-                                   ["backend"], registry=r)
+                                   ["backend"], registry=r,
+                                   multiprocess_mode=gauge_mode("mmguard_backend_ready"))
         self.ttft = Histogram("mmguard_time_to_first_token_seconds",
                               "Streams: time from request to the first event.",
                               ["model", "backend"], buckets=_LATENCY_BUCKETS, registry=r)
@@ -164,7 +194,8 @@ class Telemetry:
         self.jitter = Gauge("mmguard_latency_jitter_coefficient",
                             "Response jitter: std / mean of the model's last "
                             f"{JITTER_WINDOW} request latencies (seeds: warn > 0.25, "
-                            "critical > 0.42).", ["model"], registry=r)
+                            "critical > 0.42).", ["model"], registry=r,
+                            multiprocess_mode=gauge_mode("mmguard_latency_jitter_coefficient"))
         self.inter_token = Histogram("mmguard_inter_token_latency_seconds",
                                      "Streams: time between two events of one answer (vLLM's "
                                      "inter-token latency as the client sees it).",
@@ -188,7 +219,8 @@ class Telemetry:
         """A filter's own metric, made once per registry however many routes use the filter."""
         found = self._extra.get(name)
         if found is None:
-            found = self._extra[name] = kind(name, doc, labels, registry=self.registry)
+            extra = {"multiprocess_mode": gauge_mode(name)} if kind is Gauge else {}
+            found = self._extra[name] = kind(name, doc, labels, registry=self.registry, **extra)
         return found
 
     def request_metrics(self, model: str, backend: str, front: str) -> RequestMetrics:

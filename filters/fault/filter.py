@@ -91,15 +91,15 @@ class Fault:
             if exp.cfg.share < 1 and not shares.in_share(f"experiment:{exp.name}", key,
                                                          exp.cfg.share):
                 continue
-            exp.matched += 1
             seen = call.state.get(SEEN)
             if seen is None:
                 call.state[SEEN] = seen = []
             seen.append(exp.name)
             if chaos_rules.in_baseline(exp):  # chaos (issue 16): observed, not injected
+                self.registry.tally(exp.name, matched=1, baseline=1)
                 continue
             if exp.cfg.max_active_faults is not None and exp.active >= exp.cfg.max_active_faults:
-                exp.skipped += 1
+                self.registry.tally(exp.name, matched=1, skipped=1)
                 self.ctx.telemetry.decide(call, "fault", "skipped", f"{exp.name}: "
                                           f"{exp.active} faults active (max "
                                           f"{exp.cfg.max_active_faults})")
@@ -111,6 +111,7 @@ class Fault:
                         f"action:{exp.cfg.seed}:{exp.name}:{i}", key, action.percent / 100):
                     continue
                 chosen.append((exp, i, action))
+            self.registry.tally(exp.name, matched=1)
         if not chosen:
             return await next(call)
         exps = {id(e): e for e, _, _ in chosen}.values()
@@ -128,8 +129,7 @@ class Fault:
         if faults is None:
             call.state[FAULTS] = faults = []
         faults.append(tag)
-        exp.injected[action.label] = exp.injected.get(action.label, 0) + 1
-        chaos_rules.injected(exp, self.ctx.clock.monotonic())  # chaos (issue 16)
+        self.registry.tally(exp.name, injected=action.label, at=self.ctx.clock.monotonic())
         self.m_injected.labels(call.model, exp.name, action.label).inc()
         previous = call.decisions.get("mmguard-fault")
         self.ctx.telemetry.decide(call, "fault", tag, detail, experiment=exp.name,
@@ -160,8 +160,8 @@ class Fault:
                 try:
                     detail = self._perturb_input(call, action, rng_seed)
                 except Exception as exc:  # a broken action stops its experiment, not the call
-                    self.registry.stop(exp.name, f"action '{action.label}' failed: "
-                                       f"{type(exc).__name__}: {exc}", "action-failed")
+                    self.registry.action_failed(exp.name, f"action '{action.label}' failed: "
+                                                f"{type(exc).__name__}: {exc}")
                     continue
                 if detail:
                     self._mark(call, exp, action, detail)

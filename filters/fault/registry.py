@@ -1,7 +1,15 @@
-"""Running experiments: the process-wide registry, their windows and why each stopped."""
+"""Running experiments: the process-wide registry, their windows and why each stopped.
+
+In a pod of several workers (``proxy.pod``) the registry is decided by the supervisor: it starts
+and stops experiments (config, admin API, its clock), and judges the stop windows on every
+worker's answers; a worker forwards what it saw (``tally``, ``outcome``, ``observe_divergence``)
+and reads its replica to choose the calls. ``active`` (faults in flight, for
+``max_active_faults``) is each worker's own.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -19,6 +27,7 @@ from proxy.call import Call, LocalReply, Reply
 from proxy.chain import FilterContext
 from proxy.clock import Clock
 from proxy.lifecycle import StateKey
+from proxy.pod import Shared, decided, share, supervisor_only
 
 log = logging.getLogger("mmguard.fault")
 
@@ -127,7 +136,7 @@ STOP_CAUSES = ("operator", "duration", "slo", "config", "action-failed", "canary
 """Every ``cause`` label of mmguard_experiment_stops_total."""
 
 
-class ExperimentRegistry:
+class ExperimentRegistry(Shared):
     """Every experiment of the process (it outlives config reloads), by name."""
 
     def __init__(self, clock: Clock, telemetry: Any) -> None:
@@ -143,6 +152,7 @@ class ExperimentRegistry:
     def running(self, route: str) -> list[Experiment]:
         return [e for e in self.experiments.values() if e.route == route and e.running]
 
+    @supervisor_only
     def start(self, cfg: ExperimentConfig, route: str, source: str) -> Experiment:
         old = self.experiments.get(cfg.name)
         if old is not None and old.running and old.route != route:
@@ -158,6 +168,7 @@ class ExperimentRegistry:
                     extra={"fields": {"experiment": cfg.name, "route": route}})
         return exp
 
+    @supervisor_only
     def stop(self, name: str, reason: str, cause: str = "operator",
              state: str = "stopped") -> Experiment | None:
         exp = self.experiments.get(name)
@@ -173,12 +184,14 @@ class ExperimentRegistry:
                                       "cause": cause, "reason": reason}})
         return exp
 
+    @supervisor_only
     def stop_all(self, reason: str, cause: str = "operator") -> list[str]:
         stopped = [n for n, e in self.experiments.items() if e.running]
         for name in stopped:
             self.stop(name, reason, cause)
         return stopped
 
+    @supervisor_only
     def auto_stop(self, exp: Experiment, why: str) -> None:
         if why.startswith("duration"):
             self.stop(exp.name, why, "duration", state="finished")
@@ -191,15 +204,41 @@ class ExperimentRegistry:
         if not names:
             return
         ok = not isinstance(reply, LocalReply)
+        self.outcome(list(names), ok, not ok and not getattr(reply, "injected", None), latency_s)
+
+    @decided
+    def outcome(self, names: list[str], ok: bool, failed_on_its_own: bool,
+                latency_s: float) -> None:
+        """What a canary call's client got, for the experiments that matched it."""
         for name in names:
             exp = self.experiments.get(name)
             if exp is not None and exp.running:
-                chaos_rules.record(exp, not ok and not getattr(reply, "injected", None),
+                chaos_rules.record(exp, failed_on_its_own,
                                    self.clock.monotonic())  # chaos (issue 16)
                 why = exp.record(ok, latency_s)
                 if why:
                     self.auto_stop(exp, why)
 
+    @decided
+    def tally(self, name: str, matched: int = 0, skipped: int = 0, baseline: int = 0,
+              injected: str | None = None, at: float | None = None) -> None:
+        """A call the experiment matched: observed for the baseline, skipped, or injected."""
+        exp = self.experiments.get(name)
+        if exp is None:
+            return
+        exp.matched += matched
+        exp.skipped += skipped
+        exp.rules.baseline_seen += baseline
+        if injected is not None:
+            exp.injected[injected] = exp.injected.get(injected, 0) + 1
+            chaos_rules.injected(exp, self.clock.monotonic() if at is None else at)
+
+    @decided
+    def action_failed(self, name: str, reason: str) -> None:
+        """A broken action stops its experiment, in every worker."""
+        self.stop(name, reason, "action-failed")
+
+    @decided
     def observe_divergence(self, route: str, agree: bool) -> None:
         """A shadow comparison on ``route`` (from the ``shadow`` filter)."""
         for exp in self.running(route):
@@ -210,6 +249,31 @@ class ExperimentRegistry:
     def snapshot(self) -> list[dict[str, Any]]:
         return [e.snapshot() for e in sorted(self.experiments.values(), key=lambda e: e.name)]
 
+    # --- a pod's one registry (proxy.pod) ---------------------------------------------------
+
+    def tick(self) -> bool:
+        """Durations end on the supervisor's clock, calls or none."""
+        stopped = False
+        for exp in list(self.experiments.values()):
+            if exp.running and (why := exp.check()):
+                self.auto_stop(exp, why)
+                stopped = True
+        return stopped
+
+    def export_state(self) -> dict[str, dict[str, Any]]:
+        return {name: {f.name: getattr(exp, f.name) for f in dataclasses.fields(exp)
+                       if f.name != "clock"} for name, exp in self.experiments.items()}
+
+    def import_state(self, state: dict[str, dict[str, Any]]) -> None:
+        old = self.experiments
+        self.experiments = {}
+        for name, fields in state.items():
+            exp = Experiment(clock=self.clock, **fields)
+            if name in old:
+                exp.active = old[name].active  # this worker's faults in flight
+            self.experiments[name] = exp
+
+    @supervisor_only
     def retire(self, in_config: set[str]) -> None:
         """After a reload: stop the config's experiments that the new config no longer has."""
         for exp in list(self.experiments.values()):
@@ -225,4 +289,10 @@ FAULT_ROUTES: StateKey[set[str]] = StateKey("fault_routes")
 
 def registry(ctx: FilterContext) -> ExperimentRegistry:
     """The process's registry (made, empty, on first use; kept across reloads)."""
-    return ctx.state.setdefault(EXPERIMENTS, lambda: ExperimentRegistry(ctx.clock, ctx.telemetry))
+    return ctx.state.setdefault(EXPERIMENTS, lambda: _shared(ExperimentRegistry(ctx.clock,
+                                                                            ctx.telemetry)))
+
+
+def _shared(reg: ExperimentRegistry) -> ExperimentRegistry:
+    share(reg, "experiments")
+    return reg

@@ -25,7 +25,13 @@ from filters.compare import (
 from filters.fault.registry import EXPERIMENTS
 
 # chaos (issue 16): clean-copy correctness and robustness experiments live in their own modules
-from filters.robustness import Baselines, RobustnessExperiment, RobustnessMetrics
+from filters.robustness import (
+    Baselines,
+    Pair,
+    RobustnessExperiment,
+    RobustnessMetrics,
+    RobustnessTable,
+)
 from filters.shadow.admin import LIVE_SHADOWS, ROUTES, SHADOW_STATES, SHADOWS
 from filters.shadow.config import (
     ShadowConfig,
@@ -44,6 +50,7 @@ from proxy.call import (
 )
 from proxy.chain import FilterContext, Next
 from proxy.lifecycle import FilterFactoryBase, Store
+from proxy.pod import POD, Shared, decided, share
 
 log = logging.getLogger("mmguard.shadow")
 
@@ -61,9 +68,17 @@ class _Copy:
     primary_faults: tuple[str, ...] = ()  # chaos (issue 16): faults on production's answer
 
 
+_NOT_EXPORTED = frozenset({"cfg", "clock", "_callbacks"})
+
+
 @dataclass
-class ShadowState:
-    """What outlives a reload with the same config: the verdict and its evidence."""
+class ShadowState(Shared):
+    """What outlives a reload with the same config: the verdict and its evidence.
+
+    In a pod of several workers (``proxy.pod``) it is decided by the supervisor: a worker sends
+    the copies and compares the answers, and forwards each outcome (``judged``, ``noise``,
+    ``robust``, ``counted``); the verdict, its abort and what the abort stops happen once, on
+    every worker's comparisons, and come back to the replicas."""
 
     cfg: ShadowConfig
     verdict: ReleaseVerdict
@@ -72,6 +87,59 @@ class ShadowState:
     mirrored: int = 0
     dropped: int = 0
     compared: int = 0
+
+    @decided
+    def counted(self, mirrored: int = 0, dropped: int = 0) -> None:
+        self.mirrored += mirrored
+        self.dropped += dropped
+
+    @decided
+    def judged(self, c: Comparison, primary_latency_s: float, latency_s: float | None,
+               touched: list[str]) -> None:
+        """One canary comparison; a copy a fault touched on either side is counted, never
+        judged (chaos, issue 16)."""
+        self.compared += 1
+        if touched:
+            self.verdict.exclude(touched)
+        else:
+            self.verdict.add(c, primary_latency_s, latency_s)
+
+    @decided
+    def noise(self, c: Comparison) -> None:
+        self.verdict.add_noise(c)
+
+    @decided
+    def robust(self, pairs: list[tuple[str, Pair]], counts: dict[str, int]) -> None:
+        """What one copy's robustness measurement found (filters/robustness)."""
+        table = self.verdict.robustness
+        if table is None:
+            return
+        for label, pair in pairs:
+            if label in table.pairs:
+                table.add(label, pair)
+        for key, n in counts.items():
+            table.counts[key] = table.counts.get(key, 0) + n
+        if pairs:
+            self.verdict.judge_robustness()
+
+    @decided
+    def reset(self) -> None:
+        """Start judging again from nothing, and mirror again (an operator's decision)."""
+        self.verdict.reset()
+        self.mirroring = True
+        self.stop_reason = ""
+
+    def export_state(self) -> dict[str, Any]:
+        return {"mirroring": self.mirroring, "stop_reason": self.stop_reason,
+                "mirrored": self.mirrored, "dropped": self.dropped, "compared": self.compared,
+                "verdict": {k: v for k, v in vars(self.verdict).items()
+                            if k not in _NOT_EXPORTED}}
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        for key in ("mirroring", "stop_reason", "mirrored", "dropped", "compared"):
+            setattr(self, key, state[key])
+        for key, value in state["verdict"].items():
+            setattr(self.verdict, key, value)
 
 
 class Shadow:
@@ -92,8 +160,11 @@ class Shadow:
         self.workers: list[asyncio.Task[None]] = []
         self.robustness = self.robustness_metrics = None  # chaos (issue 16)
         if cfg.robustness is not None and found.verdict.robustness is not None:
-            self.robustness = RobustnessExperiment(cfg.robustness, found.verdict.robustness,
-                                                   cfg.timeout_s)
+            # Measured into a scratch table, handed to the state per copy (``robust``): the
+            # one table is the pod's (each worker takes its part of the rate cap).
+            self.robustness = RobustnessExperiment(cfg.robustness,
+                                                   RobustnessTable(cfg.robustness),
+                                                   cfg.timeout_s, workers=POD.workers)
             self.robustness_metrics = RobustnessMetrics(ctx.telemetry, ctx.route, cfg.canary,
                                                         cfg.robustness)
         t = ctx.telemetry
@@ -124,6 +195,7 @@ class Shadow:
         """Once this filter's runtime serves (never at build: a rejected reload changes
         nothing): its state is the route's, and the old filter's workers end."""
         self.ctx.state.setdefault(SHADOW_STATES, dict)[self.ctx.route] = self.state
+        share(self.state, f"shadow/{self.ctx.route}")
         live = self.ctx.state.setdefault(LIVE_SHADOWS, dict)
         old = live.get(self.ctx.route)
         if old is not None and old is not self:
@@ -184,12 +256,12 @@ class Shadow:
         try:
             self.queue.put_nowait(item)
         except asyncio.QueueFull:
-            st.dropped += 1
+            st.counted(dropped=1)
             self.m_dropped.labels(self.ctx.route, self.cfg.canary, "queue-full").inc()
             self.ctx.telemetry.decide(call, "shadow", "dropped",
                                       f"queue full ({self.cfg.queue_size} copies waiting)")
             return
-        st.mirrored += 1
+        st.counted(mirrored=1)
         self.m_mirrored.labels(self.ctx.route, self.cfg.canary).inc()
         self.ctx.telemetry.decide(call, "shadow", "mirrored", f"to '{self.cfg.canary}'")
 
@@ -242,27 +314,20 @@ class Shadow:
         st = self.state
         reply, latency, text, faults = await self._send(item, self.cfg.canary)
         c = self._judge(item.primary, item.primary_text, reply, text)
-        st.compared += 1
         self.m_compared.labels(self.ctx.route, self.cfg.canary, str(c.agree).lower()).inc()
         if not c.agree:
             log.info("canary %r disagrees with %r: %s", self.cfg.canary, self.ctx.route,
                      c.reason, extra={"fields": {"model": self.ctx.route,
                                                  "canary": self.cfg.canary,
                                                  "reason": c.reason}})
-        # chaos (issue 16): a copy a fault touched on either side is counted, never judged
-        touched = [*item.primary_faults, *faults]
-        if touched:
-            st.verdict.exclude(touched)
-        else:
-            st.verdict.add(c, item.primary_latency_s, latency)
+        st.judged(c, item.primary_latency_s, latency, [*item.primary_faults, *faults])
         experiments = self.ctx.state.get(EXPERIMENTS)
         if experiments is not None:
             for route in {self.ctx.route, self.cfg.canary}:
                 experiments.observe_divergence(route, c.agree)
         if item.noise:
             again, _, again_text, _ = await self._send(item, None)
-            st.verdict.add_noise(self._judge(item.primary, item.primary_text, again,
-                                             again_text))
+            st.noise(self._judge(item.primary, item.primary_text, again, again_text))
         await self._measure_robustness(item, None if faults else (reply, text))  # chaos
         self._publish()
 
@@ -275,15 +340,27 @@ class Shadow:
         key = shares.request_key(item.call)
         pct = self.robustness.cfg.percent / 100
         if not self.robustness.draw(shares.in_share(f"robustness:{self.ctx.route}", key, pct)):
-            self.robustness_metrics.publish(self.robustness.table)
+            self._hand_over_robustness()
             return
         assert self.ctx.reroute is not None
         reroute, canary_route = self.ctx.reroute, self.cfg.canary
         base = Baselines(item.primary, item.primary_text, *(canary or (None, None)))
         await self.robustness.run(item.call, key, base, item.resend,
                                   lambda call: reroute(canary_route, call), self._judge)
-        self.robustness_metrics.publish(self.robustness.table)
-        self.state.verdict.judge_robustness()
+        self._hand_over_robustness()
+
+    def _hand_over_robustness(self) -> None:
+        """The scratch table's pairs and counts, into the state's one table."""
+        assert self.robustness is not None and self.robustness_metrics is not None
+        scratch = self.robustness.table
+        pairs = [(label, pair) for label, found in scratch.pairs.items() for pair in found]
+        counts = {k: n for k, n in scratch.counts.items() if n}
+        scratch.reset()
+        if pairs or counts:
+            self.state.robust(pairs, counts)
+        table = self.state.verdict.robustness
+        if table is not None:
+            self.robustness_metrics.publish(table)
 
     def _judge(self, primary: Reply, primary_text: str | None, canary: Reply,
                canary_text: str | None) -> Comparison:
@@ -338,10 +415,7 @@ class Shadow:
 
     def reset(self) -> None:
         """Start judging again from nothing, and mirror again (an operator's decision)."""
-        st = self.state
-        st.verdict.reset()
-        st.mirroring = True
-        st.stop_reason = ""
+        self.state.reset()
         self._publish()
 
     def cancel(self) -> None:

@@ -1,0 +1,240 @@
+"""``mmguard serve --workers 2``: one pod, two worker processes, one control state.
+
+Each test runs a real pod (a supervisor and two workers on SO_REUSEPORT ports) against real
+ONNX Runtime and the hand-written v2 server (for failures on cue). Every call goes on a fresh
+connection, so the kernel spreads them over both workers: a state that were per worker would
+show (a breaker that opened in one worker only lets the other's calls through, with odds of
+about 1 in 10^9 over 30 calls of passing anyway).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.adversary import serve
+from tests.support.fake_v2 import FakeV2
+from tests.support.models import write_identity
+
+TOKEN = "pod-test-token"
+BOUND_S = 20.0  # generous: a busy 2-core machine
+
+
+def _config(model_dir: Path, fake_port: int, extra_route: bool = False) -> dict[str, Any]:
+    models: list[dict[str, Any]] = [
+        {"name": "identity_fp32", "backend": "ort", "filters": [{"fault": {}}]},
+        {"name": "echo", "backend": "fake", "filters": [{"fallback": {"breaker": {
+            "minimum_calls": 10, "window_size": 40, "failure_rate": 0.5,
+            "wait_in_open_s": 300}}}]},
+    ]
+    if extra_route:
+        models.append({"name": "identity_again", "backend": "ort",
+                       "backend_model": "identity_fp32"})
+    return {
+        "workers": 2,
+        "listeners": {"admin": {"token_env": "MMGUARD_TEST_ADMIN_TOKEN"}},
+        "canary": {"share": 1.0},
+        "backends": [
+            {"kind": "onnxruntime", "name": "ort", "model_dir": str(model_dir),
+             "models": ["identity_fp32"], "threads": 1},
+            {"kind": "triton_http", "name": "fake", "url": f"127.0.0.1:{fake_port}"},
+        ],
+        "models": models,
+    }
+
+
+def _infer(port: int, model: str, values: list[float] | None = None,
+           timeout: float = 10) -> tuple[int, dict[str, str], Any]:
+    """One v2 JSON infer on a new connection (urllib opens one per request)."""
+    data = values or [1.0, 2.0, 3.0]
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32",
+                                   "shape": [len(data)], "data": data}]}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/{model}/infer", data=body,
+                                 headers={"Content-Type": "application/json",
+                                          "Connection": "close"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, dict(r.headers), json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        raw = err.read()
+        try:
+            return err.code, dict(err.headers), json.loads(raw or b"{}")
+        except ValueError:
+            return err.code, dict(err.headers), raw.decode(errors="replace")
+
+
+def _admin(port: int, method: str, path: str, doc: Any = None) -> tuple[int, Any]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                 data=None if doc is None else json.dumps(doc).encode(),
+                                 headers={"Authorization": f"Bearer {TOKEN}",
+                                          "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            raw = r.read()
+            return r.status, json.loads(raw) if r.headers.get_content_type().endswith(
+                "json") else raw.decode()
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def _until(check: Any, what: str, bound: float = BOUND_S) -> Any:
+    deadline = time.monotonic() + bound
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {bound:g} s")
+        time.sleep(0.05)
+
+
+def _pod_ready(admin: int) -> bool:
+    try:
+        status, doc = _admin(admin, "GET", "/admin/pod")
+    except OSError:
+        return False
+    return status == 200 and all(w["ready"] for w in doc["workers"])
+
+
+@pytest.fixture()
+def pod(tmp_path: Path) -> Iterator[tuple[Any, FakeV2, Path]]:
+    model_dir = tmp_path / "models"
+    write_identity(model_dir, "FP32")
+    os.environ["MMGUARD_TEST_ADMIN_TOKEN"] = TOKEN
+    with FakeV2() as fake, serve(tmp_path, _config(model_dir, fake.http_port)) as proc:
+        _until(lambda: _pod_ready(proc.ports["admin"]), "both workers ready")
+        yield proc, fake, model_dir
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_two_workers_serve_and_the_pod_has_one_metrics_scrape(pod: Any) -> None:
+    proc, _, _ = pod
+    admin = proc.ports["admin"]
+    _, doc = _admin(admin, "GET", "/admin/pod")
+    pids = {w["pid"] for w in doc["workers"]}
+    assert len(pids) == 2 and doc["supervisor_pid"] == proc.proc.pid
+    for i in range(40):
+        status, _, answer = _infer(proc.ports["http"], "identity_fp32", [float(i), 1.0])
+        assert status == 200, answer
+        assert answer["outputs"][0]["data"] == [float(i), 1.0]
+    _, text = _admin(admin, "GET", "/metrics")
+    served = _metric(text, "mmguard_requests_total", model="identity_fp32", code="ok")
+    assert served == 40  # every worker's requests, counted once, in one scrape
+    assert _metric(text, "mmguard_workers_ready") == 2
+    # the data ports are the workers': the supervisor's admin port serves no inference
+    assert _infer(admin, "identity_fp32")[0] == 404
+
+
+def test_a_breaker_opens_once_on_both_workers_failures_and_holds_in_every_worker(
+        pod: Any) -> None:
+    proc, fake, _ = pod
+    http, admin = proc.ports["http"], proc.ports["admin"]
+    fake.bad_answer = "json-short"  # every answer is unreadable: 502, a backend failure
+    for _ in range(10):  # exactly minimum_calls, spread over the two workers
+        status, _, answer = _infer(http, "echo")
+        assert status in (502, 503) and "outside its contract" in json.dumps(answer), answer
+
+    def opened() -> bool:
+        _, found = _admin(admin, "GET", "/admin/breakers")
+        return any(b["route"] == "echo" and b["state"] == "open" for b in found)
+
+    _until(opened, "the pod's breaker open on the two workers' failures together")
+    fake.bad_answer = ""  # the backend is healthy again; the breaker still holds (300 s)
+    codes = set()
+    for _ in range(30):
+        status, _, answer = _infer(http, "echo")
+        codes.add(status)
+        assert status == 503 and "breaker open" in json.dumps(answer), answer
+    assert codes == {503}
+    _, text = _admin(admin, "GET", "/metrics")
+    assert _metric(text, "mmguard_breaker_state", model="echo", level="echo") == 1
+
+
+def test_an_experiment_started_on_the_supervisor_reaches_every_worker_and_stops_at_once(
+        pod: Any) -> None:
+    proc, _, _ = pod
+    http, admin = proc.ports["http"], proc.ports["admin"]
+    status, found = _admin(admin, "POST", "/admin/experiments", {
+        "route": "identity_fp32", "experiment": {
+            "name": "abort-all", "actions": [{"kind": "abort", "http_status": 503}],
+            "stop": {"min_requests": 1000}}})
+    assert status == 201, found
+    _until(lambda: _infer(http, "identity_fp32")[0] == 503, "the experiment in a worker")
+    for _ in range(20):
+        status, headers, _ = _infer(http, "identity_fp32")
+        assert status == 503 and "abort-all" in headers.get("mmguard-fault", ""), headers
+    assert _admin(admin, "POST", "/admin/experiments/stop-all")[0] == 200
+    time.sleep(0.5)  # propagation is a loop turn; this is a generous margin
+    for _ in range(20):
+        status, headers, _ = _infer(http, "identity_fp32")
+        assert status == 200 and "mmguard-fault" not in headers, headers
+    _, exp = _admin(admin, "GET", "/admin/experiments/abort-all")
+    assert exp["state"] == "stopped"
+    # every worker's matches, counted once by the supervisor
+    assert exp["matched"] >= 21 and exp["injected"]["abort"] >= 21
+
+
+def test_a_killed_worker_is_restarted_and_loses_no_state(pod: Any) -> None:
+    proc, _, _ = pod
+    http, admin = proc.ports["http"], proc.ports["admin"]
+    assert _admin(admin, "POST", "/admin/breakers/echo/echo/open")[0] == 200
+    _, doc = _admin(admin, "GET", "/admin/pod")
+    victim = doc["workers"][0]["pid"]
+    os.kill(victim, signal.SIGKILL)
+
+    def restarted() -> bool:
+        _, now = _admin(admin, "GET", "/admin/pod")
+        w = now["workers"][0]
+        return bool(w["restarts"] == 1 and w["pid"] != victim and w["ready"])
+
+    _until(restarted, "worker 0 restarted and ready")
+    for _ in range(30):  # the new worker took the forced-open breaker when it connected
+        status, _, answer = _infer(http, "echo")
+        assert status == 503 and "forced open" in json.dumps(answer), answer
+    _, text = _admin(admin, "GET", "/metrics")
+    assert _metric(text, "mmguard_worker_restarts_total", worker="0") == 1
+
+
+def test_sighup_reloads_every_worker_and_sigterm_stops_the_pod(pod: Any, tmp_path: Path) -> None:
+    proc, fake, model_dir = pod
+    http, admin = proc.ports["http"], proc.ports["admin"]
+    assert _infer(http, "identity_again")[0] == 404
+    path = tmp_path / "mmguard.yaml"
+    path.write_text(yaml.safe_dump(_config(model_dir, fake.http_port, extra_route=True)))
+    status, outcome = _admin(admin, "POST", "/admin/reload")
+    assert status == 200 and "2 of 2 workers reloaded" in outcome["message"], outcome
+    for _ in range(20):
+        status, _, answer = _infer(http, "identity_again", [4.0])
+        assert status == 200 and answer["outputs"][0]["data"] == [4.0], answer
+    _, doc = _admin(admin, "GET", "/admin/pod")
+    workers = [w["pid"] for w in doc["workers"]]
+    proc.signal(signal.SIGTERM)
+    assert proc.proc.wait(60) == 0
+    for pid in workers:
+        assert not Path(f"/proc/{pid}").exists() or _zombie(pid), f"worker {pid} still runs"
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
