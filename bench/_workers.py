@@ -111,6 +111,14 @@ def efficiency_bound(workers: int, mmguard_cpus: int) -> float:
     return min(workers, mmguard_cpus) / workers
 
 
+def cpu_use_pct(rps: float | None, cpu_ms_per_req: float | None, cpus: int) -> float | None:
+    """How much of its CPU set the pod used: 100 = all of it busy. The bound holds only where
+    one worker already used its CPUs to the full; below that, other parts held it back."""
+    if rps is None or cpu_ms_per_req is None or cpus < 1:
+        return None
+    return 100 * rps * cpu_ms_per_req / 1000 / cpus
+
+
 def expected_processes(workers: int) -> int:
     """``--workers 1`` is one process; N > 1 is a supervisor and N workers."""
     return 1 if workers <= 1 else workers + 1
@@ -373,6 +381,8 @@ def summary_rows(cells: list[dict[str, Any]], mmguard_cpus: int) -> list[dict[st
             "imbalance": med("pod_imbalance") if mm and n and n > 1 else None,
             "efficiency": efficiency(rps, n, one.get((backend, proto))) if mm and n else None,
             "bound": efficiency_bound(n, mmguard_cpus) if mm and n else None,
+            "mmguard_cpu_use_pct": cpu_use_pct(rps, med("cpu_ms_per_req", "mmguard"),
+                                               mmguard_cpus) if mm else None,
             "errors": "FAIL" if failed else str(sum(int(c.get("errors", 0)) for c in good)),
             "other_cpu_pct": max((c.get("other_cpu_pct") or 0.0) for c in good) if good
             else None,
@@ -388,6 +398,7 @@ COLUMNS = [("backend", "backend", None), ("proto", "protocol", None),
            ("of it supervisor", "supervisor_cpu_ms_per_req", ".3f"),
            ("busiest/mean", "imbalance", ".2f"),
            ("efficiency", "efficiency", ".2f"), ("bound", "bound", ".2f"),
+           ("mmguard CPUs used %", "mmguard_cpu_use_pct", ".0f"),
            ("errors", "errors", None), ("other CPU %", "other_cpu_pct", ".1f")]
 
 

@@ -351,7 +351,10 @@ def write_reports(out: Path, doc: dict[str, Any], rows: list[dict[str, Any]]) ->
         "below it) per request during the window; the direct rows give Triton's own. For the "
         "ORT rows the inference runs inside the workers, so its CPU is in the figure.",
         "- *efficiency*: req/s at N / (N × req/s at N=1), same backend and protocol. *bound*: "
-        "min(N, CPUs of mmguard's set) / N, the best this machine allows.",
+        "min(N, CPUs of mmguard's set) / N, the best this machine allows when one worker "
+        "already keeps its CPUs busy. *mmguard CPUs used %*: the pod's CPU over what its set "
+        "offers (under 100 at N=1: something else, the load generator or the backend, held "
+        "the rate back, and N > 1 can pass the bound).",
         "- *of it supervisor*: the part of it the supervisor used (N > 1: it owns the admin "
         "port and the pod's control state; the data goes straight to the workers).",
         "- *busiest/mean*: CPU of the busiest worker over the mean of the busy ones: the "

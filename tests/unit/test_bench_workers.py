@@ -169,3 +169,10 @@ def test_process_tree_finds_grandchildren_and_affinity_is_inherited() -> None:
 
 def test_one_worker_is_one_process_more_are_a_supervisor_and_workers() -> None:
     assert [bw.expected_processes(n) for n in (1, 2, 8)] == [1, 3, 9]
+
+
+def test_cpu_use_is_the_pods_cpu_over_what_its_set_offers() -> None:
+    assert bw.cpu_use_pct(500.0, 2.0, 1) == pytest.approx(100.0)
+    assert bw.cpu_use_pct(1000.0, 2.0, 4) == pytest.approx(50.0)
+    assert bw.cpu_use_pct(None, 2.0, 1) is None
+    assert bw.cpu_use_pct(500.0, None, 1) is None
