@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -86,6 +87,14 @@ async def _ask(grpc_addr: str, http_addr: str) -> None:
         _http_check(spec, r.status, r.headers, await r.read(), expected)
 
 
+def _providers_in(line: str) -> Any:
+    """The providers list of mmguard's JSON log line (the whole line if it is not JSON)."""
+    try:
+        return json.loads(line).get("providers") or line.strip()[-200:]
+    except ValueError:
+        return line.strip()[-200:]
+
+
 def check_mmguard(cpu: bool, out: Path | None) -> str:
     device = "cpu" if cpu else "cuda"
     with tempfile.TemporaryDirectory() as tmp:
@@ -125,7 +134,8 @@ def check_mmguard(cpu: bool, out: Path | None) -> str:
             raise SystemExit(f"FAIL: mmguard's log does not show {CUDA if not cpu else 'the'} "
                              f"provider loaded: {lines[:1] or 'no providers line'}")
     return (f"mmguard on device '{device}': gRPC and HTTP answers byte-identical to the input; "
-            f"{lines[0].strip()[-200:]}")
+            f"its log: model {PIXEL.ort_model!r} loaded with providers "
+            f"{_providers_in(lines[0])}")
 
 
 def main(argv: list[str] | None = None) -> int:
