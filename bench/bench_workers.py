@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """Worker scaling: mmguard's req/s and CPU per request with 1, 2, ... ``--workers``.
 
-    python bench/bench_workers.py [--workers-list 1,2] [--duration 5] [--out bench/out]
+    python bench/bench_workers.py [--workers-list 1,2] [--rounds 1] [--no-pin] [--out bench/out]
+
+The helpers (CPU-set plan, efficiency, /proc walks, load-generator cells) are in ``_workers.py``.
 
 The proxy must be the bottleneck, so the load generator, the backend and mmguard are pinned to
 CPU sets apart (:func:`plan_cpus`; each is started from a thread whose affinity is that set, so
@@ -18,12 +20,13 @@ every process and thread it makes inherits it, and the set each really got is re
   ``--concurrency`` requests in flight over its share of ``--connections`` connections (gRPC: one
   channel each, with its own subchannel pool, so each is a TCP connection of its own; HTTP: one
   keep-alive session each). The kernel spreads connections over the workers' SO_REUSEPORT
-  sockets by a hash, so how evenly the workers were loaded is reported too (busiest process's
+  sockets by a hash, so how evenly the workers were loaded is reported too (busiest worker's
   CPU over the mean).
 * CPU per request of the whole pod: the serve process and every process below it (supervisor +
-  workers), found through /proc/<pid>/task/<tid>/children in each sample.
+  workers), found by parent pid in /proc at each sample, the supervisor's share apart.
 * scaling efficiency = req/s at N / (N × req/s at 1 worker), and its bound on this machine:
-  min(N, CPUs of mmguard's set) / N.
+  min(N, CPUs of mmguard's set) / N, with how much of its set the pod used (the bound holds
+  only where one worker already filled it). ``--rounds`` walks the list in turn, medians shown.
 
 The first answer on every connection of every cell is checked byte for byte (sent alone, before
 the load starts). Results: a table on stdout, ``<out>/workers.json`` and ``<out>/workers.md``.
