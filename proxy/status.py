@@ -99,19 +99,23 @@ def _table(rows: list[list[str]], out: TextIO, indent: str = "  ") -> None:
                   .rstrip() + "\n")
 
 
+def _render_workers(workers: list[dict[str, Any]], out: TextIO) -> None:
+    out.write(f"workers: {len(workers)} (one control state for the pod)\n")
+    rows = [["worker", "pid", "ready", "restarts", "last exits"]]
+    for w in workers:
+        rows.append([str(w.get("worker")), str(w.get("pid")),
+                     "yes" if w.get("ready") else "NO", str(w.get("restarts", 0)),
+                     ", ".join(map(str, w.get("exit_codes") or [])) or "-"])
+    _table(rows, out)
+
+
 def render(s: Status, out: TextIO) -> None:
     out.write(f"mmguard at {s.admin}: {'READY' if s.ready else 'NOT READY'}\n")
     if s.backends:
         out.write("backends: " + ", ".join(f"{b} {'ready' if ok else 'NOT READY'}"
                                            for b, ok in sorted(s.backends.items())) + "\n")
     if len(s.workers) > 1:
-        out.write(f"workers: {len(s.workers)} (one control state for the pod)\n")
-        rows = [["worker", "pid", "ready", "restarts", "last exits"]]
-        for w in s.workers:
-            rows.append([str(w.get("worker")), str(w.get("pid")),
-                         "yes" if w.get("ready") else "NO", str(w.get("restarts", 0)),
-                         ", ".join(map(str, w.get("exit_codes") or [])) or "-"])
-        _table(rows, out)
+        _render_workers(s.workers, out)
 
     out.write("\nrequests (since start)\n")
     if s.requests:
