@@ -421,6 +421,18 @@ class LoadGen:
 # ---------------------------------------------------------------------------------------------
 
 
+def stop_each(parts: Sequence[tuple[str, Callable[[], Any] | None]]) -> None:
+    """Stop every part that is there, in order; one that fails is named and the rest still
+    stop."""
+    for what, fn in parts:
+        if not fn:
+            continue
+        try:
+            fn()
+        except BaseException as exc:  # keep stopping the others
+            print(f"warning: stopping {what} failed: {exc!r}", file=sys.stderr)
+
+
 class MmguardProcess:
     """``python -m proxy.cli serve --config <root>/mmguard.yaml`` with ports picked here.
 
@@ -429,9 +441,12 @@ class MmguardProcess:
     ``GET /v2/health/ready`` on the HTTP port is 200 (every route's contract is known).
     """
 
-    def __init__(self, root: Path, config: dict[str, Any]) -> None:
+    def __init__(self, root: Path, config: dict[str, Any],
+                 extra_args: Sequence[str] = ()) -> None:
         self.root = root
         self.config = config
+        self.extra_args = list(extra_args)
+        """More ``serve`` arguments (e.g. ``--workers 2``)."""
         self.config_path = root / "mmguard.yaml"
         self.log_path = root / "mmguard.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -448,25 +463,30 @@ class MmguardProcess:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-m", "proxy.cli", "serve", "--config", str(self.config_path),
                      "--http-port", str(http), "--grpc-port", str(grpc_),
-                     "--admin-port", str(admin)],
+                     "--admin-port", str(admin), *self.extra_args],
                     cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
                     preexec_fn=pdeathsig)
             finally:
                 log.close()
-            deadline = time.monotonic() + timeout
-            url = f"http://127.0.0.1:{http}/v2/health/ready"
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    break
-                if http_status(url) == 200:
-                    return
-                time.sleep(0.1)
+            if self._wait_ready(time.monotonic() + timeout):
+                return
             tail = self.log_path.read_text(errors="replace")[-3000:]
             self.stop()
             if "address already in use" in tail.lower() and attempt < attempts:
                 continue
-            raise RuntimeError(f"mmguard did not become ready; log tail:\n{tail}")
+            raise RuntimeError(f"mmguard {' '.join(self.extra_args)} did not become ready; "
+                               f"log tail:\n{tail}")
+
+    def _wait_ready(self, deadline: float) -> bool:
+        """Ready when ``GET /v2/health/ready`` answers 200 (every route's contract known)."""
+        assert self.proc is not None
+        url = f"http://127.0.0.1:{self.ports['http']}/v2/health/ready"
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if http_status(url) == 200:
+                return True
+            time.sleep(0.1)
+        return False
 
     @property
     def pid(self) -> int | None:

@@ -68,6 +68,7 @@ from _common import (
     report_problems,
     runq_wait_s,
     serve_cells,
+    stop_each,
 )
 from litellm_peer import DEFAULT_VENV, LitellmProcess, ensure_installed
 from openai_report import LABELS, cell_line, machine_line, write_reports
@@ -273,16 +274,10 @@ class Bench:
         print(f"  LiteLLM ready: {proc.url} (pid {proc.pid})", flush=True)
 
     def stop(self) -> None:
-        for what, fn in (("load generator", self.loadgen and self.loadgen.close),
-                         ("LiteLLM", self.litellm and self.litellm.stop),
-                         ("mmguard", self.mmguard and self.mmguard.stop),
-                         ("vLLM", self.vllm and self.vllm.stop)):
-            if not fn:
-                continue
-            try:
-                fn()
-            except BaseException as exc:  # keep stopping the others
-                print(f"warning: stopping {what} failed: {exc!r}", file=sys.stderr)
+        stop_each([("load generator", self.loadgen and self.loadgen.close),
+                   ("LiteLLM", self.litellm and self.litellm.stop),
+                   ("mmguard", self.mmguard and self.mmguard.stop),
+                   ("vLLM", self.vllm and self.vllm.stop)])
 
     # -- one cell --------------------------------------------------------------------------
 

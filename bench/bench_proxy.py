@@ -80,6 +80,7 @@ from _common import (
     render_table,
     report_problems,
     serve_cells,
+    stop_each,
     stop_process,
 )
 from chain_study import (
@@ -552,18 +553,12 @@ class Bench:
         self.loadgen = LoadGen(_loadgen_main)
 
     def stop(self) -> None:
-        for what, fn in (("load generator", self.loadgen and self.loadgen.close),
-                         ("nginx", self.nginx and self.nginx.stop),
-                         ("pass-through", self.floor and self.floor.stop),
-                         ("mmguard", self.mmguard and self.mmguard.stop),
-                         ("chains' mmguard", self.study and self.study.stop),
-                         ("Triton", self.triton and self.triton.stop)):
-            if not fn:
-                continue
-            try:
-                fn()
-            except BaseException as exc:  # keep stopping the others
-                print(f"warning: stopping {what} failed: {exc!r}", file=sys.stderr)
+        stop_each([("load generator", self.loadgen and self.loadgen.close),
+                   ("nginx", self.nginx and self.nginx.stop),
+                   ("pass-through", self.floor and self.floor.stop),
+                   ("mmguard", self.mmguard and self.mmguard.stop),
+                   ("chains' mmguard", self.study and self.study.stop),
+                   ("Triton", self.triton and self.triton.stop)])
 
     # -- one cell --------------------------------------------------------------------------
 

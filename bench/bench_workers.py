@@ -56,14 +56,13 @@ from _common import (
     LoadGen,
     MmguardProcess,
     busy_before,
-    free_ports,
     git_line,
     group_cpu_s,
     http_status,
     machine_info,
-    pdeathsig,
     proc_cpu_s,
     report_problems,
+    stop_each,
 )
 from _workers import (
     CpuPlan,
@@ -111,31 +110,12 @@ class PodMmguard(MmguardProcess):
 
     def __init__(self, root: Path, config: dict[str, Any], workers: int | None) -> None:
         root.mkdir(parents=True, exist_ok=True)
-        super().__init__(root, config)
+        super().__init__(root, config,
+                         () if workers is None else ("--workers", str(workers)))
         self.workers = workers
 
     def start(self, attempts: int = 3, timeout: float = 120.0) -> None:
-        # MmguardProcess.start builds a fixed command line; this is its loop with the flag added.
-        flag = [] if self.workers is None else ["--workers", str(self.workers)]
-        for attempt in range(1, attempts + 1):
-            http, grpc_, admin = free_ports(3)
-            self.ports = {"http": http, "grpc": grpc_, "admin": admin}
-            with open(self.log_path, "ab") as log:
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "proxy.cli", "serve", "--config", str(self.config_path),
-                     "--http-port", str(http), "--grpc-port", str(grpc_),
-                     "--admin-port", str(admin), *flag],
-                    cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
-                    preexec_fn=pdeathsig)
-            if self._wait_ready(time.monotonic() + timeout):
-                return
-            tail = self.log_path.read_text(errors="replace")[-3000:]
-            self.stop()
-            if "address already in use" in tail.lower() and attempt < attempts:
-                continue
-            raise RuntimeError(f"mmguard (--workers {self.workers}) did not become ready; "
-                               f"log tail:\n{tail}")
+        super().start(attempts, timeout)
 
     def _wait_ready(self, deadline: float) -> bool:
         """Ready when the admin port's /readyz says so (a pod's supervisor: every worker
@@ -219,15 +199,9 @@ class Bench:
         self.mmguard = None
 
     def stop(self) -> None:
-        for what, fn in ([("load generator", lg.close) for lg in self.loadgens]
-                         + [("mmguard", self.stop_mmguard),
-                            ("Triton", self.triton and self.triton.stop)]):
-            if not fn:
-                continue
-            try:
-                fn()
-            except BaseException as exc:  # keep stopping the others
-                print(f"warning: stopping {what} failed: {exc!r}", file=sys.stderr)
+        stop_each([("load generator", lg.close) for lg in self.loadgens]
+                  + [("mmguard", self.stop_mmguard),
+                     ("Triton", self.triton and self.triton.stop)])
 
     def _probes(self) -> dict[str, Callable[[], float]]:
         out: dict[str, Callable[[], float]] = {}
