@@ -421,6 +421,20 @@ class LoadGen:
 # ---------------------------------------------------------------------------------------------
 
 
+def shut_down(stop: Callable[[], None], tmp: Path, keep_tmp: bool) -> None:
+    """The end of a bench run, however it ended: every process stopped (a second Ctrl-C must
+    not interrupt that), then the temp dir removed unless it is to be kept."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        stop()
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if keep_tmp:
+        print(f"kept {tmp}", file=sys.stderr)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def stop_each(parts: Sequence[tuple[str, Callable[[], Any] | None]]) -> None:
     """Stop every part that is there, in order; one that fails is named and the rest still
     stop."""

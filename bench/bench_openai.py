@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import signal
 import sys
 import tempfile
@@ -68,6 +67,7 @@ from _common import (
     report_problems,
     runq_wait_s,
     serve_cells,
+    shut_down,
     stop_each,
 )
 from litellm_peer import DEFAULT_VENV, LitellmProcess, ensure_installed
@@ -430,13 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\ninterrupted; stopping every process ...", file=sys.stderr)
         return 130
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleanup
-        bench.stop()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        if args.keep_tmp:
-            print(f"kept {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        shut_down(bench.stop, tmp, args.keep_tmp)
 
 
 if __name__ == "__main__":

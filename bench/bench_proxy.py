@@ -80,6 +80,7 @@ from _common import (
     render_table,
     report_problems,
     serve_cells,
+    shut_down,
     stop_each,
     stop_process,
 )
@@ -937,13 +938,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\ninterrupted; stopping every process ...", file=sys.stderr)
         return 130
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleanup
-        bench.stop()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        if args.keep_tmp:
-            print(f"kept {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        shut_down(bench.stop, tmp, args.keep_tmp)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -62,6 +61,7 @@ from _common import (
     machine_info,
     proc_cpu_s,
     report_problems,
+    shut_down,
     stop_each,
 )
 from _workers import (
@@ -444,13 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\ninterrupted; stopping every process ...", file=sys.stderr)
         return 130
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not stop the cleanup
-        bench.stop()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        if args.keep_tmp:
-            print(f"kept {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        shut_down(bench.stop, tmp, args.keep_tmp)
 
 
 def check_pods(cells: list[dict[str, Any]]) -> int:

@@ -87,7 +87,23 @@ class ShadowState(Shared):
     published: Callable[[], None] | None = field(default=None, compare=False, repr=False)
     """The serving filter's gauges, set where the verdict is decided (after every outcome)."""
 
+    _publish_due: bool = field(default=False, compare=False, repr=False)
+
     def _publish(self) -> None:
+        """Once per loop turn however many outcomes came in it (a copy's comparison, its noise
+        sample and its robustness pairs): the gauges read the whole verdict."""
+        if self.published is None or self._publish_due:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a test's direct call): now
+            self.published()
+            return
+        self._publish_due = True
+        loop.call_soon(self._published_now)
+
+    def _published_now(self) -> None:
+        self._publish_due = False
         if self.published is not None:
             self.published()
 
