@@ -24,8 +24,8 @@ from filters.shadow.config import (
 from filters.shadow.filter import (
     Shadow,
     ShadowFactory,
-    ShadowState,
 )
+from filters.shadow.state import ShadowState
 
 __all__ = [
     "OnAbort",

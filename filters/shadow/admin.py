@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from proxy.lifecycle import Access, AdminAnswer, AdminRequest, AdminRoute, StateKey
 
 if TYPE_CHECKING:
-    from filters.shadow.filter import Shadow, ShadowState
+    from filters.shadow.filter import Shadow
+    from filters.shadow.state import ShadowState
 
 SHADOWS: StateKey[dict[str, Shadow]] = StateKey("shadows")
 """Route → its shadow filter in this runtime (``FilterContext.local``)."""

@@ -6,8 +6,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,6 @@ from filters.fault.registry import EXPERIMENTS
 # chaos (issue 16): clean-copy correctness and robustness experiments live in their own modules
 from filters.robustness import (
     Baselines,
-    Pair,
     RobustnessExperiment,
     RobustnessMetrics,
     RobustnessTable,
@@ -36,6 +35,7 @@ from filters.shadow.admin import LIVE_SHADOWS, ROUTES, SHADOW_STATES, SHADOWS
 from filters.shadow.config import (
     ShadowConfig,
 )
+from filters.shadow.state import ShadowState
 from filters.verdict import ReleaseVerdict
 from proxy.call import (
     CANARY,
@@ -50,7 +50,7 @@ from proxy.call import (
 )
 from proxy.chain import FilterContext, Next
 from proxy.lifecycle import FilterFactoryBase, Store
-from proxy.pod import POD, Shared, decided, share
+from proxy.pod import POD, share
 
 log = logging.getLogger("mmguard.shadow")
 
@@ -66,99 +66,6 @@ class _Copy:
     noise: bool
     resend: Next
     primary_faults: tuple[str, ...] = ()  # chaos (issue 16): faults on production's answer
-
-
-@dataclass
-class ShadowState(Shared):
-    """What outlives a reload with the same config: the verdict and its evidence.
-
-    In a pod of several workers (``proxy.pod``) it is decided by the supervisor: a worker sends
-    the copies and compares the answers, and forwards each outcome (``judged``, ``noise``,
-    ``robust``, ``counted``); the verdict, its abort and what the abort stops happen once, on
-    every worker's comparisons, and come back to the replicas."""
-
-    cfg: ShadowConfig
-    verdict: ReleaseVerdict
-    mirroring: bool = True
-    stop_reason: str = ""
-    mirrored: int = 0
-    dropped: int = 0
-    compared: int = 0
-    published: Callable[[], None] | None = field(default=None, compare=False, repr=False)
-    """The serving filter's gauges, set where the verdict is decided (after every outcome)."""
-
-    _publish_due: bool = field(default=False, compare=False, repr=False)
-
-    def _publish(self) -> None:
-        """Once per loop turn however many outcomes came in it (a copy's comparison, its noise
-        sample and its robustness pairs): the gauges read the whole verdict."""
-        if self.published is None or self._publish_due:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop (a test's direct call): now
-            self.published()
-            return
-        self._publish_due = True
-        loop.call_soon(self._published_now)
-
-    def _published_now(self) -> None:
-        self._publish_due = False
-        if self.published is not None:
-            self.published()
-
-    @decided
-    def counted(self, mirrored: int = 0, dropped: int = 0) -> None:
-        self.mirrored += mirrored
-        self.dropped += dropped
-
-    @decided
-    def judged(self, c: Comparison, primary_latency_s: float, latency_s: float | None,
-               touched: list[str]) -> None:
-        """One canary comparison; a copy a fault touched on either side is counted, never
-        judged (chaos, issue 16)."""
-        self.compared += 1
-        if touched:
-            self.verdict.exclude(touched)
-        else:
-            self.verdict.add(c, primary_latency_s, latency_s)
-        self._publish()
-
-    @decided
-    def noise(self, c: Comparison) -> None:
-        self.verdict.add_noise(c)
-        self._publish()
-
-    @decided
-    def robust(self, pairs: list[tuple[str, Pair]], counts: dict[str, int]) -> None:
-        """What one copy's robustness measurement found (filters/robustness)."""
-        table = self.verdict.robustness
-        if table is None:
-            return
-        for label, pair in pairs:
-            if label in table.pairs:
-                table.add(label, pair)
-        for key, n in counts.items():
-            table.counts[key] = table.counts.get(key, 0) + n
-        if pairs:
-            self.verdict.judge_robustness()
-        self._publish()
-
-    @decided
-    def reset(self) -> None:
-        """Start judging again from nothing, and mirror again (an operator's decision)."""
-        self.verdict.reset()
-        self.mirroring = True
-        self.stop_reason = ""
-        self._publish()
-
-    def export_state(self) -> dict[str, Any]:
-        """What a worker reads: whether to mirror (an abort stops it). The verdict, its
-        evidence and the counters stay with the supervisor, whose admin API shows them."""
-        return {"mirroring": self.mirroring, "stop_reason": self.stop_reason}
-
-    def import_state(self, state: dict[str, Any]) -> None:
-        self.mirroring, self.stop_reason = state["mirroring"], state["stop_reason"]
 
 
 class Shadow:
