@@ -28,14 +28,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from filters.fallback import Fallback, FallbackConfig
-from proxy import codec_grpc
+from filters.fallback.filter import Fallback, FallbackConfig
 from proxy.call import Call, Reply, Result, Target
 from proxy.chain import FilterContext, compose
+from proxy.cli.demo_model import ensure_clip_demo
 from proxy.clock import SystemClock
-from proxy.demo_model import ensure_clip_demo
 from proxy.telemetry import Telemetry
 from proxy.tensor import Tensor
+from proxy.wire import kserve_grpc
 from tests.support.mmguard import RunningMmguard
 from tests.support.triton import TritonServer, write_model_repository
 from tests.support.wire import grpc_infer_raw, grpc_request
@@ -55,12 +55,12 @@ async def healthy_path(n: int) -> tuple[float, float]:
     out = {}
     for label, chain in chains.items():
         for _ in range(200):  # warm up
-            call = codec_grpc.decode_request(BODY)
+            call = kserve_grpc.decode_request(BODY)
             call.target = Target("b", "m")
             await chain(call)
         start = time.perf_counter()
         for _ in range(n):
-            call = codec_grpc.decode_request(BODY)
+            call = kserve_grpc.decode_request(BODY)
             call.target = Target("b", "m")
             await chain(call)
         out[label] = (time.perf_counter() - start) / n * 1e6

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from filters.fault import Fault, FaultConfig
 from proxy.call import CANARY, Call, Reply, Result, Target
 from proxy.chain import FilterContext, compose
+from proxy.cli.demo_model import ensure_clip_demo, tokenize
 from proxy.clock import SystemClock
-from proxy.demo_model import ensure_clip_demo, tokenize
 from proxy.telemetry import Telemetry
 from tests.support.mmguard import RunningMmguard
 from tests.support.wire import grpc_infer_raw, grpc_request

@@ -360,7 +360,7 @@ def write_ort_models(model_dir: Path) -> dict[str, Path]:
 
 
 def start_triton(root: Path) -> Any:
-    from proxy.demo_model import ensure_clip_demo
+    from proxy.cli.demo_model import ensure_clip_demo
     from tests.support.triton import TritonServer, triton_available, write_model_repository
 
     ok, why = triton_available()

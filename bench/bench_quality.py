@@ -40,9 +40,9 @@ from numpy.typing import NDArray  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from filters import quality_signals as qs  # noqa: E402
-from filters import quality_text as qt  # noqa: E402
-from filters.quality import Quality, QualityConfig  # noqa: E402
+from filters.quality import signals as qs  # noqa: E402
+from filters.quality import text as qt  # noqa: E402
+from filters.quality.filter import Quality, QualityConfig  # noqa: E402
 from proxy.call import Call, Reply, Result, Target  # noqa: E402
 from proxy.chain import FilterContext  # noqa: E402
 from proxy.clock import SystemClock  # noqa: E402

@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from proxy.demo_model import ensure_clip_demo, tokenize
+from proxy.cli.demo_model import ensure_clip_demo, tokenize
 from tests.support.mmguard import RunningMmguard
 from tests.support.wire import grpc_infer_raw, grpc_request
 

@@ -24,12 +24,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from filters.shape_guard import ShapeGuard, ShapeGuardConfig
-from proxy import codec_grpc
+from filters.shape_guard.filter import ShapeGuard, ShapeGuardConfig
 from proxy.chain import FilterContext
 from proxy.clock import SystemClock
 from proxy.contract import ModelContract, TensorSpec
 from proxy.telemetry import Telemetry
+from proxy.wire import kserve_grpc
 from tests.support.mmguard import RunningMmguard
 from tests.support.models import ort_repository
 from tests.support.wire import grpc_infer_raw, grpc_request
@@ -62,7 +62,7 @@ def text_body(batch: int) -> bytes:
 
 
 def per_call_us(g: ShapeGuard, contract: ModelContract, body: bytes, n: int) -> float:
-    call = codec_grpc.decode_request(body)
+    call = kserve_grpc.decode_request(body)
     assert not g.check_request(call, contract)
     start = time.perf_counter()
     for _ in range(n):
@@ -92,7 +92,7 @@ def through_mmguard(tmp: Path, n: int) -> list[tuple[str, float, float]]:
         m.wait_ready()
         for batch in (1, 64):
             body = clip_body(batch)
-            reqs = {r: codec_grpc.encode_request(codec_grpc.decode_request(body), r, "")
+            reqs = {r: kserve_grpc.encode_request(kserve_grpc.decode_request(body), r, "")
                     for r in ("plain", "guarded")}
             times: dict[str, list[float]] = {"plain": [], "guarded": []}
             for i in range(max(30, n // (batch * 4))):

@@ -32,8 +32,8 @@ from PIL import Image, ImageDraw
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from filters.quality import QualityConfig
-from filters.quality_signals import IMAGE_SIGNALS, ImageSpec, Signal, image_signals
+from filters.quality.filter import QualityConfig
+from filters.quality.signals import IMAGE_SIGNALS, ImageSpec, Signal, image_signals
 from tests.support import photos
 
 UINT8 = ImageSpec("HWC", (0.0,), (255.0,))

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from proxy.call import Call, Reply, Result
 from proxy.chain import FilterContext, Next
-from proxy.pod import Shared, decided, share
+from proxy.pod.state import Shared, decided, share
 
 log = logging.getLogger("mmguard.degradation")
 
@@ -54,7 +54,7 @@ class SimilarityAlarmConfig(BaseModel):
 
 
 class SimilarityAlarm(Shared):
-    """In a pod of several workers (``proxy.pod``) the supervisor holds the one window and
+    """In a pod of several workers (``proxy.pod.state``) the supervisor holds the one window and
     baseline, on every worker's scores (``scored`` is forwarded), and trips or clears the alarm;
     the workers route by their replica's ``on``."""
 

@@ -14,7 +14,7 @@ from proxy.call import Call, LocalReply, Reply
 from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind
 from proxy.lifecycle import FilterFactoryBase
-from proxy.pod_counters import InFlight
+from proxy.pod.counters import InFlight
 from proxy.strict import Strict
 
 
@@ -32,7 +32,7 @@ class Limits:
     def __init__(self, cfg: LimitsConfig, ctx: FilterContext) -> None:
         self.cfg = cfg
         self.ctx = ctx
-        # Route-wide: in a pod of several workers, the pod's count (proxy.pod_counters).
+        # Route-wide: in a pod of several workers, the pod's count (proxy.pod.counters).
         self.in_flight = InFlight(ctx.route)
 
     def _reject(self, call: Call, kind: ErrorKind, decision: str, message: str,

@@ -27,8 +27,7 @@ from pydantic import Field, model_validator
 from filters.call_keys import UNUSABLE_MODALITIES
 from proxy.call import Api, Call, LocalReply, Reply, Result
 from proxy.chain import FilterContext, Next
-from proxy.codec_openai import ChatView
-from proxy.config_refs import ConfigReferences
+from proxy.config.refs import ConfigReferences
 from proxy.errors import ErrorKind
 from proxy.lifecycle import (
     Access,
@@ -38,8 +37,9 @@ from proxy.lifecycle import (
     FilterFactoryBase,
     StateKey,
 )
-from proxy.pod import POD, Shared, decided, share
+from proxy.pod.state import POD, Shared, decided, share
 from proxy.strict import Strict
+from proxy.wire.openai import ChatView
 
 Modality = Literal["image", "text"]
 _SERVER_ERRORS = ("unavailable", "deadline_exceeded", "internal", "overloaded", "not_found")
@@ -106,7 +106,7 @@ class PathStats:
 
 class ModalityRouter(Shared):
     """Weights per path from live latency and confidence. In a pod of several workers
-    (``proxy.pod``) the supervisor keeps the one set of statistics (every worker forwards what
+    (``proxy.pod.state``) the supervisor keeps the one set of statistics (every worker forwards what
     it measured, ``record``) and sets the weights (``tick``, every ``dwell_s``); the workers
     route by their replica's weights."""
 

@@ -26,11 +26,11 @@ from pydantic import Field, model_validator
 
 from filters.degradation import SimilarityAlarm, SimilarityAlarmConfig  # chaos (issue 16)
 from filters.modality_router import Confidence, confidence_of
-from filters.quality_drift import DriftConfig, DriftGauges, DriftMonitor, drift_gauges
+from filters.quality.drift import DriftConfig, DriftGauges, DriftMonitor, drift_gauges
 from proxy.call import Call, Reply, Result
 from proxy.chain import FilterContext, Next
 from proxy.lifecycle import FilterFactoryBase
-from proxy.pod import share
+from proxy.pod.state import share
 from proxy.strict import Strict
 
 log = logging.getLogger("mmguard.output_drift")

@@ -25,9 +25,9 @@ from opentelemetry import trace
 from pydantic import BaseModel
 
 from proxy.call import Call, LocalReply, Reply, Target
-from proxy.canary import ShareHash
 from proxy.clock import Clock
 from proxy.contract import ModelContract
+from proxy.engine.canary import ShareHash
 from proxy.errors import ErrorKind, ProxyError
 from proxy.lifecycle import AdminRoute, Observer, Store
 from proxy.telemetry import Telemetry, tracing_on

@@ -7,7 +7,7 @@ needs to know no filter by name:
   fault registry, a shadow's verdict); ``FilterContext.local`` lives as long as one runtime (the
   breakers a route's chain built). A key is typed, so a reader gets what the writer put;
 - **admin routes** (``AdminRoute``): URL, method and ``Access`` — the token rule for each access
-  is applied in one place, ``proxy.admin``;
+  is applied in one place, ``proxy.process.admin``;
 - **activation** (``activated``): once a runtime serves, with every config of this filter in it
   (by route); building did nothing live, so a rejected reload changes nothing;
 - **observers of final answers** (``observers``): called with every canary call, its final
@@ -87,7 +87,8 @@ class Store:
 
 
 class Access(enum.Enum):
-    """Who may call an admin route; ``proxy.admin`` enforces it, the same way for every filter."""
+    """Who may call an admin route; ``proxy.process.admin`` enforces it, the same way for every
+    filter."""
 
     READ = "read"
     """Open on the admin port: it changes nothing."""

@@ -35,7 +35,7 @@ from proxy.errors import header_value
 
 if TYPE_CHECKING:
     from proxy.call import Call
-    from proxy.config import TelemetryConfig
+    from proxy.config.model import TelemetryConfig
 
 log = logging.getLogger("mmguard.decision")
 access_log = logging.getLogger("mmguard.access")

@@ -54,7 +54,7 @@ class Target:
     tried: int = 0
     seconds: float = 0.0
     failures: dict[str, Failure] = field(default_factory=dict)
-    """Keyed by where it failed: "TypeError at proxy/codec_http.py:83"."""
+    """Keyed by where it failed: "TypeError at proxy/wire/kserve_http.py:83"."""
 
 
 def origin(exc: BaseException) -> str:

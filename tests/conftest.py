@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.demo_model import ensure_clip_demo
+from proxy.cli.demo_model import ensure_clip_demo
 from tests.support.mmguard import RunningMmguard
 from tests.support.models import IDENTITY_TYPES, ort_repository
 from tests.support.triton import TritonServer, triton_available, write_model_repository

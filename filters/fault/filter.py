@@ -11,8 +11,8 @@ import numpy as np
 from prometheus_client import Counter
 from pydantic import BaseModel
 
-from filters import chaos_rules
 from filters.call_keys import FAULTS
+from filters.fault import rules
 from filters.fault.admin import ROUTES
 from filters.fault.config import (
     SEEN,
@@ -95,7 +95,7 @@ class Fault:
             if seen is None:
                 call.state[SEEN] = seen = []
             seen.append(exp.name)
-            if chaos_rules.in_baseline(exp):  # chaos (issue 16): observed, not injected
+            if rules.in_baseline(exp):  # chaos (issue 16): observed, not injected
                 self.registry.tally(exp.name, matched=1, baseline=1)
                 continue
             if exp.cfg.max_active_faults is not None and exp.active >= exp.cfg.max_active_faults:

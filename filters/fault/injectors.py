@@ -148,7 +148,7 @@ def _replace_bytes(out: list[Tensor], old: Tensor, texts: list[str]) -> None:
 
 
 def _perturb_openai(call: Call, a: InputAction, seed: int) -> str:
-    from proxy.codec_openai import ChatView
+    from proxy.wire.openai import ChatView
     view = ChatView(call)
     rng = np.random.default_rng(seed)
     if isinstance(a, DropModality):

@@ -1,9 +1,9 @@
 """Running experiments: the process-wide registry, their windows and why each stopped.
 
-In a pod of several workers (``proxy.pod``) the registry is decided by the supervisor: it starts
-and stops experiments (config, admin API, its clock), and judges the stop windows on every
-worker's answers; a worker forwards what it saw (``tally``, ``outcome``, ``observe_divergence``)
-and reads its replica to choose the calls. ``active`` (faults in flight, for
+In a pod of several workers (``proxy.pod.state``) the registry is decided by the supervisor: it
+starts and stops experiments (config, admin API, its clock), and judges the stop windows on every
+worker's answers; a worker forwards what it saw (``tally``, ``outcome``, ``observe_divergence``) and
+reads its replica to choose the calls. ``active`` (faults in flight, for
 ``max_active_faults``) is each worker's own.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import Counter, Gauge
 
-from filters import chaos_rules
+from filters.fault import rules
 from filters.fault.config import (
     SEEN,
     ExperimentConfig,
@@ -26,7 +26,7 @@ from proxy.call import Call, LocalReply, Reply
 from proxy.chain import FilterContext
 from proxy.clock import Clock
 from proxy.lifecycle import StateKey
-from proxy.pod import Shared, decided, share, supervisor_only
+from proxy.pod.state import Shared, decided, share, supervisor_only
 
 log = logging.getLogger("mmguard.fault")
 
@@ -51,7 +51,7 @@ class Experiment:
     skipped: int = 0
     window: deque[tuple[float, bool, float]] = field(default_factory=deque)
     divergence: deque[tuple[float, bool]] = field(default_factory=deque)
-    rules: chaos_rules.RuleState = field(default_factory=chaos_rules.RuleState)  # chaos
+    rules: rules.RuleState = field(default_factory=rules.RuleState)  # chaos
 
     @property
     def name(self) -> str:
@@ -85,7 +85,7 @@ class Experiment:
         if self.cfg.duration_s is not None and now - self.started >= self.cfg.duration_s:
             return f"duration {self.cfg.duration_s:g} s is over"
         self._trim(now)
-        why = chaos_rules.check(self, now)  # chaos (issue 16): baseline, success, 15 s rule
+        why = rules.check(self, now)  # chaos (issue 16): baseline, success, 15 s rule
         if why:
             return why
         n = len(self.window)
@@ -126,7 +126,7 @@ class Experiment:
                        "divergence": (sum(1 for _, a in self.divergence if not a)
                                       / len(self.divergence) if self.divergence else None)},
             "config": self.cfg.model_dump(mode="json"),
-            **chaos_rules.snapshot(self),  # chaos (issue 16)
+            **rules.snapshot(self),  # chaos (issue 16)
         }
 
 
@@ -212,7 +212,7 @@ class ExperimentRegistry(Shared):
         for name in names:
             exp = self.experiments.get(name)
             if exp is not None and exp.running:
-                chaos_rules.record(exp, failed_on_its_own,
+                rules.record(exp, failed_on_its_own,
                                    self.clock.monotonic())  # chaos (issue 16)
                 why = exp.record(ok, latency_s)
                 if why:
@@ -230,7 +230,7 @@ class ExperimentRegistry(Shared):
         exp.rules.baseline_seen += baseline
         if injected is not None:
             exp.injected[injected] = exp.injected.get(injected, 0) + 1
-            chaos_rules.injected(exp, self.clock.monotonic() if at is None else at)
+            rules.injected(exp, self.clock.monotonic() if at is None else at)
 
     @decided
     def action_failed(self, name: str, reason: str) -> None:
@@ -248,7 +248,7 @@ class ExperimentRegistry(Shared):
     def snapshot(self) -> list[dict[str, Any]]:
         return [e.snapshot() for e in sorted(self.experiments.values(), key=lambda e: e.name)]
 
-    # --- a pod's one registry (proxy.pod) ---------------------------------------------------
+    # --- a pod's one registry (proxy.pod.state) ---------------------------------------------------
 
     def tick(self) -> bool:
         """Durations end on the supervisor's clock, calls or none."""
@@ -266,7 +266,7 @@ class ExperimentRegistry(Shared):
                        "started": exp.started, "started_wall": exp.started_wall,
                        "state": exp.state, "stop_reason": exp.stop_reason,
                        "stopped_wall": exp.stopped_wall,
-                       "rules": chaos_rules.RuleState(exp.rules.baseline_seen,
+                       "rules": rules.RuleState(exp.rules.baseline_seen,
                                                       exp.rules.first_injection)}
                 for name, exp in self.experiments.items()}
 

@@ -8,8 +8,8 @@ from filters.compare import (
     CompareConfig,
     VerdictConfig,
 )
-from filters.robustness import RobustnessConfig  # chaos (issue 16)
-from proxy.config_refs import ConfigReferences
+from filters.robustness.experiment import RobustnessConfig  # chaos (issue 16)
+from proxy.config.refs import ConfigReferences
 from proxy.strict import Strict
 
 
@@ -36,7 +36,8 @@ class ShadowConfig(Strict):
     compare: CompareConfig = CompareConfig()
     verdict: VerdictConfig = VerdictConfig()
     on_abort: OnAbort = OnAbort()
-    robustness: RobustnessConfig | None = None  # chaos (issue 16): see filters/robustness.py
+    robustness: RobustnessConfig | None = None
+    """Perturbed copies of mirrored calls judged beside clean ones (filters/robustness/)."""
 
     def references(self) -> ConfigReferences:
         """The canary route (checked at load)."""

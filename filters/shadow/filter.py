@@ -25,18 +25,18 @@ from filters.compare import (
 from filters.fault.registry import EXPERIMENTS
 
 # chaos (issue 16): clean-copy correctness and robustness experiments live in their own modules
-from filters.robustness import (
+from filters.robustness.experiment import (
     Baselines,
     RobustnessExperiment,
     RobustnessMetrics,
     RobustnessTable,
 )
+from filters.robustness.verdict import ReleaseVerdict
 from filters.shadow.admin import LIVE_SHADOWS, ROUTES, SHADOW_STATES, SHADOWS
 from filters.shadow.config import (
     ShadowConfig,
 )
 from filters.shadow.state import ShadowState
-from filters.verdict import ReleaseVerdict
 from proxy.call import (
     CANARY,
     Api,
@@ -50,7 +50,7 @@ from proxy.call import (
 )
 from proxy.chain import FilterContext, Next
 from proxy.lifecycle import FilterFactoryBase, Store
-from proxy.pod import POD, share
+from proxy.pod.state import POD, share
 
 log = logging.getLogger("mmguard.shadow")
 

@@ -1,4 +1,5 @@
-"""A route's shadow state: the verdict and its evidence, decided once per pod (``proxy.pod``)."""
+"""A route's shadow state: the verdict and its evidence, decided once per pod
+(``proxy.pod.state``)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from filters.compare import Comparison
-from filters.robustness import Pair
+from filters.robustness.experiment import Pair
+from filters.robustness.verdict import ReleaseVerdict
 from filters.shadow.config import ShadowConfig
-from filters.verdict import ReleaseVerdict
-from proxy.pod import Shared, decided
+from proxy.pod.state import Shared, decided
 
 
 @dataclass
 class ShadowState(Shared):
     """What outlives a reload with the same config: the verdict and its evidence.
 
-    In a pod of several workers (``proxy.pod``) it is decided by the supervisor: a worker sends
-    the copies and compares the answers, and forwards each outcome (``judged``, ``noise``,
+    In a pod of several workers (``proxy.pod.state``) it is decided by the supervisor: a worker
+    sends the copies and compares the answers, and forwards each outcome (``judged``, ``noise``,
     ``robust``, ``counted``); the verdict, its abort and what the abort stops happen once, on
     every worker's comparisons, and come back to the replicas."""
 

@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 
 from proxy.backends.base import Backend
+from proxy.config.tls import TlsClient, backend_ssl_context
 from proxy.errors import ErrorKind, ProxyError, kind_from_http
-from proxy.tls import TlsClient, backend_ssl_context
 
 
 class HttpBackend(Backend):

@@ -25,14 +25,14 @@ except ImportError as exc:  # `pip install mmguard` without an ONNX Runtime extr
                       "(pip install 'mmguard[cpu]') or, for CUDA, the 'gpu' extra (never both)",
                       name="onnxruntime") from exc
 
-from proxy.answers import answer_source, check_outputs
 from proxy.backends.base import Backend
+from proxy.backends.classification import class_count, classify
 from proxy.call import Call, Result, Target
-from proxy.classification import class_count, classify
-from proxy.config_backends import OnnxRuntimeBackendConfig
+from proxy.config.backends import OnnxRuntimeBackendConfig
 from proxy.contract import ModelContract, TensorSpec
 from proxy.errors import ErrorKind, ProxyError, name_list
 from proxy.tensor import Tensor
+from proxy.wire.answers import answer_source, check_outputs
 
 log = logging.getLogger("mmguard.backend.onnxruntime")
 

@@ -14,20 +14,21 @@ from typing import Any
 
 import grpc
 
-from proxy import codec_grpc, shm_handoff
-from proxy.answers import answer_source
+from proxy.backends import shm_handoff
 from proxy.backends.base import Backend, RepositoryParameter
+from proxy.backends.fingerprint import with_files
 from proxy.backends.propagation import forward_metadata
+from proxy.backends.shm_handoff import HandoffPool
 from proxy.call import Call, LocalReply, Result, StreamItem, Target, Wire
-from proxy.config_backends import TritonGrpcBackendConfig
+from proxy.config.backends import TritonGrpcBackendConfig
+from proxy.config.tls import grpc_channel_credentials
 from proxy.contract import ModelContract, TensorSpec, config_from_pb, fingerprint
 from proxy.errors import ErrorKind, ProxyError, kind_from_grpc
-from proxy.fingerprint import with_files
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.pb import grpc_service_pb2_grpc as pb_grpc
-from proxy.shm_handoff import HandoffPool
 from proxy.telemetry import backend_span, traced_stream
-from proxy.tls import grpc_channel_credentials
+from proxy.wire import kserve_grpc
+from proxy.wire.answers import answer_source
 
 _SERVICE = "/inference.GRPCInferenceService/"
 
@@ -121,9 +122,9 @@ class TritonGrpcBackend(Backend):
                 self._register)
             if result is not None:
                 return result
-        body = codec_grpc.encode_request(call, target.model, target.version)
+        body = kserve_grpc.encode_request(call, target.model, target.version)
         resp = await self._send(body, call, target)
-        return codec_grpc.decode_response(resp, answer_source(self.name, target.model))
+        return kserve_grpc.decode_response(resp, answer_source(self.name, target.model))
 
     async def _send(self, body: bytes, call: Call, target: Target) -> bytes:
         timeout = self.timeout_for(call)
@@ -157,7 +158,7 @@ class TritonGrpcBackend(Backend):
     async def _stream_once(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
         # One backend stream per request: the request is written and the stream half-closed,
         # so Triton ends it once the model has sent its last response.
-        body = codec_grpc.encode_request(call, target.model, target.version)
+        body = kserve_grpc.encode_request(call, target.model, target.version)
         timeout = self.timeout_for(call)
         i = next(self._next)
         rpc = self._stream[i](iter([body]), timeout=timeout,
@@ -169,7 +170,7 @@ class TritonGrpcBackend(Backend):
                 if msg.error_message:
                     yield LocalReply(ErrorKind.INTERNAL, msg.error_message, origin="backend")
                 else:
-                    yield codec_grpc.result_from_pb(
+                    yield kserve_grpc.result_from_pb(
                         msg.infer_response,
                         Wire("grpc", msg.infer_response.SerializeToString()),
                         answer_source(self.name, target.model))

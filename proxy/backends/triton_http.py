@@ -11,18 +11,19 @@ from typing import Any
 
 import aiohttp
 
-from proxy import codec_http, shm_handoff
-from proxy.answers import answer_source
+from proxy.backends import shm_handoff
 from proxy.backends.base import RepositoryParameter
+from proxy.backends.fingerprint import with_files
 from proxy.backends.http_base import HttpBackend
 from proxy.backends.propagation import forward_headers
+from proxy.backends.shm_handoff import HandoffPool
 from proxy.backends.triton_grpc import contract_from_triton
 from proxy.call import Call, Result, Target
-from proxy.config_backends import TritonHttpBackendConfig
+from proxy.config.backends import TritonHttpBackendConfig
 from proxy.contract import ModelContract
-from proxy.fingerprint import with_files
-from proxy.shm_handoff import HandoffPool
 from proxy.telemetry import backend_span
+from proxy.wire import kserve_http
+from proxy.wire.answers import answer_source
 
 _STREAM_ABOVE = 512 * 1024
 
@@ -72,14 +73,14 @@ class TritonHttpBackend(HttpBackend):
                 self._register)
             if result is not None:
                 return result
-        parts, hlen, forwarded = codec_http.encode_request(call)
+        parts, hlen, forwarded = kserve_http.encode_request(call)
         size = sum(len(p) for p in parts)
         body: Any = parts[0] if len(parts) == 1 else b"".join(parts)
         if size > _STREAM_ABOVE:
             # aiohttp warns (and copies) for large bytes bodies; stream the parts as they are.
             body = _parts(parts)
         data, answer_hlen = await self._post_infer(call, target, body, hlen, size)
-        return codec_http.decode_response(data, answer_hlen, forwarded,
+        return kserve_http.decode_response(data, answer_hlen, forwarded,
                                           answer_source(self.name, target.model))
 
     async def _post_infer(self, call: Call, target: Target, body: Any, hlen: int | None,
@@ -88,10 +89,10 @@ class TritonHttpBackend(HttpBackend):
         headers = forward_headers(call.headers)
         headers["Content-Length"] = str(size)
         headers["Accept-Encoding"] = "identity"  # loopback: compression only costs CPU
-        headers["Content-Type"] = (codec_http.BINARY_TYPE if hlen is not None
-                                   else codec_http.JSON_TYPE)
+        headers["Content-Type"] = (kserve_http.BINARY_TYPE if hlen is not None
+                                   else kserve_http.JSON_TYPE)
         if hlen is not None:
-            headers[codec_http.HEADER_LENGTH] = str(hlen)
+            headers[kserve_http.HEADER_LENGTH] = str(hlen)
         timeout = self.timeout_for(call)
         url = self.base + self._model_path(target.model, target.version) + "/infer"
         try:
@@ -100,7 +101,7 @@ class TritonHttpBackend(HttpBackend):
                     data = await r.read()
                     if r.status != 200:
                         raise self._status_error(r.status, data)
-                    return data, r.headers.get(codec_http.HEADER_LENGTH)
+                    return data, r.headers.get(kserve_http.HEADER_LENGTH)
         except TimeoutError:
             raise self.deadline_error(target, timeout) from None
         except aiohttp.ClientError as exc:

@@ -17,15 +17,15 @@ from typing import Any
 
 import aiohttp
 
-from proxy import codec_openai
+from proxy.backends.fingerprint import PROBES, tokenizer_part
 from proxy.backends.http_base import HttpBackend
 from proxy.backends.propagation import forward_headers
 from proxy.call import Call, LocalReply, Result, SseEvent, StreamItem, Target, Wire
-from proxy.config_backends import VllmBackendConfig
+from proxy.config.backends import VllmBackendConfig
 from proxy.contract import ModelContract, fingerprint
 from proxy.errors import ErrorKind, ProxyError
-from proxy.fingerprint import PROBES, tokenizer_part
 from proxy.telemetry import backend_span, gen_ai_usage, traced_stream
+from proxy.wire import openai
 
 log = logging.getLogger("mmguard.vllm")
 
@@ -110,7 +110,7 @@ class VllmBackend(HttpBackend):
                 {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{_PROBE_PNG}"}},
             ]}]}
             try:
-                async with self.session.post(self.base + codec_openai.CHAT, json=probe,
+                async with self.session.post(self.base + openai.CHAT, json=probe,
                                              timeout=aiohttp.ClientTimeout(total=60)) as r:
                     await r.read()
                     self._accepts_images[model] = (True if r.status == 200 else
@@ -156,7 +156,7 @@ class VllmBackend(HttpBackend):
         return max(counts, default=0)
 
     def _request(self, call: Call, target: Target) -> tuple[str, bytes, dict[str, str]]:
-        body = codec_openai.encode_request(call, target.model)
+        body = openai.encode_request(call, target.model)
         headers = forward_headers(call.headers)
         headers["Content-Type"] = "application/json"
         return self.base + call.endpoint, body, headers
@@ -239,7 +239,7 @@ def _token_requests(call: Call) -> list[dict[str, Any] | int]:
     doc = call.document or {}
     if "messages" in doc:
         return [{"messages": doc["messages"]}]
-    if call.endpoint == codec_openai.RESPONSES:
+    if call.endpoint == openai.RESPONSES:
         return [{"messages": _responses_messages(doc)}]
     prompt = doc.get("prompt", doc.get("input", ""))
     prompts = prompt if isinstance(prompt, list) and prompt and not _is_ids(prompt) else [prompt]

@@ -17,13 +17,15 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from proxy import __version__, codec_grpc, shm_fronts
+from proxy import __version__
 from proxy.backends.base import RepositoryParameter
 from proxy.call import Call, LocalReply, Result, StreamItem
-from proxy.dataplane import DataPlane
+from proxy.engine.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
 from proxy.pb import grpc_service_pb2 as pb
-from proxy.shm import SharedMemory, uses_shared_memory
+from proxy.shm import fronts
+from proxy.shm.regions import SharedMemory, uses_shared_memory
+from proxy.wire import kserve_grpc
 
 SERVICE = "inference.GRPCInferenceService"
 log = logging.getLogger("mmguard.grpc")
@@ -45,8 +47,8 @@ to walk; a 600 KB image tensor (raw bytes: slices, no walk) stays on the loop.""
 
 async def decode(body: bytes, shared_memory: bool = False) -> Call:
     if len(body) > DECODE_INLINE_BYTES:
-        return await asyncio.to_thread(codec_grpc.decode_request, body, shared_memory)
-    return codec_grpc.decode_request(body, shared_memory)
+        return await asyncio.to_thread(kserve_grpc.decode_request, body, shared_memory)
+    return kserve_grpc.decode_request(body, shared_memory)
 
 
 def client_headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -90,7 +92,7 @@ class GrpcFront:
         methods["ModelInfer"] = grpc.unary_unary_rpc_method_handler(self.model_infer)
         methods["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
             self.model_stream_infer)
-        methods.update(shm_fronts.grpc_methods(self.shm))
+        methods.update(fronts.grpc_methods(self.shm))
         for name, why in _UNIMPLEMENTED.items():
             methods[name] = grpc.unary_unary_rpc_method_handler(_unimplemented(name, why))
         return grpc.method_handlers_generic_handler(SERVICE, methods)
@@ -190,7 +192,7 @@ class GrpcFront:
             await abort(context, reply, call.decisions)
             return b""
         try:
-            out = codec_grpc.encode_response(call, reply)
+            out = kserve_grpc.encode_response(call, reply)
         except ProxyError as err:
             await abort(context, LocalReply.from_error(err), call.decisions)
             return b""
@@ -244,7 +246,7 @@ class _OrderedStream:
                 try:
                     call = await decode(body)
                 except ProxyError as err:
-                    await self.out.put(codec_grpc.stream_error(err.message))
+                    await self.out.put(kserve_grpc.stream_error(err.message))
                     continue
                 call.headers = self.headers
                 await self.slots.acquire()
@@ -280,14 +282,14 @@ class _OrderedStream:
 
 def _stream_item(call: Call, item: StreamItem) -> bytes:
     if isinstance(item, LocalReply):
-        return codec_grpc.stream_error(item.message)
+        return kserve_grpc.stream_error(item.message)
     if not isinstance(item, Result):
-        return codec_grpc.stream_error(f"model '{call.model}' streams server-sent events; "
+        return kserve_grpc.stream_error(f"model '{call.model}' streams server-sent events; "
                                        "call it through the OpenAI front")
     try:
-        return codec_grpc.stream_response(codec_grpc.encode_response(call, item))
+        return kserve_grpc.stream_response(kserve_grpc.encode_response(call, item))
     except ProxyError as err:
-        return codec_grpc.stream_error(err.message)
+        return kserve_grpc.stream_error(err.message)
 
 
 def _authorization(context: grpc.aio.ServicerContext) -> str | None:

@@ -22,14 +22,16 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy import __version__, codec_http, shm_fronts
+from proxy import __version__
 from proxy.backends.base import RepositoryParameter
 from proxy.call import Call, LocalReply, Result
-from proxy.dataplane import DataPlane
+from proxy.engine.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
 from proxy.fronts.body import read_body
 from proxy.fronts.openai import OpenAIFront, drop_connection
-from proxy.shm import SharedMemory, uses_shared_memory
+from proxy.shm import fronts
+from proxy.shm.regions import SharedMemory, uses_shared_memory
+from proxy.wire import kserve_http
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TIMEOUT_HEADER = "mmguard-timeout-ms"
@@ -94,7 +96,7 @@ class HttpFront:
             r.add_get(base + "/config", self.model_config)
             r.add_get(base + "/stats", self.stats)
             r.add_post(base + "/infer", self.infer)
-        shm_fronts.add_http_routes(r, self.shm)
+        fronts.add_http_routes(r, self.shm)
         return app
 
     async def live(self, request: web.Request) -> web.Response:
@@ -186,7 +188,7 @@ class HttpFront:
         return web.json_response({"model_stats": out})
 
     async def infer(self, request: web.Request) -> web.Response:
-        header_length = request.headers.get(codec_http.HEADER_LENGTH)
+        header_length = request.headers.get(kserve_http.HEADER_LENGTH)
         body = await self._read_infer_body(request, header_length)
         decode_args = (body, header_length, request.match_info["model"],
                        request.match_info.get("version", ""), request.content_type, True)
@@ -195,14 +197,14 @@ class HttpFront:
                 or len(body) > BINARY_DECODE_INLINE_BYTES):
             # Big JSON off the loop; binary tensors are views of the body, decoded in place
             # unless the body is big enough to hold millions of BYTES elements to walk.
-            call = await asyncio.to_thread(codec_http.decode_request, *decode_args)
+            call = await asyncio.to_thread(kserve_http.decode_request, *decode_args)
         else:
-            call = codec_http.decode_request(*decode_args)
+            call = kserve_http.decode_request(*decode_args)
         call.headers = {k.lower(): v for k, v in request.headers.items()}
         timeout_ms = call.headers.get(TIMEOUT_HEADER)
         if timeout_ms is not None:
             call.deadline = time.monotonic() + _positive_ms(timeout_ms) / 1000
-        reply = await (self.shm.infer(call, shm_fronts.http_connection(request),
+        reply = await (self.shm.infer(call, fronts.http_connection(request),
                                       self.plane.infer)
                        if uses_shared_memory(call) else self.plane.infer(call))
         if isinstance(reply, LocalReply):
@@ -210,16 +212,16 @@ class HttpFront:
                 drop_connection(request)
             return error_response(reply, call.decisions)
         if _json_answer_bytes(call, reply) > DECODE_INLINE_BYTES:
-            data, hlen = await asyncio.to_thread(codec_http.encode_response, call, reply)
+            data, hlen = await asyncio.to_thread(kserve_http.encode_response, call, reply)
         else:
-            data, hlen = codec_http.encode_response(call, reply)
+            data, hlen = kserve_http.encode_response(call, reply)
         headers = dict(call.decisions)
         if hlen is not None:
-            headers[codec_http.HEADER_LENGTH] = str(hlen)
+            headers[kserve_http.HEADER_LENGTH] = str(hlen)
         self.plane.telemetry.response_bytes.labels(call.model, "http").inc(len(data))
         response = web.Response(body=data, headers=headers,
-                                content_type=codec_http.BINARY_TYPE if hlen is not None
-                                else codec_http.JSON_TYPE)
+                                content_type=kserve_http.BINARY_TYPE if hlen is not None
+                                else kserve_http.JSON_TYPE)
         coding = answer_coding(request.headers.get("Accept-Encoding", ""))
         if coding is not None:  # as Triton does; aiohttp compresses big bodies off the loop
             response.enable_compression(web.ContentCoding(coding))
@@ -235,7 +237,7 @@ class HttpFront:
         if header_length.isdigit() and int(header_length) > self.max_json_bytes:
             raise ProxyError(ErrorKind.TOO_LARGE,
                              f"the JSON header of a binary request is {header_length} bytes "
-                             f"({codec_http.HEADER_LENGTH}); this listener accepts at most "
+                             f"({kserve_http.HEADER_LENGTH}); this listener accepts at most "
                              f"{self.max_json_bytes} (listeners.http.max_json_bytes)")
         return await read_body(request, self.max_request_bytes)
 

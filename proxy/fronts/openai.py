@@ -30,15 +30,15 @@ from urllib.parse import urlencode
 from aiohttp import web
 from prometheus_client import Counter
 
-from proxy import codec_openai
 from proxy.call import Api, Call, LocalReply, Result, SseEvent
-from proxy.config import OpenAIConfig
-from proxy.dataplane import DataPlane
+from proxy.config.model import OpenAIConfig
+from proxy.engine.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
 from proxy.fronts.body import read_body
+from proxy.fronts.media_fetch import ImageFetcher
 from proxy.fronts.openai_refusals import register_refusals
-from proxy.media_fetch import ImageFetcher
-from proxy.media_urls import HostAllowList
+from proxy.wire import openai
+from proxy.wire.media_urls import HostAllowList
 
 log = logging.getLogger("mmguard.openai")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -52,7 +52,7 @@ def openai_error(reply: LocalReply, decisions: dict[str, str] | None = None) -> 
     if reply.body is not None and reply.origin == "backend":
         return web.Response(body=reply.body, status=reply.status or STATUS[reply.kind].http,
                             headers=headers, content_type="application/json")
-    return web.json_response(codec_openai.error_body(reply.kind, reply.message, reply.param),
+    return web.json_response(openai.error_body(reply.kind, reply.message, reply.param),
                              status=STATUS[reply.kind].http, headers=headers)
 
 
@@ -66,7 +66,7 @@ class MediaRules:
     def __init__(self, cfg: OpenAIConfig) -> None:
         self.cfg = cfg
         allow = HostAllowList.of(cfg.image_url_allow_hosts)
-        self.policy = codec_openai.MediaPolicy(allow, cfg.remote_images, cfg.fetch.max_images)
+        self.policy = openai.MediaPolicy(allow, cfg.remote_images, cfg.fetch.max_images)
         self.fetcher = ImageFetcher(cfg.fetch, allow) if cfg.remote_images == "fetch" else None
 
 
@@ -85,10 +85,10 @@ class OpenAIFront:
     def register(self, app: web.Application) -> None:
         r = app.router
         r.add_get("/v1/models", self.models)
-        for endpoint in codec_openai.INFERENCE:
+        for endpoint in openai.INFERENCE:
             r.add_post(endpoint, self._infer_handler(endpoint))
-        r.add_post(codec_openai.TOKENIZE, self.tokenize)
-        r.add_post(codec_openai.DETOKENIZE, self.tokenize)
+        r.add_post(openai.TOKENIZE, self.tokenize)
+        r.add_post(openai.DETOKENIZE, self.tokenize)
         r.add_get("/health", self.health)
         r.add_route("*", "/ping", self.health)
         r.add_get("/version", self.version)
@@ -123,10 +123,10 @@ class OpenAIFront:
     async def _decode(self, request: web.Request, endpoint: str) -> Call:
         """The checked call, its model known and its remote images inlined (fetch mode)."""
         rules = self.rules()
-        call = codec_openai.parse_request(await self._body(request), endpoint)
+        call = openai.parse_request(await self._body(request), endpoint)
         assert call.document is not None
         try:
-            forwarded = codec_openai.apply_url_policy(call.document, rules.policy)
+            forwarded = openai.apply_url_policy(call.document, rules.policy)
             if forwarded:
                 call.wire = None  # the URLs as mmguard wrote them, not the client's bytes
                 self._media.labels("forwarded").inc(forwarded)
@@ -248,8 +248,8 @@ class OpenAIFront:
     # --- endpoints without filters ---------------------------------------------------------
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        endpoint = codec_openai.TOKENIZE if request.path == codec_openai.TOKENIZE else \
-            codec_openai.DETOKENIZE
+        endpoint = openai.TOKENIZE if request.path == openai.TOKENIZE else \
+            openai.DETOKENIZE
         try:
             call = await self._decode(request, endpoint)
         except ProxyError as err:
@@ -260,7 +260,7 @@ class OpenAIFront:
         if not hasattr(backend, "forward"):
             return _refuse(ErrorKind.INVALID_ARGUMENT, f"model '{call.model}' is not served "
                            "over the OpenAI API; it has no /tokenize", "model")
-        body = codec_openai.encode_request(call, route.target.model)
+        body = openai.encode_request(call, route.target.model)
         try:
             status, ctype, out = await backend.forward("POST", request.path, body, call.headers)
         except ProxyError as err:
@@ -394,5 +394,5 @@ def _renamed_event(item: SseEvent, doc: dict[str, Any] | None, model: str) -> by
 
 
 def _error_event(reply: LocalReply) -> bytes:
-    doc = codec_openai.error_body(reply.kind, reply.message, reply.param)
+    doc = openai.error_body(reply.kind, reply.message, reply.param)
     return b"data: " + json.dumps(doc).encode() + b"\n\ndata: [DONE]\n\n"

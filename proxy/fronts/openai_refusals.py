@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from proxy import codec_openai
 from proxy.errors import STATUS, ErrorKind
+from proxy.wire import openai
 
 _UNREAD = ("is not proxied by mmguard: its inputs are not read by mmguard's guards (content "
            "checks, remote-media rules, quality, shape guard)")
@@ -60,7 +60,7 @@ def register_refusals(router: web.UrlDispatcher) -> None:
 
 def _refusal(kind: ErrorKind, reason: str) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def refuse(request: web.Request) -> web.Response:
-        return web.json_response(codec_openai.error_body(kind, reason),
+        return web.json_response(openai.error_body(kind, reason),
                                  status=STATUS[kind].http,
                                  headers={"mmguard-error-origin": "mmguard"})
     return refuse

@@ -18,8 +18,8 @@ import grpc
 import numpy as np
 from hypothesis import strategies as st
 
-from proxy.codec_http import HEADER_LENGTH
 from proxy.errors import STATUS, ErrorKind
+from proxy.wire.kserve_http import HEADER_LENGTH
 from tests.fuzz.openai_inputs import openai_bodies
 from tests.fuzz.oracle import CLIENT_ERRORS
 from tests.fuzz.v2_inputs import grpc_bodies, http_bodies

@@ -16,7 +16,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from proxy.codec_openai import CHAT, COMPLETIONS
+from proxy.wire.openai import CHAT, COMPLETIONS
 from tests.fuzz.mutations import dumps, hostile_json, json_scalars, json_values, mutated_bytes
 
 ALLOWED_HOST = "images.example.com"

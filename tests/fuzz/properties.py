@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from proxy import codec_grpc, codec_http, codec_openai, pbwire
 from proxy.call import Call
-from proxy.config import Config, ConfigError, parse_config
+from proxy.config.model import Config, ConfigError, parse_config
 from proxy.tensor import decode_bytes_elements, encode_bytes_elements
+from proxy.wire import kserve_grpc, kserve_http, openai, pbwire
 from tests.fuzz.config_inputs import config_docs
 from tests.fuzz.openai_inputs import ALLOWED_HOSTS, data_urls, openai_bodies
 from tests.fuzz.oracle import check_call_usable, decodes_or_refuses
@@ -47,12 +47,12 @@ def check_bytes_framing(case: tuple[bytes, int]) -> None:
 def _reencodes(call: Call) -> None:
     """An accepted call can be sent on to a backend of either protocol once edited."""
     call.wire = None
-    codec_grpc.encode_request(call, call.model, call.version)
-    codec_http.encode_request(call)
+    kserve_grpc.encode_request(call, call.model, call.version)
+    kserve_http.encode_request(call)
 
 
 def check_grpc(body: bytes) -> None:
-    call = decodes_or_refuses(codec_grpc.decode_request, body)
+    call = decodes_or_refuses(kserve_grpc.decode_request, body)
     if call is not None:
         check_call_usable(call)
         _reencodes(call)
@@ -60,8 +60,8 @@ def check_grpc(body: bytes) -> None:
 
 def check_http(case: tuple[bytes, str | None]) -> None:
     body, header_length = case
-    call = decodes_or_refuses(codec_http.decode_request, body, header_length, "m", "",
-                              codec_http.JSON_TYPE)
+    call = decodes_or_refuses(kserve_http.decode_request, body, header_length, "m", "",
+                              kserve_http.JSON_TYPE)
     if call is not None:
         check_call_usable(call)
         _reencodes(call)
@@ -69,20 +69,20 @@ def check_http(case: tuple[bytes, str | None]) -> None:
 
 def check_openai(case: tuple[bytes, str]) -> None:
     body, endpoint = case
-    call = decodes_or_refuses(codec_openai.decode_request, body, endpoint, ALLOWED_HOSTS)
+    call = decodes_or_refuses(openai.decode_request, body, endpoint, ALLOWED_HOSTS)
     if call is None:
         return
     # What the filters read next (quality, shape_guard, the modality router): typed views.
-    view = codec_openai.ChatView(call)
+    view = openai.ChatView(call)
     texts = decodes_or_refuses(view.texts)
     assert texts is None or all(isinstance(t, str) for t in texts), texts
     decodes_or_refuses(view.images)
     assert view.max_tokens is None or isinstance(view.max_tokens, int)
-    codec_openai.encode_request(call, "backend-model")
+    openai.encode_request(call, "backend-model")
 
 
 def check_image(url: str) -> None:
-    part = codec_openai.ImagePart(0, 0, url)
+    part = openai.ImagePart(0, 0, url)
     rgb = decodes_or_refuses(part.array)
     if rgb is not None:
         assert rgb.ndim == 3 and rgb.shape[2] == 3 and rgb.dtype == np.uint8, rgb.shape

@@ -16,9 +16,9 @@ import json
 import grpc
 import pytest
 
-from proxy import codec_http, codec_openai
 from proxy.call import Call
 from proxy.errors import ErrorKind, ProxyError
+from proxy.wire import kserve_http, openai
 from tests.fuzz.fronts import Client, refused_over_grpc, refused_over_http
 from tests.fuzz.openai_inputs import bombs
 from tests.fuzz.oracle import decodes_or_refuses, refuses
@@ -37,23 +37,24 @@ def _v2(**overrides: object) -> bytes:
 
 
 def _http(body: bytes) -> Call | None:
-    return decodes_or_refuses(codec_http.decode_request, body, None, "m", "")
+    return decodes_or_refuses(kserve_http.decode_request, body, None, "m", "")
 
 
 def _http_refuses(body: bytes, *says: str) -> ProxyError:
-    return refuses(codec_http.decode_request, body, None, "m", "", says=says)
+    return refuses(kserve_http.decode_request, body, None, "m", "", says=says)
 
 
-def _openai_refuses(doc: object, *says: str, endpoint: str = codec_openai.CHAT) -> ProxyError:
+def _openai_refuses(doc: object, *says: str, endpoint: str = openai.CHAT) -> ProxyError:
     body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
-    return refuses(codec_openai.decode_request, body, endpoint, frozenset(), says=says)
+    return refuses(openai.decode_request, body, endpoint, frozenset(), says=says)
 
 
-def _image_refuses(part: codec_openai.ImagePart, kind: ErrorKind, *says: str) -> None:
+def _image_refuses(part: openai.ImagePart, kind: ErrorKind, *says: str) -> None:
     refuses(part.array, kind=kind, says=("messages[0].content[0].image_url: ", *says))
 
 
-# --- proxy/codec_http.py ------------------------------------------------------------------------
+# --- proxy/wire/kserve_http.py
+# ------------------------------------------------------------------------
 
 
 def test_deeply_nested_v2_json_is_400() -> None:
@@ -101,7 +102,7 @@ def test_shape_with_a_zero_and_a_huge_dim_is_refused_or_usable(shape: list[int])
                   f"input 'INPUT0': shape {shape} has a dim above 2147483647")
 
 
-# --- proxy/codec_openai.py ------------------------------------------------------------------------
+# --- proxy/wire/openai.py ------------------------------------------------------------------------
 
 
 def test_deeply_nested_openai_json_is_400() -> None:
@@ -120,7 +121,7 @@ def test_completions_with_messages_not_a_list_is_400() -> None:
     # decode_request checks 'messages' only for chat; ChatView._parts then iterates `true`.
     _openai_refuses({"model": "m", "prompt": "a", "messages": True},
                     "a completion takes a 'prompt', not 'messages'",
-                    endpoint=codec_openai.COMPLETIONS)
+                    endpoint=openai.COMPLETIONS)
 
 
 @pytest.mark.parametrize("prompt", [False, 5])
@@ -130,7 +131,7 @@ def test_texts_of_a_prompt_that_is_no_string_or_list(prompt: object) -> None:
     # Fixed by refusing it at decode.
     _openai_refuses({"model": "m", "prompt": prompt},
                     "'prompt' must be a string, a list of strings or a list of token ids",
-                    endpoint=codec_openai.COMPLETIONS)
+                    endpoint=openai.COMPLETIONS)
 
 
 def test_texts_are_strings() -> None:
@@ -141,8 +142,8 @@ def test_texts_are_strings() -> None:
         {"type": "text", "text": 5}]}]}, "messages[0].content[0].text must be a string")
 
 
-def _image(data: bytes, mime: str = "image/png") -> codec_openai.ImagePart:
-    return codec_openai.ImagePart(0, 0, f"data:{mime};base64,{base64.b64encode(data).decode()}")
+def _image(data: bytes, mime: str = "image/png") -> openai.ImagePart:
+    return openai.ImagePart(0, 0, f"data:{mime};base64,{base64.b64encode(data).decode()}")
 
 
 def test_png_declaring_400_megapixels_is_400() -> None:
@@ -212,7 +213,7 @@ def test_chat_to_an_onnxruntime_model_is_a_client_error(fuzz_client: Client) -> 
     # "Required inputs ... are missing" ValueError → 500 (mmguard could refuse it at once:
     # the route's backend does not speak OpenAI).
     chat = {"model": "clip_demo", "messages": [{"role": "user", "content": "hi"}]}
-    refused_over_http(fuzz_client, codec_openai.CHAT, json.dumps(chat).encode(), 400,
+    refused_over_http(fuzz_client, openai.CHAT, json.dumps(chat).encode(), 400,
         ["model 'clip_demo' is served over KServe v2 by backend 'ort'; call it through the "
          "KServe v2 (/v2/models/…/infer or gRPC) front"], openai=True)
 
@@ -230,7 +231,7 @@ def test_zero_and_huge_dim_is_a_client_error_over_grpc(fuzz_client: Client) -> N
 def test_deep_json_is_a_json_400_on_both_http_fronts(fuzz_client: Client) -> None:
     refused_over_http(fuzz_client, V2_INFER, DEEP, 400,
                       ["the JSON in the request body is nested too deeply"])
-    refused_over_http(fuzz_client, codec_openai.CHAT, DEEP, 400,
+    refused_over_http(fuzz_client, openai.CHAT, DEEP, 400,
                       ["the JSON in the request body is nested too deeply"], openai=True)
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from proxy.demo_client import image, infer_http
-from proxy.demo_model import tokenize
+from proxy.cli.demo import image, infer_http
+from proxy.cli.demo_model import tokenize
 from tests.conftest import ort_config
 from tests.support.process import MmguardProcess
 

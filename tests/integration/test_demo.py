@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.demo_client import image, infer_http
-from proxy.demo_model import tokenize
+from proxy.cli.demo import image, infer_http
+from proxy.cli.demo_model import tokenize
 from tests.support.process import MmguardProcess
 
 
@@ -101,8 +101,8 @@ def test_untrusted_by_default_still_canary_only(embedded: MmguardProcess) -> Non
 def test_the_embedded_default_listens_on_loopback_only(tmp_path: Path) -> None:
     """It trusts x-canary (so the demo can opt in): that is safe only because no other machine
     can reach it; any config file's listeners trust nothing unless it says so."""
-    from proxy.config import parse_config
-    from proxy.embedded import embedded_config
+    from proxy.cli.embedded import embedded_config
+    from proxy.config.model import parse_config
 
     cfg = embedded_config(tmp_path / "models")
     assert cfg.listeners.http.host == cfg.listeners.grpc.host == "127.0.0.1"
@@ -121,7 +121,7 @@ def test_serve_without_onnx_runtime_says_which_extra_in_one_line(tmp_path: Path)
     import os
 
     code = ("import sys; sys.modules['onnxruntime'] = None\n"
-            "from proxy.cli import main\n"
+            "from proxy.cli.main import main\n"
             "sys.exit(main(['serve', '--http-port', '0', '--grpc-port', '0', "
             "'--admin-port', '0']))")
     env = {**os.environ, "MMGUARD_CACHE_DIR": str(tmp_path / "cache")}

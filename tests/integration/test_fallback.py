@@ -18,7 +18,7 @@ import grpc
 import numpy as np
 import pytest
 
-from proxy.demo_model import ensure_clip_demo, tokenize
+from proxy.cli.demo_model import ensure_clip_demo, tokenize
 from proxy.pb import grpc_service_pb2 as pb
 from tests.conftest import triton_routes
 from tests.support.mmguard import RunningMmguard

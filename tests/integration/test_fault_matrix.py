@@ -48,7 +48,7 @@ from numpy.typing import NDArray
 from onnx import TensorProto, helper
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.demo_model import ensure_clip_demo
+from proxy.cli.demo_model import ensure_clip_demo
 from proxy.errors import STATUS
 from proxy.pb import grpc_service_pb2 as pb
 from tests.support.fake_v2 import FakeV2

@@ -22,7 +22,7 @@ import grpc
 import numpy as np
 import pytest
 
-from proxy.config import ConfigError, parse_config
+from proxy.config.model import ConfigError, parse_config
 from tests.conftest import ort_config
 from tests.support.fake_v2 import FakeV2
 from tests.support.mmguard import RunningMmguard

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from proxy import codec_openai
 from proxy.errors import ProxyError
-from proxy.media_urls import HostAllowList, parse_allow_entry, parse_url
+from proxy.wire import openai
+from proxy.wire.media_urls import HostAllowList, parse_allow_entry, parse_url
 
 ALLOW = HostAllowList.of(("127.0.0.1:8081", "localhost", "[::1]:8082"))
 
@@ -77,14 +77,14 @@ def test_a_bare_host_means_the_default_port_of_each_scheme() -> None:
     assert not allow.allows(parse_url("http://localhost:443/a", "p"))
 
 
-def decode(doc: dict[str, Any], endpoint: str = codec_openai.CHAT,
+def decode(doc: dict[str, Any], endpoint: str = openai.CHAT,
            mode: str = "forward") -> dict[str, Any]:
-    policy = codec_openai.MediaPolicy(ALLOW, mode)  # type: ignore[arg-type]
-    call = codec_openai.decode_request(json.dumps(doc).encode(), endpoint, policy)
+    policy = openai.MediaPolicy(ALLOW, mode)  # type: ignore[arg-type]
+    call = openai.decode_request(json.dumps(doc).encode(), endpoint, policy)
     assert call.document is not None
     if call.wire is not None:  # unchanged: what goes on is the client's own bytes
         return json.loads(call.wire.body)  # type: ignore[no-any-return]
-    return json.loads(codec_openai.encode_request(call, call.model))  # type: ignore[no-any-return]
+    return json.loads(openai.encode_request(call, call.model))  # type: ignore[no-any-return]
 
 
 def parts(*content: Any) -> dict[str, Any]:
@@ -99,22 +99,22 @@ def test_the_backend_gets_mmguards_writing_of_the_url() -> None:
 def test_uuid_only_parts_pass_and_are_no_images() -> None:
     doc = parts({"type": "image_url", "image_url": None, "uuid": "cat"}, "plain text part",
                 {"type": "text", "text": "hi"})
-    call = codec_openai.decode_request(json.dumps(doc).encode(), codec_openai.CHAT)
-    assert codec_openai.ChatView(call).images() == []
-    assert codec_openai.ChatView(call).texts() == ["hi"]
+    call = openai.decode_request(json.dumps(doc).encode(), openai.CHAT)
+    assert openai.ChatView(call).images() == []
+    assert openai.ChatView(call).texts() == ["hi"]
 
 
 def test_images_are_found_as_vllm_reads_them() -> None:
     data = "data:image/png;base64,AAAA"
     doc = parts({"image_url": {"url": data}}, {"type": "input_image", "image_url": data},
                 {"type": "text", "text": "x", "uuid": "u", "image_url": data})
-    call = codec_openai.decode_request(json.dumps(doc).encode(), codec_openai.CHAT)
-    images = codec_openai.ChatView(call).images()
+    call = openai.decode_request(json.dumps(doc).encode(), openai.CHAT)
+    images = openai.ChatView(call).images()
     assert [i.param for i in images] == [f"messages[0].content[{j}].image_url" for j in range(3)]
     responses = {"model": "m", "input": [{"role": "user", "content": [
         {"type": "input_text", "text": "what"}, {"type": "input_image", "image_url": data}]}]}
-    call = codec_openai.decode_request(json.dumps(responses).encode(), codec_openai.RESPONSES)
-    view = codec_openai.ChatView(call)
+    call = openai.decode_request(json.dumps(responses).encode(), openai.RESPONSES)
+    view = openai.ChatView(call)
     assert [i.param for i in view.images()] == ["input[0].content[1].image_url"]
     assert view.texts() == ["what"]
     view.drop_image(view.images()[0])

@@ -11,7 +11,7 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from proxy.demo_model import tokenize
+from proxy.cli.demo_model import tokenize
 from tests.support.mmguard import RunningMmguard
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.demo_model import tokenize
+from proxy.cli.demo_model import tokenize
 from tests.support.mmguard import RunningMmguard
 from tests.support.triton import TritonServer
 from tests.support.wire import grpc_infer_raw, grpc_request

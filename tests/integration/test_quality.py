@@ -27,7 +27,7 @@ from PIL import Image, ImageFilter
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from filters.quality_align import AlignmentConfig, EncoderPair
+from filters.quality.align import AlignmentConfig, EncoderPair
 from proxy.pb import grpc_service_pb2 as pb
 from tests.conftest import ort_config
 from tests.support import photos

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from proxy import report
-from proxy.demo_model import tokenize
+from proxy.cli import report
+from proxy.cli.demo_model import tokenize
 from proxy.pb import grpc_service_pb2 as pb
 from tests.conftest import ort_config
 from tests.support.mmguard import RunningMmguard

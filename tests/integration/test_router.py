@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from proxy.demo_model import tokenize
+from proxy.cli.demo_model import tokenize
 from tests.conftest import ort_config
 from tests.support.mmguard import RunningMmguard
 from tests.support.triton import TritonServer

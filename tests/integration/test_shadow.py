@@ -18,7 +18,7 @@ import numpy as np
 import openai
 import pytest
 
-from proxy.demo_model import tokenize
+from proxy.cli.demo_model import tokenize
 from proxy.pb import grpc_service_pb2 as pb
 from tests.conftest import ort_config
 from tests.support.mmguard import RunningMmguard

@@ -15,7 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from proxy.demo_model import ensure_clip_demo
+from proxy.cli.demo_model import ensure_clip_demo
 from proxy.pb import grpc_service_pb2 as pb
 from tests.conftest import ort_config, triton_routes
 from tests.support.fake_v2 import FakeV2
@@ -287,7 +287,7 @@ def test_an_answer_outside_the_contract_is_never_passed_on() -> None:
             assert answer(m.grpc_url, "echo_guarded", x)[0].raw_output_contents
             fake.garble = True  # 12 bytes for 4 floats
             # Bytes that do not fit their shape are refused where the answer is decoded, on
-            # every route (proxy.answers), guarded or not, before any filter sees them.
+            # every route (proxy.wire.answers), guarded or not, before any filter sees them.
             for route in ("echo", "echo_guarded"):
                 err = refused(m.grpc_url, route, x)
                 assert err.code() == grpc.StatusCode.INTERNAL

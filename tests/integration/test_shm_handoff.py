@@ -17,10 +17,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.backends.shm_handoff import INLINE_REASONS, HandoffPool
 from proxy.backends.triton_grpc import TritonGrpcBackend
 from proxy.backends.triton_http import TritonHttpBackend
-from proxy.demo_model import ensure_clip_demo
-from proxy.shm_handoff import INLINE_REASONS, HandoffPool
+from proxy.cli.demo_model import ensure_clip_demo
 from tests.support.mmguard import RunningMmguard
 from tests.support.triton import DECOUPLED_MODELS, MODEL_NAMES, TritonServer, write_model_repository
 
@@ -49,8 +49,8 @@ def handoff_config(triton: TritonServer, kind: str, **pool: Any) -> dict[str, An
 
 
 def pool_of(proxy: RunningMmguard) -> HandoffPool:
-    assert proxy.server is not None
-    backend = proxy.server.plane.runtime.backends["triton"]
+    assert proxy.process.server is not None
+    backend = proxy.process.server.plane.runtime.backends["triton"]
     assert isinstance(backend, TritonGrpcBackend | TritonHttpBackend)
     assert backend.handoff is not None
     return backend.handoff

@@ -14,7 +14,7 @@ import grpc
 import numpy as np
 import pytest
 
-from proxy.demo_model import tokenize
+from proxy.cli.demo_model import tokenize
 from tests.conftest import ort_config
 from tests.support.mmguard import RunningMmguard
 from tests.support.wire import grpc_infer_raw, grpc_request

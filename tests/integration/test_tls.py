@@ -36,8 +36,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from tritonclient.utils import InferenceServerException
 
-from proxy.cli import main as cli_main
-from proxy.config import ConfigError, parse_config
+from proxy.cli.main import main as cli_main
+from proxy.config.model import ConfigError, parse_config
 from tests.conftest import ort_config
 from tests.support.mmguard import RunningMmguard
 from tests.support.process import MmguardProcess

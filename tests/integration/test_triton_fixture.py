@@ -20,7 +20,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from proxy.demo_model import ensure_clip_demo, tokenize
+from proxy.cli.demo_model import ensure_clip_demo, tokenize
 from tests.support.triton import MODEL_NAMES, TritonServer, write_model_repository
 
 PROTOCOLS = ("grpc", "http")

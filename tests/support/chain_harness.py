@@ -23,11 +23,11 @@ import numpy as np
 from proxy.backends.base import Backend
 from proxy.call import CANARY, Call, Reply, Result, Target
 from proxy.clock import ManualClock
-from proxy.config import parse_config
+from proxy.config.model import parse_config
 from proxy.contract import ModelContract, TensorSpec
-from proxy.dataplane import DataPlane
+from proxy.engine.dataplane import DataPlane
+from proxy.engine.runtime import Runtime
 from proxy.errors import ErrorKind, ProxyError
-from proxy.runtime import Runtime
 from proxy.telemetry import Telemetry
 from proxy.tensor import Tensor
 

@@ -11,8 +11,8 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from proxy.config import Config, parse_config
-from proxy.server import Ports, Server
+from proxy.config.model import Config, parse_config
+from proxy.process.server import Ports, Server
 from proxy.telemetry import Telemetry
 from tests.support.loop import BackgroundLoop
 

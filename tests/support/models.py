@@ -7,7 +7,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from proxy.demo_model import ensure_clip_demo
+from proxy.cli.demo_model import ensure_clip_demo
 
 IDENTITY_TYPES = {
     "FP32": TensorProto.FLOAT, "FP16": TensorProto.FLOAT16, "BF16": TensorProto.BFLOAT16,

@@ -67,7 +67,7 @@ echo_params          INPUT0 FP32 [-1]                            OUTPUT0 = INPUT
 * identity_*: output bytes are byte-identical to the input (BF16 goes through DLPack, since
   numpy has no bfloat16; clients send it as ``ml_dtypes.bfloat16``, which tritonclient 2.73
   maps to "BF16").
-* clip_demo: runs the ONNX file made by ``proxy.demo_model.ensure_clip_demo`` with onnxruntime
+* clip_demo: runs the ONNX file made by ``proxy.cli.demo_model.ensure_clip_demo`` with onnxruntime
   inside the Python model (path in config parameter ``onnx_path``). ONNX ``similarity`` is
   [batch]; Triton 2.51 rejects ``dims: []`` (``model output 'similarity' must specify
   'dims' for clip_demo``), so the config says
@@ -313,7 +313,7 @@ DECOUPLED_MODELS: frozenset[str] = frozenset(m.name for m in _MODELS if m.decoup
 def write_model_repository(dst: Path, onnx_demo_path: Path) -> Path:
     """Write every model (``config.pbtxt`` + ``1/model.py``) under ``dst``; return ``dst``.
 
-    ``onnx_demo_path`` is the ``model.onnx`` from ``proxy.demo_model.ensure_clip_demo``; its
+    ``onnx_demo_path`` is the ``model.onnx`` from ``proxy.cli.demo_model.ensure_clip_demo``; its
     absolute path goes into clip_demo's ``onnx_path`` config parameter (the file is not copied).
     """
     dst = Path(dst)

@@ -1,4 +1,4 @@
-"""``proxy.answers``: the length checks every backend answer goes through."""
+"""``proxy.wire.answers``: the length checks every backend answer goes through."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import struct
 import numpy as np
 import pytest
 
-from proxy.answers import check_outputs, output_problem
 from proxy.errors import ErrorKind, ProxyError
 from proxy.tensor import Tensor, encode_bytes_elements
+from proxy.wire.answers import check_outputs, output_problem
 
 
 def test_fitting_outputs_pass() -> None:
@@ -54,17 +54,17 @@ def test_check_outputs_is_a_bad_gateway_from_the_backend() -> None:
 
 def test_grpc_answer_in_typed_contents_is_read_and_checked() -> None:
     """KServe servers other than Triton may answer in typed ``contents``; they are counted too."""
-    from proxy import codec_grpc
     from proxy.pb import grpc_service_pb2 as pb
+    from proxy.wire import kserve_grpc
 
     resp = pb.ModelInferResponse(model_name="m")
     out = resp.outputs.add(name="y", datatype="FP32", shape=[3])
     out.contents.fp32_contents.extend([1.0, 2.0, 3.0])
-    result = codec_grpc.decode_response(resp.SerializeToString(), "backend 'b' for model 'm'")
+    result = kserve_grpc.decode_response(resp.SerializeToString(), "backend 'b' for model 'm'")
     assert result.outputs[0].numpy().tolist() == [1.0, 2.0, 3.0]
     out.contents.fp32_contents.append(4.0)
     with pytest.raises(ProxyError) as err:
-        codec_grpc.decode_response(resp.SerializeToString(), "backend 'b' for model 'm'")
+        kserve_grpc.decode_response(resp.SerializeToString(), "backend 'b' for model 'm'")
     assert ("answered outside its contract: output 'y': shape [3] needs 3 FP32 elements, "
             "fp32_contents holds 4") in err.value.message
 

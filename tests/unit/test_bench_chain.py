@@ -14,7 +14,7 @@ import pytest
 
 from filters.fault.config import ExperimentConfig
 from proxy.call import headers_match
-from proxy.config import Defaults, load_config
+from proxy.config.model import Defaults, load_config
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 if str(BENCH) not in sys.path:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from filters.breaker import Breaker, BreakerSettings, State
+from filters.fallback.breaker import Breaker, BreakerSettings, State
 from proxy.clock import ManualClock
 
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from filters import chaos_rules
-from filters.fault import SEEN, ExperimentConfig, ExperimentRegistry, Fault, FaultConfig
+from filters.fault import SEEN, ExperimentConfig, ExperimentRegistry, Fault, FaultConfig, rules
 from proxy.call import CANARY, Call, LocalReply, Reply, Result
 from proxy.chain import FilterContext
 from proxy.clock import ManualClock
@@ -47,7 +46,7 @@ def test_injected_refusals_do_not_count_against_the_success_slo() -> None:
 def test_the_first_assertion_runs_within_15_s_of_the_first_injection() -> None:
     clock = ManualClock()
     reg, exp = make(clock, min_requests=50, max_p99_ms=2000)
-    chaos_rules.injected(exp, clock.monotonic())
+    rules.injected(exp, clock.monotonic())
     call = Call("m", "", [])
     call.state[SEEN] = ["e"]
     reg.observe(call, Result("m"), 3.0)  # 3 s: p99 out, but 1 of 50 answers

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy.config import ConfigError, load_config, parse_config
+from proxy.config.model import ConfigError, load_config, parse_config
 
 GOOD = {
     "backends": [{"kind": "triton_grpc", "name": "triton", "url": "127.0.0.1:8001"},

@@ -16,9 +16,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.cli import main as cli_main
-from proxy.config import Config, parse_config
-from proxy.demo_model import tokenize
+from proxy.cli.demo_model import tokenize
+from proxy.cli.main import main as cli_main
+from proxy.config.model import Config, parse_config
 from tests.conftest import ort_config
 from tests.support.mmguard import RunningMmguard
 from tests.support.wire import grpc_infer_raw, grpc_request

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import load_config
+from proxy.config.model import load_config
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
 

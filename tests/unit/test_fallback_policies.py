@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from filters.fallback import Fallback, FallbackConfig
+from filters.fallback.filter import Fallback, FallbackConfig
 from proxy.call import Call, LocalReply, Reply, Result, Target
 from proxy.chain import FilterContext, Next, compose
 from proxy.clock import ManualClock

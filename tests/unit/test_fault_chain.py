@@ -1,6 +1,6 @@
 """``fault`` in a real runtime: only canary calls are touched, every fault is marked, and the
-experiment's admin routes (declared by the filter, token rule applied by ``proxy.admin``) act on
-the registry the runtime keeps across reloads."""
+experiment's admin routes (declared by the filter, token rule applied by ``proxy.process.admin``)
+act on the registry the runtime keeps across reloads."""
 
 from __future__ import annotations
 

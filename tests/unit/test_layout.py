@@ -15,7 +15,7 @@ PRODUCT = [p for d in ("proxy", "filters") for p in sorted((ROOT / d).rglob("*.p
 # The admin API's command-line readers and the embedded default's config document speak of
 # filters by name on purpose: they are clients of the interface, not the proxy's core.
 CLIENTS = {"status.py", "report.py", "embedded.py", "demo_client.py"}
-DOCUMENTS = {("proxy/config.py", "limits")}
+DOCUMENTS = {("proxy/config/model.py", "limits")}
 """Config data, not code keyed by a name: the default chain of a route that names none."""
 
 

@@ -1,4 +1,4 @@
-"""proxy/image_decode.py sets glibc's mmap threshold (decoded images go back to the system);
+"""proxy/wire/image_decode.py sets glibc's mmap threshold (decoded images go back to the system);
 the trim threshold it fixes as a side effect is set too, so a request-sized buffer freed at the
 top of the heap is reused, not given back and faulted in again page by page."""
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import resource, numpy as np
-import proxy.image_decode  # the process-wide malloc settings
+import proxy.wire.image_decode  # the process-wide malloc settings
 src = np.ones(150528, np.float32)  # a 600 KB FP32 [1,3,224,224] tensor
 for _ in range(20):
     np.asarray(src, dtype=np.float64).mean()  # a 1.2 MB temporary, freed at once

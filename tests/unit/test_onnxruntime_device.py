@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 
 from proxy.backends.onnxruntime import OnnxRuntimeBackend
-from proxy.config_backends import OnnxRuntimeBackendConfig
+from proxy.config.backends import OnnxRuntimeBackendConfig
 from proxy.errors import ProxyError
 from tests.support.models import write_identity
 

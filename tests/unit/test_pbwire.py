@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy import codec_grpc, pbwire
 from proxy.errors import ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.tensor import MAX_PARAMETERS, MAX_RANK, MAX_TENSORS, encode_bytes_elements
+from proxy.wire import kserve_grpc, pbwire
 
 raws = st.lists(st.binary(max_size=64), max_size=4)
 
@@ -30,7 +30,7 @@ def test_split_then_parse_equals_full_parse(raws: list[bytes], model: str, rid: 
     again = pb.ModelInferRequest.FromString(head)
     again.raw_input_contents.extend(bytes(s) for s in slices)
     assert again == req
-    call = codec_grpc.decode_request(body)
+    call = kserve_grpc.decode_request(body)
     assert [bytes(t.raw) for t in call.inputs] == raws  # type: ignore[arg-type]
     assert all(isinstance(t.raw, memoryview) for t in call.inputs)  # no copy of the payload
 
@@ -44,12 +44,12 @@ def test_split_then_parse_equals_full_parse(raws: list[bytes], model: str, rid: 
 ])
 def test_broken_framing_is_invalid_argument(body: bytes) -> None:
     with pytest.raises(ProxyError, match="malformed ModelInferRequest"):
-        codec_grpc.decode_request(body)
+        kserve_grpc.decode_request(body)
 
 
 def test_backend_garbage_is_caught_before_forwarding() -> None:
     with pytest.raises(ProxyError, match="backend sent a malformed ModelInferResponse"):
-        codec_grpc.decode_response(b"\x32\x7f\x00")
+        kserve_grpc.decode_response(b"\x32\x7f\x00")
 
 
 # --- counted before converted: packed varints and typed contents ---------------------------------
@@ -105,7 +105,7 @@ def test_typed_contents_become_the_raw_bytes_protobuf_would_give(
         datatype: str, field: str, values: st.SearchStrategy[object], dtype: object,
         data: st.DataObject) -> None:
     sent = data.draw(st.lists(values, max_size=12))
-    call = codec_grpc.decode_request(_typed(datatype, field, sent))
+    call = kserve_grpc.decode_request(_typed(datatype, field, sent))
     (t,) = call.inputs
     got = t.numpy()
     assert got.shape == (len(sent),)
@@ -124,7 +124,7 @@ def test_unpacked_and_split_contents_merge_like_protobuf() -> None:
               + pbwire.len_field(5, first) + pbwire.len_field(5, second))
     body = pbwire.len_field(5, tensor)
     expected = pb.ModelInferRequest.FromString(body).inputs[0].contents.int64_contents
-    (t,) = codec_grpc.decode_request(body).inputs
+    (t,) = kserve_grpc.decode_request(body).inputs
     assert t.numpy().tolist() == list(expected) == [5, 127, 1, 2]
 
 
@@ -146,7 +146,7 @@ def test_unpacked_and_split_contents_merge_like_protobuf() -> None:
 def test_typed_contents_that_do_not_fit_the_shape_are_refused(
         datatype: str, field: str, values: list[object], says: str) -> None:
     with pytest.raises(ProxyError) as err:
-        codec_grpc.decode_request(_typed(datatype, field, values, shape=[1]))
+        kserve_grpc.decode_request(_typed(datatype, field, values, shape=[1]))
     assert err.value.kind is ErrorKind.INVALID_ARGUMENT
     assert err.value.message.startswith(f"input 'x': {says}"), err.value.message
 
@@ -176,10 +176,10 @@ def test_every_repeated_field_is_bounded_on_the_wire() -> None:
     ]
     for req, says in cases:
         with pytest.raises(ProxyError) as err:
-            codec_grpc.decode_request(req.SerializeToString())
+            kserve_grpc.decode_request(req.SerializeToString())
         assert err.value.message.startswith(f"the request has {says}; mmguard takes at most")
-    with pytest.raises(ProxyError, match=f"more than {codec_grpc.MAX_FIELDS} protobuf fields"):
-        codec_grpc.decode_request(b"\x1a\x00" * (codec_grpc.MAX_FIELDS + 1))
+    with pytest.raises(ProxyError, match=f"more than {kserve_grpc.MAX_FIELDS} protobuf fields"):
+        kserve_grpc.decode_request(b"\x1a\x00" * (kserve_grpc.MAX_FIELDS + 1))
 
 
 @pytest.mark.parametrize("items", [
@@ -188,7 +188,7 @@ def test_every_repeated_field_is_bounded_on_the_wire() -> None:
     [b"a" * 200, b"b", b""],  # a length past one varint byte: the general walk
 ])
 def test_bytes_contents_take_every_path_to_the_same_raw_form(items: list[bytes]) -> None:
-    (t,) = codec_grpc.decode_request(_typed("BYTES", "bytes_contents", items)).inputs
+    (t,) = kserve_grpc.decode_request(_typed("BYTES", "bytes_contents", items)).inputs
     assert bytes(t.raw_bytes()) == encode_bytes_elements(items)
     t.check_payload()
     mixed = _typed("BYTES", "bytes_contents", items)
@@ -197,7 +197,7 @@ def test_bytes_contents_take_every_path_to_the_same_raw_form(items: list[bytes])
     contents = tensor.contents.SerializeToString() + b"\x78\x01"  # field 15, varint 1
     tensor.ClearField("contents")
     body = pbwire.len_field(5, tensor.SerializeToString() + pbwire.len_field(5, contents))
-    (again,) = codec_grpc.decode_request(body).inputs
+    (again,) = kserve_grpc.decode_request(body).inputs
     assert list(pb.ModelInferRequest.FromString(body).inputs[0].contents.bytes_contents) == items
     assert bytes(again.raw_bytes()) == encode_bytes_elements(items)
 
@@ -209,20 +209,20 @@ def _with_contents(datatype: str, shape: list[int], contents: bytes) -> bytes:
 
 def test_unpacked_fixed_width_contents_and_stray_fields() -> None:
     unpacked = b"".join(b"\x35" + np.float32(v).tobytes() for v in (1.5, -2.0, 3.25))
-    (t,) = codec_grpc.decode_request(_with_contents("FP32", [3], unpacked)).inputs
+    (t,) = kserve_grpc.decode_request(_with_contents("FP32", [3], unpacked)).inputs
     assert t.numpy().tolist() == [1.5, -2.0, 3.25]
     strays = b"\x78\x01" * 65  # an unknown field, 65 times: past the walk's slack
     with pytest.raises(ProxyError, match="typed contents hold more than 64 fields besides "
                                          "fp32_contents"):
-        codec_grpc.decode_request(_with_contents("FP32", [3], strays + unpacked))
+        kserve_grpc.decode_request(_with_contents("FP32", [3], strays + unpacked))
     with pytest.raises(ProxyError, match="fp32_contents runs past the end"):
-        codec_grpc.decode_request(_with_contents("FP32", [3], unpacked[:-1]))
+        kserve_grpc.decode_request(_with_contents("FP32", [3], unpacked[:-1]))
 
 
 def test_unpacked_varints_far_past_the_shape_stop_at_the_first_extra() -> None:
     many = b"\x18\x05" * 1_000_000  # int64_contents: 5, a million times, unpacked
     with pytest.raises(ProxyError) as err:
-        codec_grpc.decode_request(_with_contents("INT64", [2], many))
+        kserve_grpc.decode_request(_with_contents("INT64", [2], many))
     assert err.value.message == ("input 'x': shape [2] needs 2 INT64 elements, int64_contents "
                                  "holds more than 2")
 
@@ -230,6 +230,6 @@ def test_unpacked_varints_far_past_the_shape_stop_at_the_first_extra() -> None:
 def test_stream_error_messages_are_bounded() -> None:
     from proxy.errors import MAX_MESSAGE_CHARS
 
-    sent = pb.ModelStreamInferResponse.FromString(codec_grpc.stream_error("m" * 10**6))
+    sent = pb.ModelStreamInferResponse.FromString(kserve_grpc.stream_error("m" * 10**6))
     assert len(sent.error_message) == MAX_MESSAGE_CHARS
     assert sent.error_message.endswith(" more characters]")

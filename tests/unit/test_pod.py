@@ -1,4 +1,4 @@
-"""``proxy.pod``: what a worker forwards, what the supervisor decides, what a replica takes.
+"""``proxy.pod.state``: what a worker forwards, what the supervisor decides, what a replica takes.
 
 One process plays each role in turn (``POD.role``), with real filter state objects: the
 supervisor's copy is driven by the ops a "worker" copy forwarded, and the worker's replica
@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from filters.breaker import Breaker, BreakerSettings, State
+from filters.fallback.breaker import Breaker, BreakerSettings, State
 from filters.fault.config import ExperimentConfig
 from filters.fault.registry import ExperimentRegistry
 from proxy.clock import ManualClock
-from proxy.config import ConfigError, parse_config
-from proxy.pod import POD, Role, encode, permits_share, share
-from proxy.supervisor import cpus_available, resolve_workers
+from proxy.config.model import ConfigError, parse_config
+from proxy.pod.state import POD, Role, encode, permits_share, share
+from proxy.process.supervisor import cpus_available, resolve_workers
 from proxy.telemetry import Telemetry
 
 

@@ -1,6 +1,6 @@
-"""Image decoding for scoring (proxy/image_decode.py): reduced while decoding, never a full-size
-array of a huge image, and a process-wide budget of pixels in flight that waits, then refuses
-naming itself."""
+"""Image decoding for scoring (proxy/wire/image_decode.py): reduced while decoding, never a
+full-size array of a huge image, and a process-wide budget of pixels in flight that waits, then
+refuses naming itself."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from proxy.errors import ErrorKind, ProxyError
-from proxy.image_decode import DecodeBudget, decode_rgb
+from proxy.wire.image_decode import DecodeBudget, decode_rgb
 from tests.support.photos import clean_set
 
 

@@ -1,4 +1,4 @@
-"""Confidence-graded actions on the trust score (filters/quality_graded.py): below 0.3 refused
+"""Confidence-graded actions on the trust score (filters/quality/graded.py): below 0.3 refused
 with the fallback answer, 0.3-0.7 a seeded share shed to a cheaper route or the cached answer,
 at or above 0.7 observed; every band a visible decision."""
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from filters.fallback import Fallback, FallbackConfig
-from filters.quality import Quality, QualityConfig
-from filters.quality_graded import GradedConfig, band
+from filters.fallback.filter import Fallback, FallbackConfig
+from filters.quality.filter import Quality, QualityConfig
+from filters.quality.graded import GradedConfig, band
 from proxy.call import Call, LocalReply, Reply, Result, Target
 from proxy.chain import FilterContext
 from proxy.clock import ManualClock

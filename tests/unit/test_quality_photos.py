@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from filters.quality import QualityConfig
-from filters.quality_signals import IMAGE_SIGNALS, ImageSpec, Signal, image_signals
+from filters.quality.filter import QualityConfig
+from filters.quality.signals import IMAGE_SIGNALS, ImageSpec, Signal, image_signals
 from tests.support import photos
 
 UINT8 = ImageSpec("HWC", (0.0,), (255.0,))

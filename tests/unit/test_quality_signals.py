@@ -19,10 +19,10 @@ from PIL import Image, ImageFilter
 from prometheus_client import CollectorRegistry
 
 from filters.call_keys import UNUSABLE_MODALITIES
-from filters.quality import Quality, QualityConfig, resolve_layout
-from filters.quality_drift import DriftConfig, DriftMonitor, compare, drift_gauges
-from filters.quality_report import Item, Report
-from filters.quality_signals import (
+from filters.quality.drift import DriftConfig, DriftMonitor, compare, drift_gauges
+from filters.quality.filter import Quality, QualityConfig, resolve_layout
+from filters.quality.report import Item, Report
+from filters.quality.signals import (
     IMAGE_SIGNALS,
     ImageSpec,
     Signal,
@@ -30,11 +30,11 @@ from filters.quality_signals import (
     modality_score,
     trust_score,
 )
-from filters.quality_text import TEXT_SIGNALS, text_signals
+from filters.quality.text import TEXT_SIGNALS, text_signals
 from proxy.call import Call, LocalReply, Reply, Result, Target
 from proxy.chain import FilterContext
 from proxy.clock import ManualClock
-from proxy.config import ConfigError, parse_config
+from proxy.config.model import ConfigError, parse_config
 from proxy.errors import ErrorKind
 from proxy.telemetry import Telemetry
 from proxy.tensor import Tensor

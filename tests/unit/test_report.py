@@ -15,9 +15,9 @@ import pytest
 from aiohttp import web
 
 from filters.compare import Comparison, Verdict, VerdictConfig
-from proxy.cli import main as cli
+from proxy.cli.main import main as cli
+from proxy.cli.report import render_html, render_table
 from proxy.clock import ManualClock
-from proxy.report import render_html, render_table
 from tests.support.loop import BackgroundLoop
 
 EVIL = "<script>alert('x')</script>"

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from proxy.clock import SystemClock
-from proxy.config import parse_config
-from proxy.runtime import Runtime
+from proxy.config.model import parse_config
+from proxy.engine.runtime import Runtime
 from proxy.telemetry import Telemetry
 
 

@@ -1,6 +1,6 @@
 """The runtime, the data plane and the admin listener over the in-memory backend: routing
 refusals name what is served, a route's timeout bounds the call, observers see canary answers
-only, and the token rule of every filter's admin routes is the one in ``proxy.admin``."""
+only, and the token rule of every filter's admin routes is the one in ``proxy.process.admin``."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from contextlib import asynccontextmanager
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from proxy.admin import admin_app
 from proxy.call import Call, LocalReply, Result, Target
-from proxy.config import parse_config
+from proxy.config.model import parse_config
+from proxy.engine.runtime import Runtime
 from proxy.errors import ErrorKind
-from proxy.runtime import Runtime
+from proxy.process.admin import admin_app
 from tests.support.chain_harness import BACKEND, ChainHarness, echo
 
 TWO = {"models": [{"name": "a", "version": "2"}, {"name": "b", "timeout_s": 0.05}]}

@@ -1,7 +1,6 @@
-"""proxy.shm: who the client is, what a key may name, every bound before a read, inputs read and
-outputs written, unregister of a region in use, and unmapping everything at the end. Regions are
-real files (in a temporary directory standing in for /dev/shm); peers are real loopback sockets.
-"""
+"""proxy.shm.regions: who the client is, what a key may name, every bound before a read, inputs read
+and outputs written, unregister of a region in use, and unmapping everything at the end. Regions are
+real files (in a temporary directory standing in for /dev/shm); peers are real loopback sockets. """
 
 from __future__ import annotations
 
@@ -17,15 +16,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from proxy import codec_grpc, codec_http
 from proxy.call import Call, LocalReply, RequestedOutput, Result
-from proxy.config import SharedMemoryConfig
+from proxy.config.model import SharedMemoryConfig
 from proxy.errors import ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
-from proxy.shm import WRITTEN, SharedMemory, uses_shared_memory
-from proxy.shm_peer import Connection, grpc_peer, peer_uid
+from proxy.shm.peer import Connection, grpc_peer, peer_uid
+from proxy.shm.regions import WRITTEN, SharedMemory, uses_shared_memory
 from proxy.telemetry import Telemetry
 from proxy.tensor import Tensor
+from proxy.wire import kserve_grpc, kserve_http
 
 ME = os.getuid()
 HERE = Connection(("127.0.0.1", 1), ("127.0.0.1", 2))
@@ -341,7 +340,8 @@ def test_close_unmaps_everything(shm_dir: Path) -> None:
             os.fstat(r.fd)  # closed
 
 
-# --- the decoders leave a placeholder for proxy.shm, or refuse -----------------------------------
+# --- the decoders leave a placeholder for proxy.shm.regions, or refuse
+# -----------------------------------
 
 
 @pytest.fixture
@@ -356,20 +356,20 @@ def grpc_mixed_body() -> Iterator[bytes]:
 
 
 def test_grpc_decoder_maps_raw_contents_past_region_inputs(grpc_mixed_body: bytes) -> None:
-    call = codec_grpc.decode_request(grpc_mixed_body, shared_memory=True)
+    call = kserve_grpc.decode_request(grpc_mixed_body, shared_memory=True)
     a, b = call.inputs
     assert a.parameters["shared_memory_region"] == "r" and bytes(a.raw_bytes()) == b""
     assert bytes(b.raw_bytes()) == X.tobytes()
-    assert "ModelStreamInfer" in refused(ErrorKind.UNIMPLEMENTED, codec_grpc.decode_request,
+    assert "ModelStreamInfer" in refused(ErrorKind.UNIMPLEMENTED, kserve_grpc.decode_request,
                                          grpc_mixed_body)
 
 
 def test_http_decoder_refuses_a_region_input_with_data_too() -> None:
     body = (b'{"inputs":[{"name":"a","datatype":"FP32","shape":[4],"data":[1,2,3,4],'
             b'"parameters":{"shared_memory_region":"r","shared_memory_byte_size":16}}]}')
-    assert "send it one way" in refused(ErrorKind.INVALID_ARGUMENT, codec_http.decode_request,
+    assert "send it one way" in refused(ErrorKind.INVALID_ARGUMENT, kserve_http.decode_request,
                                         body, None, "m", "", None, True)
-    refused(ErrorKind.UNIMPLEMENTED, codec_http.decode_request, body, None, "m", "")
+    refused(ErrorKind.UNIMPLEMENTED, kserve_http.decode_request, body, None, "m", "")
 
 
 def test_regions_and_refusals_are_metrics(shm_dir: Path) -> None:

@@ -1,5 +1,5 @@
-"""proxy.shm_handoff's pool: slot size from the contracts, where each tensor of a call goes,
-every reason to go inline, registration once (and again after ``forget``), and cleanup."""
+"""proxy.backends.shm_handoff's pool: slot size from the contracts, where each tensor of a call
+goes, every reason to go inline, registration once (and again after ``forget``), and cleanup."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from proxy.backends.shm_handoff import MIN_SLOT_BYTES, HandoffPool, contract_bytes
 from proxy.call import Call, RequestedOutput
 from proxy.contract import ModelContract, TensorSpec
-from proxy.shm_handoff import MIN_SLOT_BYTES, HandoffPool, contract_bytes
 from proxy.tensor import Tensor
 
 PIXELS = ModelContract(

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
+from proxy.backends.shm_handoff import INLINE_REASONS, HandoffPool
 from proxy.call import Call
 from proxy.contract import ModelContract, TensorSpec
-from proxy.shm_handoff import INLINE_REASONS, HandoffPool
 from proxy.telemetry import Telemetry
 from proxy.tensor import Tensor
 

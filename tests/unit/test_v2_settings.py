@@ -9,7 +9,7 @@ import zlib
 
 import pytest
 
-from proxy.config import ConfigError, parse_config
+from proxy.config.model import ConfigError, parse_config
 from proxy.errors import ErrorKind, ProxyError
 from proxy.fronts.body import INLINE_INFLATE_BYTES, inflate
 from proxy.fronts.http_v2 import answer_coding

@@ -6,8 +6,14 @@ from __future__ import annotations
 import pytest
 
 from filters.compare import Comparison, VerdictConfig
-from filters.robustness import Pair, RobustnessConfig, TokenBucket, difference_interval, wilson
-from filters.verdict import ReleaseVerdict
+from filters.robustness.experiment import (
+    Pair,
+    RobustnessConfig,
+    TokenBucket,
+    difference_interval,
+    wilson,
+)
+from filters.robustness.verdict import ReleaseVerdict
 from proxy.clock import ManualClock
 
 CFG = VerdictConfig(window=100, min_samples=5, promote_agreement=0.99, abort_agreement=0.9,

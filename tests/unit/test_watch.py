@@ -7,8 +7,8 @@ import asyncio
 import os
 from pathlib import Path
 
-from proxy.config import parse_config
-from proxy.watch import FileWatch, watched_files
+from proxy.config.model import parse_config
+from proxy.process.watch import FileWatch, watched_files
 
 
 def _configmap(root: Path, version: str, text: str) -> None:

@@ -1,0 +1,137 @@
+"""What one request's inputs scored: every scored item, the alignment, what was not scored.
+
+The ``quality`` filter builds a ``Report`` (in a worker thread when it is heavy), then reads it on
+the event loop: the score a rule looks at (``find``), one header's worth of scores (``summary``)
+and the series drift watches (``series``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from filters.quality.signals import (
+    IMAGE_SIGNALS,
+    Signal,
+    fmt_value,
+    modality_score,
+    trust_score,
+)
+from filters.quality.text import TEXT_SIGNALS
+
+
+@dataclass(slots=True)
+class Item:
+    """One scored input: an image or a text, with where it was in the request."""
+
+    modality: str  # image | text
+    where: str
+    signals: dict[str, Signal]
+    param: str | None = None  # OpenAI: the request field, for the error's 'param'
+    score: float = field(init=False)
+    weakest: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.score, self.weakest = modality_score(self.signals)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A score a rule looks at, with a sentence that says where it came from."""
+
+    score: float
+    modality: str  # image | text | "" (alignment, trust)
+    detail: str
+    param: str | None = None
+
+
+@dataclass
+class Report:
+    """Every score of one request: items, alignment per image–text pair, and what was not
+    scored (and why)."""
+
+    items: list[Item] = field(default_factory=list)
+    unscored: list[str] = field(default_factory=list)
+    alignment: NDArray[np.float32] | None = None
+    alignment_where: str = ""
+    alignment_error: str = ""
+
+    def add(self, item: Item) -> None:
+        self.items.append(item)
+
+    def set_alignment(self, scores: NDArray[np.float32], where: str) -> None:
+        self.alignment, self.alignment_where = scores, where
+
+    def worst(self, modality: str, signal: str | None = None) -> Item | None:
+        found = [i for i in self.items if i.modality == modality
+                 and (signal is None or signal in i.signals)]
+        if not found:
+            return None
+        if signal is None:
+            return min(found, key=lambda i: i.score)
+        return min(found, key=lambda i: i.signals[signal].score)
+
+    def parts(self) -> dict[str, float | None]:
+        image, text = self.worst("image"), self.worst("text")
+        return {"visual": None if image is None else image.score,
+                "text": None if text is None else text.score,
+                "alignment": None if self.alignment is None else float(self.alignment.min())}
+
+    def find(self, signal: str, weights: Mapping[str, float]) -> Finding | None:
+        """The score a rule on ``signal`` reads (the worst item's), or None when absent."""
+        if signal in IMAGE_SIGNALS or signal in TEXT_SIGNALS:
+            modality = "image" if signal in IMAGE_SIGNALS else "text"
+            item = self.worst(modality, signal)
+            if item is None:
+                return None
+            s = item.signals[signal]
+            return Finding(s.score, modality, f"{item.where}: signal '{signal}' is "
+                           f"{s.score:.3f} ({fmt_value(s.value)} {s.what})", item.param)
+        if signal in ("image", "text"):
+            item = self.worst(signal)
+            if item is None:
+                return None
+            s = item.signals[item.weakest]
+            return Finding(item.score, signal, f"{item.where}: {signal} score is "
+                           f"{item.score:.3f} (weakest signal '{item.weakest}': "
+                           f"{fmt_value(s.value)} {s.what})", item.param)
+        if signal == "alignment":
+            if self.alignment is None:
+                return None
+            low = float(self.alignment.min())
+            return Finding(low, "", f"{self.alignment_where}: alignment is {low:.3f}")
+        trust = trust_score(self.parts(), weights)
+        if trust is None:
+            return None
+        parts = " ".join(f"{k}={v:.3f}" for k, v in self.parts().items() if v is not None)
+        return Finding(trust, "", f"trust score is {trust:.3f} ({parts})")
+
+    def summary(self, weights: Mapping[str, float]) -> str:
+        """trust, modality scores, then each signal's worst score: one header's worth."""
+        parts = self.parts()
+        head = [("trust", trust_score(parts, weights)), ("image", parts["visual"]),
+                ("text", parts["text"]), ("alignment", parts["alignment"])]
+        out = [f"{k}={v:.3f}" for k, v in head if v is not None]
+        for modality, names in (("image", IMAGE_SIGNALS), ("text", TEXT_SIGNALS)):
+            for name in names:
+                item = self.worst(modality, name)
+                if item is not None:
+                    out.append(f"{name}={item.signals[name].score:.3f}")
+        return " ".join(out)
+
+    def series(self, weights: Mapping[str, float]) -> Iterator[tuple[str, str, float]]:
+        """(modality, signal, score) for drift: every item's signals and score, every aligned
+        pair, and the trust score."""
+        for item in self.items:
+            for name, s in item.signals.items():
+                yield item.modality, name, s.score
+            yield item.modality, "score", item.score
+        if self.alignment is not None:
+            for value in self.alignment.tolist():
+                yield "image-text", "alignment", float(value)
+        trust = trust_score(self.parts(), weights)
+        if trust is not None:
+            yield "all", "trust", trust

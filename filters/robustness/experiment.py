@@ -1,0 +1,404 @@
+"""Robustness experiments: the same seeded perturbation on a copy for production and one for the
+canary, each side judged against its own clean answer.
+
+Answers the second of the canary's two questions (DESIGN.md, "Canary: two questions, never
+mixed"): not "does the canary answer like production?" (correctness, clean copies only) but "does
+the canary hold up under noise, masking, dropout, a missing modality, low light or precision loss
+as well as production does?". Rules that MUST hold:
+
+- Perturbed copies never reach a client: they are sent off the request path, by the ``shadow``
+  filter's workers, after the client has its answer.
+- Both sides get the SAME perturbation (one seed from the experiment's seed, the perturbation's
+  name and the request key), so a difference in robustness is the models', not the noise's.
+- Perturbed copies are not canary traffic: fault experiments never touch them (a fault on top of
+  the perturbation would measure the fault, not the model).
+- Production's extra calls are counted and capped (``max_qps``, the seeds' blast radius of
+  ≤ 10 QPS): a copy that would exceed the cap is not perturbed, and that is counted too.
+
+No verdict here: ``RobustnessTable`` keeps the paired samples and its figures (Wilson intervals);
+``filters.robustness.verdict.ReleaseVerdict`` judges them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from filters.compare import (
+    CompareConfig,
+    Comparison,
+    compare_status,
+    compare_tensors,
+    compare_text,
+    openai_text,
+)
+from filters.robustness.perturb import clean_copy, perturbed_copy, seed_for
+from proxy.call import Call, LocalReply, Reply, Result, SseEvent
+
+PerturbationKind = Literal["gaussian_noise", "sign_noise", "patch_mask", "token_dropout",
+                           "occlusion", "precision", "drop_modality", "low_light"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Perturbation(Strict):
+    kind: PerturbationKind
+    name: str = Field("", max_length=64, pattern=r"^[A-Za-z0-9_.-]*$")
+    """How the report and the verdict name it (default: the kind)."""
+    sigma: float = Field(0.08, ge=0)
+    """gaussian_noise: σ of the noise on pixels in [0, 1] (clamped)."""
+    eps: float = Field(0.03, ge=0)
+    ratio: float = Field(0.25, ge=0, le=1)
+    patch: int = Field(16, ge=1)
+    p: float = Field(0.15, ge=0, le=1)
+    pad_id: int = 0
+    area: float = Field(0.2, ge=0, le=1)
+    mode: Literal["round", "fp16", "bf16"] = "round"
+    decimals: int = Field(3, ge=0, le=10)
+    factor: float = Field(0.3, gt=0, le=1)
+    """low_light: pixels are scaled by this, then ``noise`` σ is added."""
+    noise: float = Field(0.02, ge=0)
+    inputs: tuple[str, ...] = ()
+    """v2 inputs to perturb (drop_modality: to remove); empty: every input of the right kind."""
+
+    @property
+    def label(self) -> str:
+        return self.name or self.kind
+
+
+class RobustnessConfig(Strict):
+    perturbations: tuple[Perturbation, ...] = Field(min_length=1)
+    percent: float = Field(100.0, ge=0, le=100)
+    """Share of the mirrored copies the experiment draws (stable by request key)."""
+    max_qps: float = Field(10.0, gt=0)
+    """Production's extra calls per second at most (each drawn copy costs one per perturbation);
+    a copy over the cap is not perturbed (``mmguard_robustness_skipped_total{reason="cap"}``)."""
+    seed: int = 0
+    window: int = Field(500, ge=1)
+    """Paired samples kept per perturbation."""
+    min_samples: int = Field(20, ge=1)
+    """Per perturbation, before it is judged (and before the verdict may promote)."""
+    compare: CompareConfig | None = None
+    """How a perturbed answer is held to its side's clean one (what "kept" means); None: the
+    shadow's own ``compare``. A perturbation moves answers more than a release does, so this is
+    usually looser (e.g. ``cosine_min: 0.9``, or ``classification`` for top-1 kept)."""
+    max_drop: float = Field(0.05, ge=0, le=1)
+    """The margin: the canary's robustness may be at most this far below production's (as a
+    share: 0.05 = 5 points) on every perturbation measured; further below aborts."""
+
+    @model_validator(mode="after")
+    def _unique(self) -> RobustnessConfig:
+        labels = [p.label for p in self.perturbations]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"perturbation names must be unique (give 'name' to tell two of one "
+                             f"kind apart): {labels}")
+        if self.min_samples > self.window:
+            raise ValueError(f"min_samples {self.min_samples} can never be reached in a window "
+                             f"of {self.window}")
+        return self
+
+
+# --- statistics --------------------------------------------------------------------------------
+
+
+def wilson(kept: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a proportion ``kept / n`` (95 % by default); (0, 1) for n = 0."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = kept / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def difference_interval(canary: tuple[int, int], production: tuple[int, int],
+                        z: float = 1.96) -> tuple[float, float]:
+    """Newcombe's hybrid score interval of canary − production from the two Wilson intervals."""
+    (kc, nc), (kp, np_) = canary, production
+    pc, pp = kc / nc if nc else 0.0, kp / np_ if np_ else 0.0
+    lc, uc = wilson(kc, nc, z)
+    lp, up = wilson(kp, np_, z)
+    d = pc - pp
+    return (d - math.sqrt((pc - lc) ** 2 + (up - pp) ** 2),
+            d + math.sqrt((uc - pc) ** 2 + (pp - lp) ** 2))
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """One drawn copy under one perturbation: did each side keep its clean answer?"""
+
+    production: bool
+    canary: bool
+    production_metrics: dict[str, float]
+    canary_metrics: dict[str, float]
+
+
+class RobustnessTable:
+    """Paired samples per perturbation (bounded by ``window``) and their figures."""
+
+    def __init__(self, cfg: RobustnessConfig) -> None:
+        self.cfg = cfg
+        self.pairs: dict[str, deque[Pair]] = {p.label: deque(maxlen=cfg.window)
+                                              for p in cfg.perturbations}
+        self.counts: dict[str, int] = {"drawn": 0, "production_calls": 0, "canary_calls": 0,
+                                       "skipped_cap": 0, "skipped_baseline": 0,
+                                       "not_applicable": 0}
+
+    def add(self, label: str, pair: Pair) -> None:
+        self.pairs[label].append(pair)
+
+    def reset(self) -> None:
+        for pairs in self.pairs.values():
+            pairs.clear()
+        for key in self.counts:
+            self.counts[key] = 0
+
+    def row(self, label: str) -> dict[str, Any]:
+        pairs = self.pairs[label]
+        n = len(pairs)
+        kp, kc = sum(p.production for p in pairs), sum(p.canary for p in pairs)
+        out: dict[str, Any] = {"perturbation": label, "samples": n,
+                               "production": {"kept": kp}, "canary": {"kept": kc}}
+        for side, kept in (("production", kp), ("canary", kc)):
+            lo, hi = wilson(kept, n)
+            metrics = [getattr(p, f"{side}_metrics") for p in pairs]
+            out[side] |= {"robustness": kept / n if n else None, "ci95": [lo, hi],
+                          "metrics": _means(metrics)}
+        if n:
+            lo, hi = difference_interval((kc, n), (kp, n))
+            out["difference"] = (kc - kp) / n
+            out["difference_ci95"] = [lo, hi]
+        else:
+            out["difference"], out["difference_ci95"] = None, None
+        return out
+
+    def failures(self) -> list[str]:
+        """Why the canary is less robust than production by more than the margin (empty: it is
+        not, on every perturbation with ``min_samples`` pairs)."""
+        out = []
+        for label in self.pairs:
+            row = self.row(label)
+            if row["samples"] < self.cfg.min_samples or row["difference"] is None:
+                continue
+            if row["difference"] < -self.cfg.max_drop - 1e-12:
+                p, c = row["production"], row["canary"]
+                lo, hi = row["difference_ci95"]
+                out.append(
+                    f"robustness under '{label}': canary keeps {c['robustness']:.1%} of its "
+                    f"clean answers, production {p['robustness']:.1%} over {row['samples']} "
+                    f"pairs: {row['difference'] * 100:+.1f} points (95 % CI {lo * 100:+.1f} to "
+                    f"{hi * 100:+.1f}), below the margin of -{self.cfg.max_drop * 100:.1f}")
+        return out
+
+    def pending(self) -> list[str]:
+        """Perturbations not judged yet (fewer than ``min_samples`` pairs)."""
+        return [f"robustness under '{label}': {len(pairs)} of {self.cfg.min_samples} pairs"
+                for label, pairs in self.pairs.items() if len(pairs) < self.cfg.min_samples]
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"rows": [self.row(label) for label in self.pairs],
+                "counts": dict(self.counts),
+                "config": {"max_drop": self.cfg.max_drop, "min_samples": self.cfg.min_samples,
+                           "max_qps": self.cfg.max_qps, "percent": self.cfg.percent,
+                           "seed": self.cfg.seed}}
+
+
+def _means(metrics: list[dict[str, float]]) -> dict[str, float]:
+    names = sorted({k for m in metrics for k in m})
+    out = {}
+    for k in names:
+        values = [m[k] for m in metrics if k in m and math.isfinite(m[k])]
+        if values:
+            out[k] = float(np.mean(values))
+    return out
+
+
+# --- the rate cap ------------------------------------------------------------------------------
+
+
+class TokenBucket:
+    """``rate`` tokens a second, at most ``rate`` (one second's worth) saved up."""
+
+    def __init__(self, rate: float, now: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.now = rate, now
+        self.tokens, self.at = rate, now()
+
+    def take(self, n: float) -> bool:
+        t = self.now()
+        self.tokens = min(self.rate, self.tokens + (t - self.at) * self.rate)
+        self.at = t
+        if self.tokens + 1e-9 < n:
+            return False
+        self.tokens -= n
+        return True
+
+
+# --- one drawn copy ----------------------------------------------------------------------------
+
+Send = Callable[[Call], Awaitable[Reply]]
+Judge = Callable[[Reply, "str | None", Reply, "str | None"], Any]
+"""The shadow's comparison: (clean, clean text, perturbed, perturbed text) → Comparison."""
+
+
+def kept(clean: Reply, clean_text: str | None, perturbed: Reply, perturbed_text: str | None,
+         cfg: CompareConfig) -> Comparison:
+    """Did the perturbed answer keep the clean one: the same outcome (status), then the text
+    (token F1 / normalised / exact) or the tensors (cosine, top-1, NaN where it was finite)."""
+    if isinstance(clean, LocalReply) or isinstance(perturbed, LocalReply):
+        return compare_status(not isinstance(clean, LocalReply), _code(clean),
+                              not isinstance(perturbed, LocalReply), _code(perturbed))
+    a = clean_text if clean_text is not None else openai_text(clean)
+    b = perturbed_text if perturbed_text is not None else openai_text(perturbed)
+    if a is not None or b is not None:
+        return compare_text(a or "", b or "", cfg)
+    return compare_tensors({t.name: np.asarray(t.numpy()) for t in clean.outputs},
+                           {t.name: np.asarray(t.numpy()) for t in perturbed.outputs}, cfg)
+
+
+def _code(reply: Reply) -> str:
+    return "ok" if isinstance(reply, Result) else reply.kind.value
+
+
+async def answer(send: Send, call: Call) -> tuple[Reply, str | None]:
+    """Send ``call``; a stream is read to its end and its text assembled."""
+    reply = await send(call)
+    if not isinstance(reply, Result) or reply.stream is None:
+        return reply, None
+    pieces: list[str] = []
+    async for item in reply.stream:
+        if isinstance(item, SseEvent):
+            pieces.extend(_stream_text(item))
+        elif isinstance(item, LocalReply):
+            return item, None
+    return reply, "".join(pieces)
+
+
+def _stream_text(event: SseEvent) -> list[str]:
+    doc = event.json()
+    out: list[str] = []
+    for choice in (doc or {}).get("choices") or []:
+        if isinstance(choice, dict):
+            delta = choice.get("delta")
+            text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+            if isinstance(text, str):
+                out.append(text)
+    return out
+
+
+@dataclass
+class Baselines:
+    """The clean answers each side's perturbed answers are judged against."""
+
+    production: Reply
+    production_text: str | None
+    canary: Reply | None
+    """None: the mirrored copy was touched by a fault (a clean one is sent first)."""
+    canary_text: str | None
+
+
+class RobustnessExperiment:
+    """Draws copies (share, rate cap), perturbs them for both sides and fills the table."""
+
+    def __init__(self, cfg: RobustnessConfig, table: RobustnessTable, timeout_s: float,
+                 now: Callable[[], float] = time.monotonic, workers: int = 1) -> None:
+        self.cfg, self.table, self.timeout_s = cfg, table, timeout_s
+        self.bucket = TokenBucket(cfg.max_qps / workers, now)
+        """A pod's workers each take their part of the cap: production sees ``max_qps``."""
+
+    def draw(self, in_share: bool) -> bool:
+        """Whether this copy is measured: in the share and within production's cap."""
+        if not in_share:
+            return False
+        if not self.bucket.take(len(self.cfg.perturbations)):
+            self.table.counts["skipped_cap"] += 1
+            return False
+        self.table.counts["drawn"] += 1
+        return True
+
+    async def run(self, original: Call, key: str, base: Baselines, production: Send,
+                  canary: Send, judge: Judge) -> list[str]:
+        """``judge`` is the shadow's comparison; ``cfg.compare``, when set, replaces it."""
+        if self.cfg.compare is not None:
+            loose = self.cfg.compare
+
+            def judge(a: Reply, at: str | None, b: Reply, bt: str | None) -> Comparison:
+                return kept(a, at, b, bt, loose)
+
+        """Measure every perturbation on this copy; returns the labels measured."""
+        counts = self.table.counts
+        if isinstance(base.production, LocalReply):
+            counts["skipped_baseline"] += 1  # nothing clean to hold production to
+            return []
+        if base.canary is None:
+            base.canary, base.canary_text = await answer(canary,
+                                                         clean_copy(original, self.timeout_s))
+            counts["canary_calls"] += 1
+        measured = []
+        for p in self.cfg.perturbations:
+            seed = seed_for(self.cfg.seed, p.label, key)
+            for_production = perturbed_copy(original, p, seed, self.timeout_s)
+            for_canary = perturbed_copy(original, p, seed, self.timeout_s)
+            if for_production is None or for_canary is None:
+                counts["not_applicable"] += 1
+                continue
+            counts["production_calls"] += 1
+            counts["canary_calls"] += 1
+            (pr, pt), (cr, ct) = await asyncio.gather(answer(production, for_production),
+                                                      answer(canary, for_canary))
+            kept_p = judge(base.production, base.production_text, pr, pt)
+            kept_c = judge(base.canary, base.canary_text, cr, ct)
+            self.table.add(p.label, Pair(kept_p.agree, kept_c.agree, dict(kept_p.metrics),
+                                         dict(kept_c.metrics)))
+            measured.append(p.label)
+        return measured
+
+
+class RobustnessMetrics:
+    """``mmguard_robustness{model,canary,perturbation,side}`` (the share of clean answers kept)
+    and ``mmguard_robustness_calls_total{model,canary,side}`` (the extra backend calls)."""
+
+    def __init__(self, telemetry: Any, route: str, canary: str, cfg: RobustnessConfig) -> None:
+        from prometheus_client import Counter, Gauge
+        self.route, self.canary = route, canary
+        self.kept = telemetry.metric(Gauge, "mmguard_robustness",
+                                     "Share of a side's clean answers kept under a perturbation "
+                                     "(robustness experiment).",
+                                     ["model", "canary", "perturbation", "side"])
+        self.calls = telemetry.metric(Counter, "mmguard_robustness_calls_total",
+                                      "Extra backend calls made by robustness experiments.",
+                                      ["model", "canary", "side"])
+        self.skipped = telemetry.metric(Counter, "mmguard_robustness_skipped_total",
+                                        "Mirrored copies a robustness experiment did not measure.",
+                                        ["model", "canary", "reason"])
+        for side in ("production", "canary"):
+            self.calls.labels(route, canary, side)
+        for reason in ("cap", "baseline"):
+            self.skipped.labels(route, canary, reason)
+        self.seen = {"production_calls": 0, "canary_calls": 0, "skipped_cap": 0,
+                     "skipped_baseline": 0}
+
+    def publish(self, table: RobustnessTable) -> None:
+        for key, side in (("production_calls", "production"), ("canary_calls", "canary")):
+            self.calls.labels(self.route, self.canary, side).inc(
+                max(0, table.counts[key] - self.seen[key]))  # after a reset: from 0 again
+        for key, reason in (("skipped_cap", "cap"), ("skipped_baseline", "baseline")):
+            self.skipped.labels(self.route, self.canary, reason).inc(
+                max(0, table.counts[key] - self.seen[key]))
+        self.seen = {k: table.counts[k] for k in self.seen}
+        for label in table.pairs:
+            row = table.row(label)
+            for side in ("production", "canary"):
+                value = row[side]["robustness"]
+                if value is not None:
+                    self.kept.labels(self.route, self.canary, label, side).set(value)

@@ -1,0 +1,1 @@
+"""The ``shape_guard`` filter (``filter``) and the token counting it relies on (``tokens``)."""

@@ -1,0 +1,143 @@
+"""The listeners' config models (``listeners:`` in the config file): the KServe v2 / OpenAI HTTP
+front, the gRPC front and the admin port, with their limits and TLS."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from pydantic import Field, PrivateAttr, SecretStr, model_validator
+
+from proxy.config.refs import read_secret
+from proxy.config.tls import TlsServer
+from proxy.strict import Strict
+
+MiB = 1024 * 1024
+
+
+class HttpListener(Strict):
+    host: str = "0.0.0.0"
+    """Address the KServe v2 HTTP front binds."""
+    port: int = Field(9000, ge=0, le=65535)
+    """0 picks a free port (logged at start)."""
+    max_request_bytes: int = Field(64 * MiB, gt=0)
+    """Bodies above this are refused with 413 before they are read; a compressed body is
+    refused as soon as it inflates past it (it is never held whole)."""
+    max_json_bytes: int = Field(16 * MiB, gt=0)
+    """Pure-JSON request bodies (no binary tensor part), and the JSON header of binary ones,
+    above this get 413. A quarter of ``max_request_bytes`` on purpose: a JSON tensor costs
+    about ten times its size in memory to parse (57 MiB of JSON held +700 MB), and parsing it
+    (and writing a JSON answer) holds the interpreter lock, worker thread or not, so one big
+    JSON body stalls every other request on the listener (about 0.15 s per MiB on two busy
+    cores). 16 MiB still takes two 224x224 RGB images as JSON (5.8 MB each, as tritonclient
+    writes them). Binary tensors cost neither, and tritonclient sends inputs binary by
+    default; raise this only for clients that cannot, knowing the stall grows with it."""
+    trust_canary_headers: bool = False
+    """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
+    tls: TlsServer | None = None
+    """TLS (and mutual TLS with ``client_ca_file``); plain HTTP when absent."""
+    max_header_bytes: int = Field(16 * 1024, gt=0)
+    """The request line, each header line, and all headers together; above it aiohttp answers
+    400 (one line too long) or mmguard 431 (the total)."""
+    max_concurrent_requests: int | None = Field(None, gt=0)
+    """Requests served at once on this listener (health probes aside); the next ones get 429
+    with Retry-After. Unlimited when absent."""
+    max_connections: int = Field(1000, gt=0)
+    """Open client connections at once. At the cap a new connection replaces the oldest one
+    that has no request in progress (idle, or still sending its headers); when every one has,
+    the new one gets 503 and is closed. Each refusal or eviction is counted."""
+    header_timeout_s: float = Field(10.0, gt=0)
+    """From a connection's start, or its previous answer, until the next request's headers are
+    complete; a connection idle that long is closed (so also the keep-alive idle time). A TLS
+    handshake has as long."""
+    body_timeout_s: float = Field(120.0, gt=0)
+    """From the headers until the whole body is in; slower: 408 and the connection closed."""
+    min_body_bytes_per_s: int = Field(1024, ge=0)
+    """Bodies that arrive slower than this (measured from 5 s after the headers) get 408 and
+    the connection closed, however long ``body_timeout_s`` is. 0: no minimum rate."""
+
+
+class GrpcListener(Strict):
+    host: str = "0.0.0.0"
+    port: int = Field(9001, ge=0, le=65535)
+    max_request_bytes: int = Field(64 * MiB, gt=0)
+    """Messages above this are refused by gRPC with RESOURCE_EXHAUSTED."""
+    trust_canary_headers: bool = False
+    """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
+    tls: TlsServer | None = None
+    """TLS (and mutual TLS with ``client_ca_file``); plaintext HTTP/2 when absent."""
+    max_header_bytes: int = Field(16 * 1024, gt=0)
+    """Request metadata (headers) in all; above it gRPC refuses the call with
+    RESOURCE_EXHAUSTED."""
+    max_concurrent_streams: int = Field(256, gt=0)
+    """Calls at once on one client connection (HTTP/2 SETTINGS); the client queues the rest.
+    (gRPC's own default is unbounded.)"""
+    max_concurrent_requests: int | None = Field(None, gt=0)
+    """Calls at once on the whole listener, health checks included; the next ones get
+    RESOURCE_EXHAUSTED. Unlimited when absent."""
+    max_connections: int = Field(1000, gt=0)
+    """Open client connections at once (gRPC refuses more before their handshake; gRPC does not
+    count them, so they are not in ``mmguard_listener_refusals_total``)."""
+    handshake_timeout_s: float = Field(10.0, gt=0)
+    """A new connection's TLS and HTTP/2 handshake must be done within this."""
+    max_connection_idle_s: float = Field(300.0, gt=0)
+    """A connection with no call for this long is closed (GOAWAY)."""
+
+    @model_validator(mode="after")
+    def _tls_version(self) -> GrpcListener:
+        if self.tls is not None and self.tls.min_version != "1.2":
+            raise ValueError("tls.min_version: grpcio cannot set a minimum TLS version; the gRPC "
+                             "listener always accepts TLS 1.2 and 1.3, so only '1.2' is allowed")
+        return self
+
+
+class AdminListener(Strict):
+    host: str = "127.0.0.1"
+    """Localhost by default: the admin port is not for the world."""
+    port: int = Field(9002, ge=0, le=65535)
+    token: SecretStr | None = None
+    """When set, requests that change state need ``Authorization: Bearer <token>``. Never shown
+    in logs or ``repr``; prefer ``token_file`` or ``token_env`` to keep it out of the file."""
+    token_file: Path | None = None
+    """The token from a file (a mounted Kubernetes Secret); surrounding whitespace is dropped."""
+    token_env: str | None = None
+    """The token from this environment variable."""
+    tls: TlsServer | None = None
+    """TLS (and mutual TLS with ``client_ca_file``) on the admin API."""
+    max_request_bytes: int = Field(1 * MiB, gt=0, le=1 * MiB)
+    """Bodies above this are refused with 413; bodies must declare Content-Length (411
+    otherwise). At most 1 MiB, aiohttp's own cap on the admin app."""
+    max_header_bytes: int = Field(8 * 1024, gt=0)
+    """As for the HTTP listener."""
+    max_connections: int = Field(64, gt=0)
+    """As for the HTTP listener (Prometheus, probes and an operator need few)."""
+    header_timeout_s: float = Field(10.0, gt=0)
+    """As for the HTTP listener."""
+    body_timeout_s: float = Field(30.0, gt=0)
+    """As for the HTTP listener."""
+    min_body_bytes_per_s: int = Field(1024, ge=0)
+    """As for the HTTP listener."""
+    _token_digest: str = PrivateAttr("")
+
+    @model_validator(mode="after")
+    def _one_token(self) -> AdminListener:
+        sources = [k for k in ("token", "token_file", "token_env") if getattr(self, k) is not None]
+        if len(sources) > 1:
+            raise ValueError(f"the admin token comes from one source; {' and '.join(sources)} "
+                             f"are both set")
+        token = self.resolve_token()
+        if token is not None:
+            self._token_digest = hashlib.sha256(token.encode()).hexdigest()
+        return self
+
+    def resolve_token(self) -> str | None:
+        """The token from whichever source is set (read now); ValueError if that source is
+        missing or empty. The message never contains the token."""
+        return read_secret("token", self.token, self.token_file, self.token_env,
+                           "an empty admin token would let anyone act")
+
+
+class Listeners(Strict):
+    http: HttpListener = HttpListener()
+    grpc: GrpcListener = GrpcListener()
+    admin: AdminListener = AdminListener()

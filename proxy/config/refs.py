@@ -1,0 +1,96 @@
+"""The config checks that look past one model: what filters name (routes, files, process-wide
+names), model directories on this machine, secrets read from files or the environment, and the
+one-line messages for a file that cannot be read at all.
+
+``proxy.config.model`` runs them when a config loads, so ``mmguard check-config`` refuses everything
+``mmguard serve`` (or a reload) would fail on, each problem as one line naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import SecretStr
+
+
+@dataclass(frozen=True)
+class ConfigReferences:
+    """What one filter's options name outside the filter, checked when the config loads. A
+    filter's config model declares them with a method ``references(self) -> ConfigReferences``."""
+
+    routes: tuple[tuple[str, str], ...] = ()
+    """(option, route): routes the filter hands calls to; each must be a route of the config."""
+    files: tuple[tuple[str, Path], ...] = ()
+    """(option, path): files the filter reads when built; each must exist (``load_config``
+    with ``check_files``)."""
+    unique_names: tuple[tuple[str, str], ...] = ()
+    """(kind, name): names that must be unique in the whole config, e.g. fault experiments,
+    which are process-wide."""
+
+
+def reference_problems(routes: set[str],
+                       found: Iterable[tuple[str, ConfigReferences]]) -> list[str]:
+    """Routes named that are not routes; process-wide names given twice."""
+    problems: list[str] = []
+    owners: dict[tuple[str, str], str] = {}
+    for where, refs in found:
+        for option, name in refs.routes:
+            if name not in routes:
+                problems.append(f"{where}.{option}: names route '{name}', which is not among "
+                                f"the models {sorted(routes)}")
+        for kind, name in refs.unique_names:
+            first = owners.setdefault((kind, name), where)
+            if first != where:
+                problems.append(f"{where}: {kind} '{name}' is also defined at {first}; "
+                                f"{kind} names are process-wide and must be unique")
+    return problems
+
+
+def model_dir_problems(where: str, model_dir: Path, models: tuple[str, ...] | None) -> list[str]:
+    """An ONNX Runtime repository that is not there, or lacks a model the config lists."""
+    if not model_dir.is_dir():
+        return [f"{where}.model_dir: {model_dir} is not a directory"]
+    from proxy.backends.onnxruntime import find_models  # ORT itself only when it is used
+    found = find_models(model_dir)
+    missing = [m for m in models or () if m not in found]
+    if not missing:
+        return []
+    return [f"{where}.models: no model file for {missing} in {model_dir} (found: "
+            f"{sorted(found)[:10]}; expected <model>/<version>/model.onnx or <model>.onnx)"]
+
+
+def read_secret(name: str, inline: SecretStr | None, file: Path | None, env: str | None,
+                why_not_empty: str) -> str | None:
+    """A secret from whichever of its sources (``<name>``, ``<name>_file``, ``<name>_env``) is
+    set, read now; None when none is. ValueError naming the source when it is missing or empty;
+    the message never contains the secret."""
+    if inline is not None:
+        secret, where = inline.get_secret_value(), name
+    elif file is not None:
+        try:
+            secret = file.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{name}_file: cannot read {file}: {exc}") from None
+        where = f"{name}_file {file}"
+    elif env is not None:
+        secret = os.environ.get(env, "").strip()
+        where = f"{name}_env: environment variable {env}"
+    else:
+        return None
+    if not secret:
+        raise ValueError(f"{where} is empty or unset: {why_not_empty}")
+    return secret
+
+
+def unreadable_value(exc: ValueError) -> str:
+    """One line for a value YAML could not construct (an integer past Python's digit limit)."""
+    digits = re.search(r"value has (\d+) digits", str(exc))
+    if digits is None:
+        return f"a value cannot be read: {str(exc).splitlines()[0]}"
+    return (f"a number has {digits[1]} digits; numbers in a config have at most "
+            f"{sys.get_int_max_str_digits()} digits")

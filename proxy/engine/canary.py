@@ -1,0 +1,113 @@
+"""Which calls are canary traffic.
+
+The runtime marks every call once, before its route's chain runs (``call.state[CANARY]``), so
+every filter agrees on it and fault experiments can test one flag. A call is canary when all of
+``canary.headers`` match, or when its key falls in ``canary.share``.
+
+The key (``canary.key``, else the request id) is the client's to choose, so membership of a share
+MUST NOT be computable by the client: it is HMAC-SHA256 of the key under a per-deployment secret
+(``canary.secret_file`` / ``canary.secret_env``). Every replica that shares the secret gives one
+key the same answer, and a retried request keeps its treatment; without a configured secret each
+process draws its own at start (membership is then per replica, which the start-up log says).
+The shadow filter's mirroring share and the fault experiments' shares draw through the same
+``ShareHash``, each with its own prefix, so one share says nothing about another.
+
+Clients' copies of the canary headers are removed before anything reads them unless the
+listener trusts them: an untrusted client cannot opt itself into fault injection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import random
+import secrets
+from typing import TYPE_CHECKING
+
+from proxy.call import CANARY, Call, headers_match
+from proxy.pod.state import POD, Role
+
+if TYPE_CHECKING:
+    from proxy.config.model import Config
+
+log = logging.getLogger("mmguard.canary")
+
+_PER_PROCESS_SECRET = (bytes.fromhex(os.environ["MMGUARD_POD_SECRET"])
+                       if os.environ.get("MMGUARD_POD_SECRET") else secrets.token_bytes(32))
+"""Used when no secret is configured: stable for this process's life (reloads included); the
+workers of one pod get the same one from their supervisor, so they agree on membership."""
+
+
+class ShareHash:
+    """Stable, keyed membership of request keys in shares of traffic."""
+
+    def __init__(self, secret: bytes | None = None, key_header: str = "x-request-id") -> None:
+        self.secret = _PER_PROCESS_SECRET if secret is None else secret
+        self.key_header = key_header.lower()
+        self._draw = random.SystemRandom()
+
+    @property
+    def per_process(self) -> bool:
+        return self.secret is _PER_PROCESS_SECRET
+
+    def request_key(self, call: Call) -> str:
+        """The key a call's membership is decided on: ``canary.key``'s header, else its id."""
+        return call.headers.get(self.key_header) or call.id
+
+    def in_share(self, scope: str, key: str, share: float) -> bool:
+        """Whether ``key`` falls in ``share`` (0..1) of keys within ``scope`` (which keeps one
+        share independent of another); a fresh unpredictable draw for an empty key."""
+        if share >= 1.0:
+            return True
+        if share <= 0.0:
+            return False
+        if not key:
+            return self._draw.random() < share
+        mac = hmac.new(self.secret, f"{scope}\x00{key}".encode(), hashlib.sha256).digest()
+        return int.from_bytes(mac[:8], "big") / 2**64 < share
+
+
+class CanaryMatcher:
+    def __init__(self, config: Config, share_hash: ShareHash) -> None:
+        self.cfg = config.canary
+        self.headers = {k.lower(): v for k, v in self.cfg.headers.items()}
+        lc = config.listeners
+        self.trusted = {"grpc": lc.grpc.trust_canary_headers,
+                        "http": lc.http.trust_canary_headers,
+                        "openai": lc.http.trust_canary_headers}
+        self.share_hash = share_hash
+
+    def mark(self, call: Call) -> bool:
+        if CANARY in call.state:  # a reroute or a fallback level: decided once per call
+            return bool(call.state[CANARY])
+        if self.headers and not self.trusted.get(call.front, False):
+            for name in self.headers:
+                call.headers.pop(name, None)
+        canary = bool(self.headers) and headers_match(self.headers, call.headers)
+        if not canary and self.cfg.share > 0:
+            canary = self.share_hash.in_share("canary", self.share_hash.request_key(call),
+                                              self.cfg.share)
+        call.state[CANARY] = canary
+        return canary
+
+
+def share_hash_for(config: Config) -> ShareHash:
+    """The ``ShareHash`` of ``config`` (its secret read now); ValueError naming the source when
+    a configured secret cannot be read."""
+    secret = config.canary.resolve_secret()
+    return ShareHash(None if secret is None else secret.encode(), config.canary.key)
+
+
+def log_membership(share_hash: ShareHash) -> None:
+    if share_hash.per_process and POD.role is Role.SUPERVISOR:
+        log.info("canary.secret_file / canary.secret_env is not set: share membership is keyed "
+                 "with a random secret this pod's workers share; it differs between pods and "
+                 "restarts")
+    elif share_hash.per_process:
+        log.info("canary.secret_file / canary.secret_env is not set: share membership "
+                    "(canary share, shadow percent, experiment shares) is keyed with a random "
+                    "per-process secret, so it differs between replicas and restarts")
+    else:
+        log.info("share membership is keyed with the configured canary secret")

@@ -1,0 +1,268 @@
+"""The data plane both fronts share: health, metadata, statistics, the repository API and
+inference over the current runtime, with the request-level span, metrics and statistics done
+once, here, for every front.
+
+Unknown-model refusals never list the served models: any client may ask, and the list is the
+operator's (it stays in mmguard's log and on the admin port).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import propagate, trace
+
+from proxy import __version__
+from proxy.backends.base import Backend
+from proxy.call import CANARY, Call, LocalReply, Reply, Result, StreamItem
+from proxy.contract import ModelContract
+from proxy.engine.runtime import Runtime
+from proxy.errors import STATUS, ErrorKind, ProxyError
+from proxy.lifecycle import StateKey
+from proxy.telemetry import Telemetry, end_server_span, server_span, tracing_on
+
+EXTENSIONS = ("classification", "binary_tensor_data", "statistics", "model_configuration")
+MMGUARD_EXTENSION = "mmguard"
+"""Announces mmguard in a backend's server metadata (``v2.server_metadata: backend``)."""
+_REFUSED_EXTENSIONS = frozenset({"cuda_shared_memory", "trace", "logging"})
+"""Backend extensions mmguard answers with a refusal: not announced on its behalf."""
+_REPOSITORY_EXTENSIONS = frozenset({"model_repository", "model_repository(unload_dependents)"})
+_tracer = trace.get_tracer("mmguard")
+log = logging.getLogger("mmguard.dataplane")
+_CONTRACTS_CHECKED: StateKey[set[tuple[str, str]]] = StateKey("v2_contracts_checked")
+"""(route, contract fingerprint) already checked for servability (said once per process)."""
+
+
+def unknown_model(model: str) -> ProxyError:
+    return ProxyError(ErrorKind.NOT_FOUND, f"model '{model}' is not served by mmguard")
+
+
+@dataclass
+class ModelStats:
+    success_count: int = 0
+    success_ns: int = 0
+    fail_count: int = 0
+    fail_ns: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+
+
+class DataPlane:
+    def __init__(self, runtime: Runtime, telemetry: Telemetry) -> None:
+        self.runtime = runtime
+        self.telemetry = telemetry
+        self.stats: dict[str, ModelStats] = {}
+        self.draining = False
+        self.ready_override: Callable[[], bool] | None = None
+        """A pod's supervisor: ready when its workers are (it serves no data itself)."""
+
+    # --- health and metadata ----------------------------------------------------------------
+
+    def live(self) -> bool:
+        return True
+
+    async def ready(self) -> bool:
+        if self.ready_override is not None:
+            return not self.draining and self.ready_override()
+        self._check_contracts()
+        return not self.draining and await self.runtime.ready()
+
+    async def model_ready(self, model: str, version: str = "") -> bool:
+        if self._unservable(model) is not None:
+            return False
+        return not self.draining and await self.runtime.model_ready(model, version)
+
+    def _unservable(self, model: str) -> str | None:
+        """Why a route cannot be served whatever the request (None: it can)."""
+        route = self.runtime.routes.get(model)
+        contract = self.runtime.contracts.get(model)
+        if route is None or contract is None or not contract.decoupled:
+            return None
+        backend = self.runtime.backends[route.spec.backend]
+        if backend.protocol != "http":
+            return None
+        return (f"model '{model}' (route '{model}', backend '{route.spec.backend}' model "
+                f"'{route.target.model}') is decoupled, and Triton streams decoupled models "
+                f"over gRPC only: a triton_http backend cannot serve it; route it to a "
+                f"triton_grpc backend")
+
+    def _check_contracts(self) -> None:
+        """Say once, when a contract is learned, that its route cannot work (readiness is
+        polled every half second, so this is within that of the contract's arrival)."""
+        seen = self.runtime.state.setdefault(_CONTRACTS_CHECKED, set)
+        for model, contract in self.runtime.contracts.items():
+            key = (model, contract.fingerprint)
+            if key in seen:
+                continue
+            seen.add(key)
+            why = self._unservable(model)
+            if why is not None:
+                log.error("config: %s", why, extra={"fields": {"route": model}})
+
+    async def server_metadata(self) -> tuple[dict[str, Any], str]:
+        """The server metadata to answer, and what it is (for the ``mmguard-server-metadata``
+        header): the backend's (``v2.server_metadata: backend``) or mmguard's own."""
+        config = self.runtime.config
+        own: dict[str, Any] = {"name": "mmguard", "version": __version__,
+                               "extensions": list(EXTENSIONS)}
+        if config.v2.repository_api:
+            own["extensions"] += sorted(_REPOSITORY_EXTENSIONS)
+        name = config.v2_backend()
+        if config.v2.server_metadata == "mmguard" or name is None:
+            return own, "mmguard"
+        try:
+            meta = await self.runtime.backends[name].server_metadata()
+        except ProxyError as err:
+            return own, f"mmguard (backend '{name}' did not answer: {err.message[:200]})"
+        if meta is None:
+            return own, "mmguard"
+        refused = _REFUSED_EXTENSIONS | (set() if config.v2.repository_api
+                                         else _REPOSITORY_EXTENSIONS)
+        extensions = [e for e in meta.get("extensions", []) if e not in refused]
+        return ({"name": str(meta.get("name", "")), "version": str(meta.get("version", "")),
+                 "extensions": [*extensions, MMGUARD_EXTENSION]}, f"backend '{name}'")
+
+    def repository_backend(self, rpc: str, authorization: str | None) -> Backend:
+        """The backend a repository call goes to, once the switch and the token allow it."""
+        config = self.runtime.config
+        if not config.v2.repository_api:
+            raise ProxyError(ErrorKind.UNIMPLEMENTED,
+                             f"{rpc}: the model repository API is off in mmguard "
+                             f"(v2.repository_api: false); load and unload models on the model "
+                             f"server, or turn it on (it then needs the admin token)")
+        digest = config.listeners.admin._token_digest
+        scheme, _, token = (authorization or "").partition(" ")
+        given = hashlib.sha256(token.strip().encode()).hexdigest()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given, digest):
+            raise ProxyError(ErrorKind.UNAUTHENTICATED,
+                             f"{rpc}: the model repository API needs 'authorization: Bearer "
+                             f"<admin token>' (the listeners.admin token)")
+        name = config.v2_backend()
+        assert name is not None  # the config refuses repository_api without one
+        return self.runtime.backends[name]
+
+    def contract(self, model: str) -> ModelContract:
+        """The served contract, under the name clients use (raises NOT_FOUND / UNAVAILABLE)."""
+        if model not in self.runtime.routes:
+            raise unknown_model(model)
+        return self.runtime.contract(model)
+
+    def model_stats(self, model: str = "") -> dict[str, ModelStats]:
+        if model:
+            if model not in self.runtime.routes:
+                raise unknown_model(model)
+            return {model: self.stats.get(model, ModelStats())}
+        return {name: self.stats.get(name, ModelStats()) for name in self.runtime.routes}
+
+    # --- inference --------------------------------------------------------------------------
+
+    async def infer(self, call: Call) -> Reply:
+        if not tracing_on():
+            return await self._infer(call)
+        ctx = propagate.extract(call.headers)
+        name, attrs = server_span(call)
+        with _tracer.start_as_current_span(name, context=ctx, kind=trace.SpanKind.SERVER,
+                                           attributes=attrs) as span:
+            reply = await self._infer(call)
+            if isinstance(reply, LocalReply):
+                span.set_status(trace.StatusCode.ERROR, reply.message)
+                status = STATUS[reply.kind]
+                end_server_span(span, call, reply.kind.value, reply.status or status.http,
+                                status.grpc.value[0])
+            else:
+                end_server_span(span, call, None, 200, 0)
+        return reply
+
+    async def _infer(self, call: Call) -> Reply:
+        route = self.runtime.routes.get(call.model)
+        # Unknown names share one label value, so a scan of names cannot blow up cardinality.
+        model = call.model if route is not None else "(unknown)"
+        backend = route.spec.backend if route is not None else ""
+        m = self.telemetry.request_metrics(model, backend, call.front)
+        m.in_flight.inc()
+        start = time.perf_counter_ns()
+        try:
+            reply = await self._handle(call)
+        except asyncio.CancelledError:
+            # The client went away or its deadline passed (grpc.aio cancels the handler): the
+            # call still counts, so the metrics agree with what the clients saw.
+            elapsed = time.perf_counter_ns() - start
+            late = call.deadline is not None and time.monotonic() >= call.deadline - 0.005
+            code = "deadline_exceeded" if late else "cancelled"
+            self.telemetry.count_request(m, model, backend, call.front, code)
+            self.telemetry.observe_latency(m, elapsed / 1e9)
+            if route is not None:
+                self._account(call, None, elapsed)
+            raise
+        finally:
+            m.in_flight.dec()
+        elapsed = time.perf_counter_ns() - start
+        # Injected faults are counted apart, so no dashboard or alert takes them for the model's.
+        code = ("ok" if isinstance(reply, Result) else
+                "injected" if reply.injected else reply.kind.value)
+        self.telemetry.count_request(m, model, backend, call.front, code)
+        self.telemetry.observe_latency(m, elapsed / 1e9)
+        m.request_bytes.inc(call.nbytes)
+        self.telemetry.access(call, code, elapsed / 1e9)
+        if route is not None:
+            self._account(call, reply, elapsed)
+            if call.state.get(CANARY):  # what observers judge: the canary population
+                for observe in self.runtime.observers:
+                    observe(call, reply, elapsed / 1e9)
+        return reply
+
+    async def _handle(self, call: Call) -> Reply:
+        if call.model not in self.runtime.routes:
+            return LocalReply.from_error(unknown_model(call.model))
+        why = self._unservable(call.model)
+        if why is not None:
+            return LocalReply(ErrorKind.FAILED_PRECONDITION, why)
+        return await self.runtime.handle(call)
+
+    def _account(self, call: Call, reply: Reply | None, elapsed_ns: int) -> None:
+        """The per-model statistics the v2 statistics endpoints report (no reply: the call
+        was cancelled, a failure)."""
+        st = self.stats.setdefault(call.model, ModelStats())
+        if isinstance(reply, Result):
+            st.success_count += 1
+            st.success_ns += elapsed_ns
+            st.execution_count += 1
+            st.inference_count += _batch_size(call)
+            st.last_inference_ms = int(time.time() * 1000)
+        else:
+            st.fail_count += 1
+            st.fail_ns += elapsed_ns
+
+    async def stream(self, call: Call) -> AsyncGenerator[StreamItem, None]:
+        """Each response of a streamed call as it comes; errors become a LocalReply item."""
+        call.streaming = True
+        reply = await self.infer(call)
+        if isinstance(reply, LocalReply) or reply.stream is None:
+            yield reply
+            return
+        stream = reply.stream
+        try:
+            async for item in stream:
+                yield item
+        except ProxyError as exc:
+            yield LocalReply.from_error(exc)
+        except Exception as exc:  # a stream never ends without a last word to the client
+            yield LocalReply(ErrorKind.INTERNAL, f"stream failed: {type(exc).__name__}: {exc}")
+        finally:
+            close = getattr(stream, "aclose", None)
+            if close is not None:  # a client that left cancels the backend call now
+                await close()
+
+
+def _batch_size(call: Call) -> int:
+    if call.inputs and call.inputs[0].shape:
+        return max(call.inputs[0].shape[0], 1)
+    return 1

@@ -1,0 +1,331 @@
+"""What a config turns into: backends, routes with their composed chains, and live contracts.
+
+A ``Runtime`` is immutable once built; a reload builds a new one (reusing the backends whose
+config did not change) and the data plane swaps it in. In-flight calls finish on the runtime
+they started on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from proxy.backends.base import Backend
+from proxy.call import Api, Call, CallKey, LocalReply, Reply, Result, Target
+from proxy.chain import FilterContext, Next, compose, filter_factories
+from proxy.clock import Clock
+from proxy.config.backends import BackendConfig
+from proxy.config.model import Config, ModelRoute
+from proxy.contract import ModelContract
+from proxy.engine.canary import CanaryMatcher, ShareHash, share_hash_for
+from proxy.errors import ErrorKind, ProxyError
+from proxy.lifecycle import Observer, Store
+from proxy.telemetry import Telemetry
+
+log = logging.getLogger("mmguard.runtime")
+_REROUTES: CallKey[int] = CallKey("reroutes")
+_MAX_REROUTES = 3
+
+
+def make_backend(cfg: BackendConfig) -> Backend:
+    if cfg.kind == "onnxruntime":
+        from proxy.backends.onnxruntime import OnnxRuntimeBackend
+        return OnnxRuntimeBackend(cfg)
+    if cfg.kind == "triton_grpc":
+        from proxy.backends.triton_grpc import TritonGrpcBackend
+        return TritonGrpcBackend(cfg)
+    if cfg.kind == "vllm":
+        from proxy.backends.vllm import VllmBackend
+        return VllmBackend(cfg)
+    from proxy.backends.triton_http import TritonHttpBackend
+    return TritonHttpBackend(cfg)
+
+
+@dataclass
+class Route:
+    spec: ModelRoute
+    chain: Next
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def target(self) -> Target:
+        return Target(self.spec.backend, self.spec.backend_model or self.spec.name,
+                      self.spec.version)
+
+
+class Runtime:
+    def __init__(self, config: Config, telemetry: Telemetry, clock: Clock,
+                 backends: dict[str, Backend], store: Store | None = None,
+                 share_hash: ShareHash | None = None, seed: int | None = None) -> None:
+        self.config = config
+        self._seed = seed
+        """Seeds each filter's ``rng`` (by route and position) when set: tests replay draws."""
+        self.share_hash = share_hash or share_hash_for(config)
+        self.canary = CanaryMatcher(config, self.share_hash)
+        self.state = Store() if store is None else store
+        """Filter state that outlives a reload (e.g. experiments started through the API)."""
+        self.local = Store()
+        """This runtime's filter state (e.g. what its chains offer the admin API)."""
+        self.telemetry = telemetry
+        self.clock = clock
+        self.backends = backends
+        self.contracts: dict[str, ModelContract] = {}
+        self.routes: dict[str, Route] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.start_errors: dict[str, str] = {}
+        """Each backend's last failure to start (for the reload that gives up on it)."""
+        self._started = {name: asyncio.Event() for name in backends}
+        self._activations: list[Callable[[], None]] = []
+        self._filter_configs: dict[str, dict[str, BaseModel]] = {}
+        """Filter name → route → its config there (what ``activated`` hands each factory)."""
+        for spec in config.models:
+            self.routes[spec.name] = Route(spec, self._build_chain(spec))
+        self.observers: list[Observer] = [
+            o for f in filter_factories().values() for o in f.observers(self.state, self.local)]
+        """What sees every routed call's final answer (the filters' ``observers``)."""
+
+    @property
+    def store(self) -> Store:
+        """``state``, by the name inspection tools know."""
+        return self.state
+
+    @property
+    def admin(self) -> Store:
+        """``local``, by the name inspection tools know."""
+        return self.local
+
+    def activate(self) -> None:
+        """Once this runtime serves: what its filters deferred (starting experiments, taking
+        over shared state) happens now, then each filter factory hears of its configs in the
+        runtime (experiments the new config dropped end). Building did none of it, so a
+        runtime that is never swapped in changed nothing."""
+        for hook in self._activations:
+            hook()
+        self._activations.clear()
+        for name, factory in filter_factories().items():
+            factory.activated(self.state, self.local, self._filter_configs.get(name, {}))
+
+    @classmethod
+    def build(cls, config: Config, telemetry: Telemetry, clock: Clock,
+              previous: Runtime | None = None) -> Runtime:
+        backends: dict[str, Backend] = {}
+        for cfg in config.backends:
+            old = previous.backend_config(cfg.name) if previous else None
+            if previous is not None and old == cfg:
+                backends[cfg.name] = previous.backends[cfg.name]  # unchanged: keep its connections
+            else:
+                backends[cfg.name] = make_backend(cfg)
+                if (handoff := getattr(backends[cfg.name], "handoff", None)) is not None:
+                    handoff.bind(telemetry)  # the shared-memory pool's counters on /metrics
+        return cls(config, telemetry, clock, backends,
+                   store=previous.store if previous is not None else None)
+
+    def backend_config(self, name: str) -> BackendConfig | None:
+        return next((b for b in self.config.backends if b.name == name), None)
+
+    def _build_chain(self, spec: ModelRoute) -> Next:
+        factories = filter_factories()
+        filters = []
+        def contract() -> ModelContract | None:
+            return self.contracts.get(spec.name)
+
+        for i, fs in enumerate(self.config.chain(spec)):
+            rng = (random.Random() if self._seed is None
+                   else random.Random(f"{self._seed}:{spec.name}:{i}"))
+            ctx = FilterContext(route=spec.name, telemetry=self.telemetry, clock=self.clock,
+                                rng=rng, contract=contract, lookup=self.lookup,
+                                count_tokens=self.count_tokens, reroute=self.reroute,
+                                local=self.local, state=self.state,
+                                share_hash=self.share_hash,
+                                on_activate=self._activations.append)
+            factory = factories[fs.name]
+            self._filter_configs.setdefault(fs.name, {})[spec.name] = fs.config
+            filters.append((fs.name, factory.build(fs.config, ctx)))
+        return compose(filters, self._terminal)
+
+    def lookup(self, name: str) -> tuple[Target, ModelContract | None] | None:
+        """Another route's target and contract (for filters that reroute)."""
+        route = self.routes.get(name)
+        return None if route is None else (route.target, self.contracts.get(name))
+
+    async def reroute(self, name: str, call: Call) -> Reply:
+        """Run ``call`` through route ``name``'s chain, as if the client had asked for it; the
+        answer still carries the client's model name."""
+        route = self.routes.get(name)
+        if route is None:
+            return LocalReply(ErrorKind.NOT_FOUND, f"reroute target '{name}' is not a route "
+                              f"(routes: {sorted(self.routes)})")
+        hops = call.state.get(_REROUTES, 0) or 0
+        if hops >= _MAX_REROUTES:
+            return LocalReply(ErrorKind.INTERNAL, f"reroute loop: {hops} reroutes, the last to "
+                              f"'{name}'; check the routes' reroute_to settings")
+        call.state[_REROUTES] = hops + 1
+        call.target = route.target
+        return await route.chain(call)
+
+    async def count_tokens(self, call: Call) -> int | None:
+        """Prompt tokens as the target backend counts them, where it can (vLLM /tokenize)."""
+        assert call.target is not None
+        backend = self.backends[call.target.backend]
+        count = getattr(backend, "count_tokens", None)
+        return None if count is None else int(await count(call, call.target.model))
+
+    async def _terminal(self, call: Call) -> Reply:
+        target = call.target
+        assert target is not None
+        backend = self.backends[target.backend]
+        if not self._started[target.backend].is_set():
+            return LocalReply(ErrorKind.UNAVAILABLE,
+                              f"backend '{target.backend}' is still starting (model "
+                              f"'{target.model}'); try again", retry_after_s=1.0)
+        if call.streaming:
+            return Result(target.model, stream=backend.stream(call, target))
+        start = self.clock.monotonic()
+        try:
+            return await backend.infer(call, target)
+        except ProxyError as err:
+            return LocalReply.from_error(err)
+        finally:
+            self.telemetry.backend_latency.labels(call.model, target.backend).observe(
+                self.clock.monotonic() - start)
+
+    async def handle(self, call: Call) -> Reply:
+        route = self.routes.get(call.model)
+        if route is None:
+            return LocalReply(ErrorKind.NOT_FOUND,
+                              f"model '{call.model}' is not served by mmguard "
+                              f"(serving: {sorted(self.routes)})")
+        backend_api = self.backends[route.spec.backend].api
+        if call.api is not backend_api:
+            speaks_openai = backend_api is Api.OPENAI
+            api, front = (("the OpenAI API", "OpenAI") if speaks_openai
+                          else ("KServe v2", "KServe v2 (/v2/models/…/infer or gRPC)"))
+            return LocalReply(ErrorKind.INVALID_ARGUMENT,
+                              f"model '{call.model}' is served over {api} by backend "
+                              f"'{route.spec.backend}'; call it through the {front} front",
+                              param="model")
+        if call.version and route.spec.version and call.version != route.spec.version:
+            return LocalReply(ErrorKind.NOT_FOUND,
+                              f"model '{call.model}' version '{call.version}' is not served "
+                              f"(serving version '{route.spec.version}')")
+        target = route.target
+        if call.version and not route.spec.version:
+            target.version = call.version
+        call.target = target
+        self.canary.mark(call)
+        if route.spec.timeout_s is not None:
+            limit = time.monotonic() + route.spec.timeout_s  # same clock as Call.deadline
+            call.deadline = limit if call.deadline is None else min(call.deadline, limit)
+        return await route.chain(call)
+
+    # --- life cycle -------------------------------------------------------------------------
+
+    async def start(self, started: set[str] | None = None) -> None:
+        """Start backends not already started (reused ones are) and watch contracts."""
+        for name, backend in self.backends.items():
+            if started is None or name not in started:
+                self._tasks.append(asyncio.create_task(self._start_backend(name, backend)))
+            else:
+                self._started[name].set()
+        for route in self.routes.values():
+            self._tasks.append(asyncio.create_task(self._watch_contract(route)))
+
+    async def wait_started(self, within_s: float) -> list[str]:
+        """Wait (up to ``within_s``) for every backend to have started; the names still not."""
+        pending = [n for n, e in self._started.items() if not e.is_set()]
+        if pending:
+            waits = [asyncio.ensure_future(self._started[n].wait()) for n in pending]
+            _, not_done = await asyncio.wait(waits, timeout=within_s)
+            for w in not_done:
+                w.cancel()
+        return [n for n, e in self._started.items() if not e.is_set()]
+
+    async def _start_backend(self, name: str, backend: Backend) -> None:
+        delay = 0.2
+        while True:
+            try:
+                await backend.start()
+                self._started[name].set()
+                return
+            except Exception as exc:  # keep trying: the model server may start after us
+                self.start_errors[name] = f"{type(exc).__name__}: {exc}"
+                log.warning("backend %r failed to start: %s; retrying in %.1fs", name, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _watch_contract(self, route: Route) -> None:
+        target = route.target
+        backend = self.backends[target.backend]
+        await self._started[target.backend].wait()
+        delay = 0.2
+        while True:
+            try:
+                contract = await backend.metadata(target.model, target.version)
+            except Exception as exc:
+                if route.name not in self.contracts:
+                    log.info("contract of model %r not available yet from backend %r: %s",
+                             route.name, target.backend, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            old = self.contracts.get(route.name)
+            if old is None:
+                log.info("contract of model %r learned from backend %r (fingerprint %s)",
+                         route.name, target.backend, contract.fingerprint[:12])
+            elif old.fingerprint != contract.fingerprint:
+                log.warning("contract of model %r changed on backend %r: %s -> %s",
+                            route.name, target.backend, old.fingerprint[:12],
+                            contract.fingerprint[:12],
+                            extra={"fields": {"model": route.name, "old": old.fingerprint,
+                                              "new": contract.fingerprint}})
+            self.contracts[route.name] = contract
+            delay = 0.2
+            await asyncio.sleep(self.config.contract_refresh_s)
+
+    async def ready(self) -> bool:
+        if any(r not in self.contracts for r in self.routes):
+            return False
+        results = await asyncio.gather(*(b.ready() for b in self.backends.values()))
+        for name, ok in zip(self.backends, results, strict=True):
+            self.telemetry.backend_ready.labels(name).set(1 if ok else 0)
+        return all(results)
+
+    async def model_ready(self, model: str, version: str = "") -> bool:
+        route = self.routes.get(model)
+        if route is None or model not in self.contracts:
+            return False
+        target = route.target
+        return await self.backends[target.backend].model_ready(target.model,
+                                                               version or target.version)
+
+    def contract(self, model: str) -> ModelContract:
+        if model not in self.routes:
+            raise ProxyError(ErrorKind.NOT_FOUND, f"model '{model}' is not served by mmguard "
+                                                  f"(serving: {sorted(self.routes)})")
+        contract = self.contracts.get(model)
+        if contract is None:
+            raise ProxyError(ErrorKind.UNAVAILABLE,
+                             f"model '{model}': backend '{self.routes[model].spec.backend}' has "
+                             "not answered with its metadata yet")
+        return contract
+
+    async def stop_watching(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def close(self, keep: set[str] | None = None) -> None:
+        await self.stop_watching()
+        for name, backend in self.backends.items():
+            if keep is None or name not in keep:
+                await backend.close()

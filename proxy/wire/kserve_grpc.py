@@ -1,0 +1,303 @@
+"""KServe v2 protobuf ↔ ``Call`` / ``Result``, raw to raw.
+
+Requests arrive as bytes (the gRPC front registers no deserializer) and are parsed once; the
+original bytes stay on the call, so an unedited call to a gRPC backend is forwarded as it came.
+A route that serves a model under another name rewrites ``model_name`` by appending the field:
+proto3 keeps the last value of a scalar field, so no re-encoding of the tensors is needed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from proxy.call import Call, Decoded, RequestedOutput, Result, Wire
+from proxy.errors import ErrorKind, ProxyError, bounded
+from proxy.pb import grpc_service_pb2 as pb
+from proxy.tensor import (
+    MAX_PARAMETERS,
+    MAX_RANK,
+    MAX_TENSORS,
+    Payload,
+    Tensor,
+)
+from proxy.wire import pbwire, typed_contents
+from proxy.wire.answers import answer_error, output_problem
+
+_RAW_INPUTS = 7  # ModelInferRequest.raw_input_contents
+_RAW_OUTPUTS = 6  # ModelInferResponse.raw_output_contents
+
+
+def decode_request(body: bytes, shared_memory: bool = False) -> Call:
+    """``shared_memory``: an input in a region becomes an empty placeholder that
+    ``proxy.shm.regions`` fills (otherwise it is refused)."""
+    req = pb.ModelInferRequest()
+    try:
+        head, raws, contents = _split_request(body)
+        req.ParseFromString(head)
+    except pbwire.FieldLimit as exc:
+        raise ProxyError(ErrorKind.INVALID_ARGUMENT, f"the request has {exc}; mmguard takes "
+                         f"at most {exc.limit}") from None
+    except (DecodeError, pbwire.WireError) as exc:
+        raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                         f"malformed ModelInferRequest: {exc}") from None
+    in_regions = sum(1 for inp in req.inputs if "shared_memory_region" in inp.parameters)
+    if raws and len(raws) != len(req.inputs) - in_regions:
+        raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                         f"request has {len(req.inputs) - in_regions} inputs outside shared "
+                         f"memory but {len(raws)} raw_input_contents; they must match one to one")
+    inputs = []
+    next_raw = 0
+    for i, inp in enumerate(req.inputs):
+        params = params_from_pb(inp.parameters)
+        shape = tuple(inp.shape)
+        if "shared_memory_region" in params:
+            _refuse_shared_memory(inp.name, shared_memory)
+            inputs.append(Tensor(inp.name, inp.datatype, shape, raw=b"", parameters=params))
+            continue
+        t = Tensor(inp.name, inp.datatype, shape, parameters=params)
+        if raws:
+            t.raw = raws[next_raw]
+            next_raw += 1
+            t.check_payload()
+        elif i in contents:
+            t.check_shape()  # the element count the contents are held to must be a real one
+            # Counted against the shape while converted: the raw form fits it by construction.
+            t.raw = typed_contents.contents_to_raw(t.name, t.datatype, t.shape, contents[i])
+        else:
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             f"input '{inp.name}' has no data (neither raw_input_contents nor "
+                             "contents)")
+        inputs.append(t)
+    return Call(
+        model=req.model_name, version=req.model_version, id=req.id, inputs=inputs,
+        outputs=[RequestedOutput(o.name, params_from_pb(o.parameters)) for o in req.outputs],
+        parameters=params_from_pb(req.parameters), front="grpc", wire=Wire("grpc", body),
+    )
+
+
+# ModelInferRequest fields, and those of its InferInputTensor / InferRequestedOutputTensor.
+_PARAMETERS, _INPUTS, _OUTPUTS = 4, 5, 6
+_INPUT_SHAPE, _INPUT_PARAMETERS, _INPUT_CONTENTS = 3, 4, 5
+_OUTPUT_PARAMETERS = 2
+MAX_FIELDS = 50_000
+"""The most protobuf fields one request may hold outside its tensor payloads (walking one costs
+a microsecond or two: the walk stays under ~0.1 s however the body is built)."""
+_LIMITS = {_PARAMETERS: (MAX_PARAMETERS, "request parameters"), _INPUTS: (MAX_TENSORS, "inputs"),
+           _OUTPUTS: (MAX_TENSORS, "outputs"), _RAW_INPUTS: (MAX_TENSORS, "raw_input_contents")}
+
+
+def _split_request(body: bytes) -> tuple[bytes, list[memoryview], dict[int, list[memoryview]]]:
+    """The request without its payloads (to parse), ``raw_input_contents`` as slices, and each
+    input's typed ``contents`` as slices by input index. Every repeated field is counted against
+    its bound on the wire, before protobuf builds anything from it."""
+    view = memoryview(body)
+    budget = pbwire.Budget(MAX_FIELDS, "protobuf fields outside its tensor payloads")
+    seen = dict.fromkeys(_LIMITS, 0)
+    rest: list[bytes | memoryview] = []
+    raws: list[memoryview] = []
+    contents: dict[int, list[memoryview]] = {}
+    for number, start, value, end in pbwire.fields(view, budget):
+        if number in seen:
+            seen[number] += 1
+            limit, what = _LIMITS[number]
+            if seen[number] > limit:
+                raise pbwire.FieldLimit(limit, what)
+        is_message = pbwire.wire_type_at(view, start) == pbwire.LEN
+        if number == _RAW_INPUTS:
+            raws.append(view[value:end])
+        elif number == _INPUTS and is_message:
+            pieces, stripped = _input_without_contents(view[value:end], budget)
+            if pieces:
+                contents[seen[_INPUTS] - 1] = pieces
+                rest.append(pbwire.len_field(_INPUTS, stripped))
+            else:
+                rest.append(view[start:end])
+        else:
+            if number == _OUTPUTS and is_message:
+                _count_output_fields(view[value:end], budget)
+            rest.append(view[start:end])
+    return b"".join(rest), raws, contents
+
+
+def _input_without_contents(tensor: memoryview, budget: pbwire.Budget
+                            ) -> tuple[list[memoryview], bytes]:
+    """An InferInputTensor's ``contents`` values, and the tensor without them; its shape and
+    parameters are counted against their bounds."""
+    pieces: list[memoryview] = []
+    rest: list[memoryview] = []
+    dims = params = 0
+    for number, start, value, end in pbwire.fields(tensor, budget):
+        packed = pbwire.wire_type_at(tensor, start) == pbwire.LEN
+        if number == _INPUT_CONTENTS and packed:
+            pieces.append(tensor[value:end])
+            continue
+        if number == _INPUT_SHAPE:
+            dims += pbwire.count_varints(tensor[value:end]) if packed else 1
+            if dims > MAX_RANK:
+                raise pbwire.FieldLimit(MAX_RANK, "dims in one input's shape")
+        elif number == _INPUT_PARAMETERS:
+            params += 1
+            if params > MAX_PARAMETERS:
+                raise pbwire.FieldLimit(MAX_PARAMETERS, "parameters on one input")
+        rest.append(tensor[start:end])
+    return pieces, b"".join(rest) if pieces else b""
+
+
+def _count_output_fields(output: memoryview, budget: pbwire.Budget) -> None:
+    params = 0
+    for number, _, _, _ in pbwire.fields(output, budget):
+        params += number == _OUTPUT_PARAMETERS
+        if params > MAX_PARAMETERS:
+            raise pbwire.FieldLimit(MAX_PARAMETERS, "parameters on one requested output")
+
+
+def encode_request(call: Call, model: str, version: str) -> bytes:
+    if call.wire is not None and call.wire.protocol == "grpc":
+        body = call.wire.body
+        if model != call.model:
+            body += _string_field(1, model)
+        if version != call.version:
+            body += _string_field(2, version)
+        return body
+    req = pb.ModelInferRequest(model_name=model, model_version=version, id=call.id)
+    params_to_pb(req.parameters, _without(call.parameters, HTTP_ONLY_PARAMETERS))
+    for t in call.inputs:
+        inp = req.inputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
+        params_to_pb(inp.parameters, _without(t.parameters, HTTP_ONLY_PARAMETERS))
+        req.raw_input_contents.append(bytes(t.raw_bytes()))
+    for o in call.outputs:
+        # Everything else crosses: ``classification`` (the extension), custom parameters.
+        out = req.outputs.add(name=o.name)
+        params_to_pb(out.parameters, _without(o.parameters, HTTP_ONLY_PARAMETERS))
+    return bytes(req.SerializeToString())
+
+
+HTTP_ONLY_PARAMETERS = frozenset({"binary_data", "binary_data_output", "binary_data_size"})
+"""Parameters of the HTTP binary tensor extension: they say how the HTTP body is laid out, so
+they do not cross to gRPC (where every tensor is raw); the HTTP front answers in the form the
+client asked for from the call's own parameters."""
+
+
+def _without(params: dict[str, Any], names: frozenset[str]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if k not in names}
+
+
+def decode_response(body: bytes, source: str = "backend") -> Result:
+    """The answer as a ``Result`` that keeps its wire form. The small head (everything but the
+    tensor bytes) is parsed now, so every output's length is checked against its shape before
+    the answer goes anywhere (``proxy.wire.answers``); the tensor bytes are neither parsed nor
+    copied.
+    ``source`` names the sender in errors (``backend 'triton' for model 'clip'``)."""
+    resp = pb.ModelInferResponse()
+    try:
+        head, raws = pbwire.split(body, _RAW_OUTPUTS)
+        resp.ParseFromString(head)
+    except (DecodeError, pbwire.WireError) as exc:
+        raise ProxyError(ErrorKind.BAD_GATEWAY, f"{source} sent a malformed ModelInferResponse: "
+                         f"{exc}", origin="backend") from None
+    _check_response(resp, raws, source)
+    return Result(wire=Wire("grpc", body), decode=lambda: _decoded(resp, raws))
+
+
+def result_from_pb(resp: pb.ModelInferResponse, wire: Wire | None,
+                   source: str = "backend") -> Result:
+    raws: list[Any] = list(resp.raw_output_contents)
+    _check_response(resp, raws, source)
+    return Result(wire=wire, decode=lambda: _decoded(resp, raws))
+
+
+def _check_response(resp: pb.ModelInferResponse, raws: list[Any], source: str) -> None:
+    if raws and len(raws) != len(resp.outputs):
+        raise answer_error(source, f"{len(resp.outputs)} outputs but {len(raws)} "
+                           "raw_output_contents; they must match one to one")
+    for i, o in enumerate(resp.outputs):
+        if i < len(raws):
+            problem = output_problem(o.name, o.datatype, tuple(o.shape), raws[i])
+        else:  # typed contents (no server we know sends them): checked after conversion
+            try:
+                problem = output_problem(o.name, o.datatype, tuple(o.shape),
+                                         _contents_to_raw(o))
+            except ProxyError as err:
+                problem = err.message.replace("input", "output", 1)
+        if problem is not None:
+            raise answer_error(source, problem)
+
+
+def _decoded(resp: pb.ModelInferResponse, raws: list[Any]) -> Decoded:
+    outputs = []
+    for i, o in enumerate(resp.outputs):
+        raw = raws[i] if i < len(raws) else _contents_to_raw(o)
+        outputs.append(Tensor(o.name, o.datatype, tuple(o.shape), raw=raw,
+                              parameters=params_from_pb(o.parameters)))
+    return Decoded(resp.model_name, resp.model_version, resp.id,
+                   params_from_pb(resp.parameters), outputs)
+
+
+def encode_response(call: Call, result: Result) -> bytes:
+    if result.wire is not None and result.wire.protocol == "grpc":
+        body = result.wire.body
+        renamed = call.target is not None and call.target.model != call.model
+        return body + _string_field(1, call.model) if renamed else body
+    return bytes(response_pb(call, result).SerializeToString())
+
+
+def response_pb(call: Call, result: Result) -> pb.ModelInferResponse:
+    resp = pb.ModelInferResponse(model_name=call.model, model_version=result.version,
+                                 id=call.id or result.id)
+    params_to_pb(resp.parameters, result.parameters)
+    for t in result.outputs:
+        resp.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
+        resp.raw_output_contents.append(bytes(t.raw_bytes()))
+    return resp
+
+
+def stream_response(infer_response: bytes) -> bytes:
+    """``ModelStreamInferResponse{infer_response}`` around already-encoded response bytes."""
+    return b"\x12" + pbwire.encode_varint(len(infer_response)) + infer_response
+
+
+def stream_error(message: str) -> bytes:
+    return bytes(pb.ModelStreamInferResponse(error_message=bounded(message)).SerializeToString())
+
+
+def params_from_pb(params: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, p in params.items():
+        which = p.WhichOneof("parameter_choice")
+        if which is not None:
+            out[key] = getattr(p, which)
+    return out
+
+
+def params_to_pb(target: Any, params: dict[str, Any]) -> None:
+    for key, value in params.items():
+        p = target[key]
+        if isinstance(value, bool):
+            p.bool_param = value
+        elif isinstance(value, int):
+            p.int64_param = value
+        elif isinstance(value, float):
+            p.double_param = value
+        else:
+            p.string_param = str(value)
+
+
+def _contents_to_raw(tensor: Any) -> Payload:
+    """An output's typed ``contents`` (no server we know sends them) → raw bytes: counted
+    against the shape and converted by numpy, as a request's are (``typed_contents``)."""
+    return typed_contents.contents_to_raw(tensor.name, tensor.datatype, tuple(tensor.shape),
+                                          [memoryview(tensor.contents.SerializeToString())])
+
+
+def _refuse_shared_memory(name: str, allowed: bool) -> None:
+    if not allowed:
+        raise ProxyError(ErrorKind.UNIMPLEMENTED,
+                         f"input '{name}' uses shared memory, which mmguard serves on ModelInfer "
+                         "and HTTP infer only (not on ModelStreamInfer)")
+
+
+def _string_field(number: int, value: str) -> bytes:
+    data = value.encode()
+    return pbwire.encode_varint((number << 3) | 2) + pbwire.encode_varint(len(data)) + data

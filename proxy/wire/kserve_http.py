@@ -1,0 +1,422 @@
+"""KServe v2 HTTP/REST (JSON and the binary tensor extension) ↔ ``Call`` / ``Result``.
+
+Binary tensors are memoryview slices of the request body, never copied on the way in. An unedited
+call to an HTTP backend is forwarded as its original body; a call that crossed protocols or was
+edited is re-encoded with every tensor binary (raw to raw). Responses are encoded the way the
+client asked: ``binary_data`` per output, ``binary_data_output`` for all, JSON otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from proxy.call import Call, Decoded, RequestedOutput, Result, Wire
+from proxy.errors import ErrorKind, ProxyError, bounded
+from proxy.shm.regions import WRITTEN
+from proxy.tensor import (
+    DATATYPES,
+    MAX_PARAMETERS,
+    MAX_RANK,
+    MAX_TENSORS,
+    Payload,
+    Tensor,
+    itemsize,
+)
+from proxy.wire.answers import answer_error, output_problem
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+JSON_TYPE = "application/json"
+BINARY_TYPE = "application/octet-stream"
+
+
+def bad(message: str) -> ProxyError:
+    return ProxyError(ErrorKind.INVALID_ARGUMENT, message)
+
+
+def split_body(body: bytes, header_length: str | None,
+               what: str = "request") -> tuple[dict[str, Any], int | None]:
+    """Parse the JSON part of a v2 body; returns it and the binary offset (None: JSON only)."""
+    hlen: int | None = None
+    if header_length is not None:
+        try:
+            hlen = int(header_length)
+        except ValueError:
+            raise bad(f"{HEADER_LENGTH} must be an integer, got {header_length!r}") from None
+        if not 0 <= hlen <= len(body):
+            raise bad(f"{HEADER_LENGTH} is {hlen} but the body has {len(body)} bytes")
+    head = body if hlen is None else body[:hlen]
+    try:
+        doc = json.loads(head)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad(f"malformed JSON in the {what} body: {exc}") from None
+    except RecursionError:
+        raise bad(f"the JSON in the {what} body is nested too deeply") from None
+    if not isinstance(doc, dict):
+        raise bad(f"the {what} body must be a JSON object, got {type(doc).__name__}")
+    return doc, hlen
+
+
+def decode_request(body: bytes, header_length: str | None, model: str, version: str,
+                   content_type: str | None = None, shared_memory: bool = False) -> Call:
+    """``shared_memory``: an input in a region becomes an empty placeholder that
+    ``proxy.shm.regions`` fills (otherwise it is refused)."""
+    doc, hlen = split_body(body, header_length)
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise bad("the request needs a non-empty 'inputs' list")
+    _check_count("'inputs'", len(raw_inputs), MAX_TENSORS, "inputs")
+    view = memoryview(body)
+    offset = hlen or 0
+    inputs = []
+    for i, item in enumerate(raw_inputs):
+        t, offset = _decode_input(i, item, view, offset, hlen is not None, shared_memory)
+        inputs.append(t)
+    if hlen is not None and offset != len(body):
+        raise bad(f"the binary part has {len(body) - hlen} bytes but the inputs declare "
+                  f"{offset - hlen} (binary_data_size)")
+    outputs = []
+    requested = doc.get("outputs") or []
+    if not isinstance(requested, list):
+        raise bad(f"'outputs' must be a list, got {type(requested).__name__}")
+    _check_count("'outputs'", len(requested), MAX_TENSORS, "outputs")
+    for o in requested:
+        if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+            raise bad("each entry of 'outputs' must be an object with a 'name'")
+        o_params = o.get("parameters") or {}
+        if not isinstance(o_params, dict):
+            raise bad(f"output '{o['name']}': 'parameters' must be an object, got "
+                      f"{type(o_params).__name__}")
+        _check_text(o["name"], "an output name")
+        _check_params(f"output '{o['name']}'", o_params)
+        outputs.append(RequestedOutput(o["name"], dict(o_params)))
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise bad("'parameters' must be an object")
+    _check_params("the request", params)
+    request_id = str(doc.get("id", ""))
+    _check_text(request_id, "'id'")
+    return Call(model=model, version=version, id=request_id, inputs=inputs,
+                outputs=outputs, parameters=params, front="http",
+                wire=Wire("http", body, hlen, content_type))
+
+
+def _decode_input(i: int, item: Any, view: memoryview, offset: int,
+                  has_binary: bool, shared_memory: bool = False) -> tuple[Tensor, int]:
+    if not isinstance(item, dict):
+        raise bad(f"inputs[{i}] must be an object")
+    name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
+    if not isinstance(name, str):
+        raise bad(f"inputs[{i}] needs a string 'name'")
+    _check_text(name, f"inputs[{i}].name")
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
+        raise bad(f"input '{name}': unknown datatype {bounded(repr(datatype), 64)} (v2 "
+                  f"datatypes: {', '.join(sorted(DATATYPES))})")
+    if isinstance(shape, list):
+        _check_count(f"input '{name}': 'shape'", len(shape), MAX_RANK, "dims")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
+                                              for d in shape):
+        raise bad(f"input '{name}': 'shape' must be a list of integers, got {shape!r}")
+    params = item.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise bad(f"input '{name}': 'parameters' must be an object")
+    _check_params(f"input '{name}'", {k: v for k, v in params.items()
+                                      if k != "binary_data_size"})
+    if "shared_memory_region" in params:
+        if not shared_memory:
+            raise ProxyError(ErrorKind.UNIMPLEMENTED,
+                             f"input '{name}' uses shared memory, which this endpoint does not "
+                             "serve")
+        if "binary_data_size" in params or "data" in item:
+            raise bad(f"input '{name}' has shared_memory_region and also data in the body; "
+                      "send it one way")
+        return Tensor(name, datatype, tuple(shape), raw=b"", parameters=params), offset
+    size = params.get("binary_data_size")
+    if size is not None:
+        if not has_binary:
+            raise bad(f"input '{name}' has binary_data_size but the request has no "
+                      f"{HEADER_LENGTH} header")
+        if not isinstance(size, int) or size < 0 or offset + size > len(view):
+            raise bad(f"input '{name}': binary_data_size {size!r} runs past the end of the "
+                      f"body ({len(view) - offset} bytes left)")
+        t = Tensor(name, datatype, tuple(shape), raw=view[offset:offset + size],
+                   parameters=params)
+        offset += size
+    elif "data" in item:
+        if not isinstance(item["data"], list):
+            raise bad(f"input '{name}': 'data' must be a list, got "
+                      f"{type(item['data']).__name__}")
+        t = Tensor(name, datatype, tuple(shape), data=item["data"], parameters=params)
+        t.check_shape()
+        _check_json_count(t)
+        _check_json_data(t)
+    else:
+        raise bad(f"input '{name}' has neither 'data' nor a binary_data_size parameter")
+    t.check_payload()
+    return t, offset
+
+
+def _check_count(where: str, count: int, limit: int, what: str) -> None:
+    if count > limit:
+        raise bad(f"{where} has {count} {what}; mmguard takes at most {limit}")
+
+
+def _check_json_count(t: Tensor) -> None:
+    """The shape's element count against the elements of 'data', before any conversion: a
+    shape of [1] with a million numbers is refused without building a million-element array."""
+    assert t.data is not None
+    count = t.elements
+    limit = 2 * count + 1024  # exact counts for small mistakes, a bound for huge lists
+    held = _count_json_elements(t.data, limit)
+    if held == count:
+        return
+    exact = held <= limit
+    got = f"{held}" if exact else f"more than {limit}"
+    size = itemsize(t.datatype)
+    if size is None:
+        raise bad(f"input '{t.name}': shape needs {count} BYTES elements, got {got} in 'data'")
+    got_bytes = f"{held * size}" if exact else f"more than {limit * size}"
+    raise bad(f"input '{t.name}': {t.datatype} shape {list(t.shape)} needs {count * size} bytes, "
+              f"got {got_bytes} ({got} elements in 'data')")
+
+
+def _count_json_elements(data: list[Any], limit: int) -> int:
+    """The elements of a (possibly nested) JSON list, counted up to ``limit + 1``."""
+    count = 0
+    stack = [iter(data)]
+    while stack:
+        for x in stack[-1]:
+            if isinstance(x, list):
+                stack.append(iter(x))
+                break
+            count += 1
+            if count > limit:
+                return count
+        else:
+            stack.pop()
+    return count
+
+
+def _check_json_data(t: Tensor) -> None:
+    try:
+        if t.datatype in _INT_RANGES:
+            _check_int_range(t)
+        raw = t.to_raw()
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        raise bad(f"input '{t.name}': data does not fit {t.datatype}: {exc}") from None
+    t.raw, t.data = raw, None  # check_payload then reports any count mismatch exactly
+
+
+def _check_text(text: str, what: str) -> None:
+    """JSON may carry lone surrogates (\\ud800) that no UTF-8 protocol can pass on."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad(f"{what} is not valid Unicode text ({exc.reason} at {exc.start})") from None
+
+
+def _check_params(where: str, params: dict[str, Any]) -> None:
+    """v2 parameters are bools, 64-bit integers, numbers or strings (what protobuf can hold)."""
+    _check_count(f"{where}: 'parameters'", len(params), MAX_PARAMETERS, "entries")
+    for key, value in params.items():
+        _check_text(key, f"{where}: a parameter name")
+        if isinstance(value, str):
+            _check_text(value, f"{where}: parameter '{key}'")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            if not -2**63 <= value < 2**63:
+                raise bad(f"{where}: parameter '{key}' is {value}, outside the int64 range")
+        elif not isinstance(value, (bool, float)):
+            raise bad(f"{where}: parameter '{key}' must be a bool, an integer, a number or a "
+                      f"string, got {type(value).__name__}")
+
+
+_INT_RANGES = {dt: (int(np.iinfo(t).min), int(np.iinfo(t).max)) for dt, t in (
+    ("INT8", np.int8), ("INT16", np.int16), ("INT32", np.int32), ("INT64", np.int64),
+    ("UINT8", np.uint8), ("UINT16", np.uint16), ("UINT32", np.uint32), ("UINT64", np.uint64))}
+
+
+def _check_int_range(t: Tensor) -> None:
+    """numpy 1.x wraps an out-of-range integer (256 → 0 for UINT8) with only a warning, and cuts
+    1.5 to 1: the model would get another value than the client sent. Refuse both instead."""
+    lo, hi = _INT_RANGES[t.datatype]
+    arr = np.asarray(t.data)
+    if arr.dtype.kind == "f":
+        fractional = ~(np.isfinite(arr) & (arr == np.floor(arr)))
+        if fractional.any():  # numpy would cut 1.5 to 1
+            raise ValueError(f"{float(arr[fractional].flat[0])!r} is not a whole number")
+    values = arr.reshape(-1).tolist() if arr.dtype.kind not in "iuf" else None
+    if values is not None:  # an object array: nulls, strings, bools, or ints past 64 bits
+        for x in values:
+            if not isinstance(x, int) or isinstance(x, bool):
+                raise ValueError(f"{x!r} is not an integer")
+    if arr.size:
+        low, high = (min(values), max(values)) if values is not None else (
+            int(arr.min()), int(arr.max()))
+        if low < lo or high > hi:
+            raise ValueError(f"{low if low < lo else high} is outside [{lo}, {hi}]")
+
+
+def encode_request(call: Call) -> tuple[list[Payload], int | None, bool]:
+    """Body parts and header length for an HTTP backend; the flag says whether the client's own
+    body was forwarded (then the backend's answer is already in the form the client asked for).
+    Parts are not joined here: tensors go to the socket from the buffers they arrived in."""
+    if call.wire is not None and call.wire.protocol == "http":
+        return [call.wire.body], call.wire.header_length, True
+    head: dict[str, Any] = {"inputs": []}
+    if call.id:
+        head["id"] = call.id
+    if call.parameters:
+        head["parameters"] = dict(call.parameters)
+    chunks: list[Any] = []
+    for t in call.inputs:
+        raw = t.raw_bytes()
+        params = {**t.parameters, "binary_data_size": len(raw)}
+        head["inputs"].append({"name": t.name, "datatype": t.datatype, "shape": list(t.shape),
+                               "parameters": params})
+        chunks.append(raw)
+    if call.outputs:
+        head["outputs"] = [{"name": o.name, "parameters": {**o.parameters, "binary_data": True}}
+                           for o in call.outputs]
+    else:
+        head.setdefault("parameters", {})["binary_data_output"] = True
+    header = json.dumps(head, separators=(",", ":")).encode()
+    return [header, *chunks], len(header), False
+
+
+def decode_response(body: bytes, header_length: str | None, wire_valid: bool,
+                    source: str = "backend") -> Result:
+    """The answer as a ``Result``; ``wire_valid``: it is already in the form the client asked
+    for, so it may go back as it came. Its JSON head is parsed now and every output is checked
+    against its shape (``proxy.wire.answers``) before the answer goes anywhere; binary tensors stay
+    slices of the body."""
+    try:
+        doc, hlen = split_body(body, header_length, "response")
+    except ProxyError as err:
+        raise ProxyError(ErrorKind.BAD_GATEWAY, f"{source} sent a malformed v2 response: {err}",
+                         origin="backend") from None
+    view = memoryview(body)
+    entries = _response_outputs(doc, hlen, view, source)
+
+    def decode() -> Decoded:
+        return Decoded(str(doc.get("model_name", "")), str(doc.get("model_version", "")),
+                       str(doc.get("id", "")), dict(doc.get("parameters") or {}), outputs())
+
+    def outputs() -> list[Tensor]:
+        out = []
+        for o, params, start, size in entries:
+            shape = tuple(o["shape"])
+            if size is not None:
+                out.append(Tensor(o["name"], o["datatype"], shape,
+                                  raw=view[start:start + size], parameters=params))
+            else:
+                t = Tensor(o["name"], o["datatype"], shape, data=o.get("data", []),
+                           parameters=params)
+                t.raw, t.data = t.to_raw(), None
+                out.append(t)
+        return out
+
+    wire = Wire("http", body, hlen) if wire_valid else None
+    return Result(wire=wire, decode=decode)
+
+
+_Entry = tuple[dict[str, Any], dict[str, Any], int, int | None]
+
+
+def _response_outputs(doc: dict[str, Any], hlen: int | None, view: memoryview,
+                      source: str) -> list[_Entry]:
+    """Each output with its parameters and where its binary bytes lie; refuses (INTERNAL) an
+    output whose bytes do not fit its shape, or a binary part that does not add up."""
+    body_size = len(view)
+    raw_outputs = doc.get("outputs") or []
+    if not isinstance(raw_outputs, list):
+        raise answer_error(source, f"'outputs' is a {type(raw_outputs).__name__}, not a list")
+    offset = hlen or 0
+    entries: list[_Entry] = []
+    for i, o in enumerate(raw_outputs):
+        if not (isinstance(o, dict) and isinstance(o.get("name"), str)
+                and isinstance(o.get("datatype"), str) and isinstance(o.get("shape"), list)
+                and all(type(d) is int for d in o["shape"])):
+            raise answer_error(source, f"outputs[{i}] is not an object with a name, a "
+                               "datatype and a list of integer dims")
+        params = dict(o.get("parameters") or {})
+        size = params.pop("binary_data_size", None)
+        shape = tuple(o["shape"])
+        if size is not None:
+            if hlen is None:
+                raise answer_error(source, f"output '{o['name']}' has binary_data_size but the "
+                                   f"answer has no {HEADER_LENGTH} header")
+            if type(size) is not int or size < 0 or offset + size > body_size:
+                raise answer_error(source, f"output '{o['name']}': binary_data_size {size!r} "
+                                   f"runs past the end of the body ({body_size - offset} bytes "
+                                   "left)")
+            problem = output_problem(o["name"], o["datatype"], shape,
+                                     view[offset:offset + size])
+        else:
+            data = o.get("data", [])
+            problem = (f"output '{o['name']}': 'data' is a {type(data).__name__}, not a list"
+                       if not isinstance(data, list)
+                       else output_problem(o["name"], o["datatype"], shape, None, data))
+        if problem is not None:
+            raise answer_error(source, problem)
+        entries.append((o, params, offset, size))
+        offset += size or 0
+    if hlen is not None and offset != body_size:
+        raise answer_error(source, f"the binary part has {body_size - hlen} bytes but the "
+                           f"outputs declare {offset - hlen} (binary_data_size)")
+    return entries
+
+
+NO_JSON_OUTPUT = frozenset({"FP16", "BF16"})
+"""Datatypes Triton's HTTP server refuses to answer as JSON data (seen from Triton 2.51)."""
+
+
+def encode_response(call: Call, result: Result) -> tuple[bytes, int | None]:
+    if result.wire is not None and result.wire.protocol == "http":
+        wire = result.wire
+        if call.target is None or call.target.model == call.model:
+            return wire.body, wire.header_length
+        # Renamed route: rewrite the small JSON header only; binary tensors stay as they are.
+        end = wire.header_length if wire.header_length is not None else len(wire.body)
+        renamed = json.loads(wire.body[:end])
+        renamed["model_name"] = call.model
+        header = json.dumps(renamed, separators=(",", ":")).encode()
+        if wire.header_length is None:
+            return header, None
+        return header + memoryview(wire.body)[end:], len(header)
+    want_binary_all = bool(call.parameters.get("binary_data_output", False))
+    asked = {o.name: o.parameters for o in call.outputs}
+    head: dict[str, Any] = {}
+    if call.id or result.id:  # first, where Triton puts it: the same bytes as from Triton
+        head["id"] = call.id or result.id
+    head.update({"model_name": call.model, "model_version": result.version, "outputs": []})
+    if result.parameters:
+        head["parameters"] = result.parameters
+    chunks: list[Any] = []
+    in_regions = call.state.get(WRITTEN) or frozenset()
+    for t in result.outputs:
+        binary = asked.get(t.name, {}).get("binary_data", want_binary_all)
+        entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+        if t.name in in_regions:  # written into the client's shared memory: no bytes here
+            head["outputs"].append(entry)
+            continue
+        params = {k: v for k, v in t.parameters.items() if k != "binary_data_size"}
+        if binary:
+            raw = t.raw_bytes()
+            params["binary_data_size"] = len(raw)
+            chunks.append(raw)
+        elif t.datatype in NO_JSON_OUTPUT:
+            # Triton refuses these as JSON (400) whichever backend answered: so does mmguard,
+            # so a client gets the same answer through every route and directly.
+            raise bad(f"output '{t.name}' is {t.datatype}, which a JSON answer cannot carry; "
+                      "ask for it in binary (binary_data: true)")
+        else:
+            entry["data"] = t.to_list()
+        if params:
+            entry["parameters"] = params
+        head["outputs"].append(entry)
+    header = json.dumps(head, separators=(",", ":")).encode()
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)
