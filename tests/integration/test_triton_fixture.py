@@ -11,13 +11,17 @@ import os
 import queue
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from _pytest.mark.structures import ParameterSet  # what pytest.param returns; not re-exported
+from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException
 
 from proxy.cli.demo_model import ensure_clip_demo, tokenize
@@ -25,14 +29,19 @@ from tests.support.triton import MODEL_NAMES, TritonServer, write_model_reposito
 
 PROTOCOLS = ("grpc", "http")
 
+# (tritonclient.grpc or tritonclient.http, its InferenceServerClient); tritonclient is untyped.
+Proto = tuple[Any, Any]
+# What _stream collects per response: (monotonic time, InferResult or None, error or None).
+StreamItem = tuple[float, Any, Any]
+
 
 @pytest.fixture(scope="module")
-def onnx_path(tmp_path_factory) -> Path:
+def onnx_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ensure_clip_demo(tmp_path_factory.mktemp("onnx"))
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, onnx_path):
+def server(tmp_path_factory: pytest.TempPathFactory, onnx_path: Path) -> Iterator[TritonServer]:
     root = tmp_path_factory.mktemp("triton")
     repo = write_model_repository(root / "models", onnx_path)
     srv = TritonServer(repo, root / "work")
@@ -43,33 +52,40 @@ def server(tmp_path_factory, onnx_path):
     finally:
         srv.stop()
     # stop() must leave nothing behind: neither the server nor any Python-backend stub.
+    assert pgid is not None  # set by start()
     with pytest.raises(ProcessLookupError):
         os.killpg(pgid, 0)
 
 
 @pytest.fixture(scope="module")
-def grpc_client(server):
+def grpc_client(server: TritonServer) -> Iterator[Any]:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     yield client
     client.close()
 
 
 @pytest.fixture(scope="module")
-def http_client(server):
+def http_client(server: TritonServer) -> Iterator[Any]:
     client = httpclient.InferenceServerClient(server.http_url)
     yield client
     client.close()
 
 
 @pytest.fixture(params=PROTOCOLS)
-def proto(request, grpc_client, http_client):
+def proto(request: pytest.FixtureRequest, grpc_client: Any, http_client: Any) -> Proto:
     """(module, client) for one protocol; tests run once per protocol."""
     if request.param == "grpc":
         return grpcclient, grpc_client
     return httpclient, http_client
 
 
-def infer(proto, model, inputs, outputs=None, **kwargs):
+def infer(
+    proto: Proto,
+    model: str,
+    inputs: dict[str, tuple[NDArray[Any], str]],
+    outputs: list[str] | None = None,
+    **kwargs: Any,
+) -> Any:
     """Build InferInputs from {name: (array, triton_dtype)} and call ``infer`` on ``proto``."""
     module, client = proto
     infer_inputs = []
@@ -83,7 +99,7 @@ def infer(proto, model, inputs, outputs=None, **kwargs):
     return client.infer(model, infer_inputs, outputs=requested, **kwargs)
 
 
-def output_meta(result, name):
+def output_meta(result: Any, name: str) -> tuple[str, list[int]]:
     """(datatype, shape) of an output as the server reported it, for either protocol."""
     out = result.get_output(name)
     if isinstance(out, dict):  # HTTP: JSON header
@@ -91,7 +107,7 @@ def output_meta(result, name):
     return out.datatype, list(out.shape)
 
 
-def error_of(excinfo) -> tuple[str, str]:
+def error_of(excinfo: pytest.ExceptionInfo[InferenceServerException]) -> tuple[str, str]:
     exc = excinfo.value
     assert isinstance(exc, InferenceServerException)
     return str(exc.status()), exc.message()
@@ -101,7 +117,9 @@ def error_of(excinfo) -> tuple[str, str]:
 
 
 @pytest.mark.triton
-def test_server_is_up_with_every_model_ready(server, grpc_client, http_client):
+def test_server_is_up_with_every_model_ready(
+    server: TritonServer, grpc_client: Any, http_client: Any
+) -> None:
     assert server.grpc_url.startswith("127.0.0.1:") and server.http_url.startswith("127.0.0.1:")
     assert server.log_path.is_file()
     assert server.metrics_url is None
@@ -115,7 +133,7 @@ def test_server_is_up_with_every_model_ready(server, grpc_client, http_client):
 
 
 @pytest.mark.triton
-def test_unknown_model_is_not_found(grpc_client, http_client):
+def test_unknown_model_is_not_found(grpc_client: Any, http_client: Any) -> None:
     x = np.zeros((1, 4), np.float32)
     with pytest.raises(InferenceServerException) as excinfo:
         infer((grpcclient, grpc_client), "no_such_model", {"x": (x, "FP32")})
@@ -126,7 +144,7 @@ def test_unknown_model_is_not_found(grpc_client, http_client):
 
 
 @pytest.mark.triton
-def test_metadata_adds_leading_batch_dim(grpc_client, http_client):
+def test_metadata_adds_leading_batch_dim(grpc_client: Any, http_client: Any) -> None:
     grpc_meta = grpc_client.get_model_metadata("identity_bf16", as_json=True)
     http_meta = http_client.get_model_metadata("identity_bf16")
     for meta in (grpc_meta, http_meta):
@@ -152,7 +170,7 @@ def test_metadata_adds_leading_batch_dim(grpc_client, http_client):
 # -- identity models ------------------------------------------------------------------------
 
 
-def _identity_cases():
+def _identity_cases() -> list[ParameterSet]:
     rng = np.random.default_rng(7)
     fp32 = rng.standard_normal((2, 5)).astype(np.float32)
     fp32.view(np.uint32)[0, 0] = 0x7FC12345  # a NaN with a payload: must survive bit for bit
@@ -180,7 +198,7 @@ def _identity_cases():
 
 @pytest.mark.triton
 @pytest.mark.parametrize("model,dtype,data", _identity_cases())
-def test_identity_is_byte_exact(proto, model, dtype, data):
+def test_identity_is_byte_exact(proto: Proto, model: str, dtype: str, data: NDArray[Any]) -> None:
     result = infer(proto, model, {"INPUT0": (data, dtype)})
     assert output_meta(result, "OUTPUT0") == (dtype, list(data.shape))
     out = result.as_numpy("OUTPUT0")
@@ -193,7 +211,7 @@ def test_identity_is_byte_exact(proto, model, dtype, data):
 
 
 @pytest.mark.triton
-def test_bf16_raw_bytes_over_grpc(server):
+def test_bf16_raw_bytes_over_grpc(server: TritonServer) -> None:
     """BF16 without numpy help: a hand-built ModelInferRequest with raw_input_contents."""
     import grpc
     from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -214,7 +232,7 @@ def test_bf16_raw_bytes_over_grpc(server):
 
 
 @pytest.mark.triton
-def test_bf16_raw_bytes_over_http_binary_body(server):
+def test_bf16_raw_bytes_over_http_binary_body(server: TritonServer) -> None:
     """BF16 via the HTTP binary-tensor extension by hand (Inference-Header-Content-Length)."""
     bits = np.array([[0x3F80, 0xC000, 0x7FC1]], np.uint16)
     raw = bits.tobytes()
@@ -254,7 +272,7 @@ def test_bf16_raw_bytes_over_http_binary_body(server):
 
 
 @pytest.mark.triton
-def test_pixel_identity_roundtrip(proto):
+def test_pixel_identity_roundtrip(proto: Proto) -> None:
     pixels = np.random.default_rng(1).random((2, 3, 224, 224), dtype=np.float32)
     result = infer(proto, "pixel_identity", {"pixel_values": (pixels, "FP32")})
     assert output_meta(result, "pixel_out") == ("FP32", [2, 3, 224, 224])
@@ -264,7 +282,7 @@ def test_pixel_identity_roundtrip(proto):
 
 
 @pytest.mark.triton
-def test_pixel_identity_rejects_wrong_shape(proto):
+def test_pixel_identity_rejects_wrong_shape(proto: Proto) -> None:
     pixels = np.zeros((1, 3, 256, 256), np.float32)
     with pytest.raises(InferenceServerException) as excinfo:
         infer(proto, "pixel_identity", {"pixel_values": (pixels, "FP32")})
@@ -275,7 +293,7 @@ def test_pixel_identity_rejects_wrong_shape(proto):
 
 
 @pytest.mark.triton
-def test_pixel_identity_rejects_batch_over_max(proto):
+def test_pixel_identity_rejects_batch_over_max(proto: Proto) -> None:
     pixels = np.zeros((9, 3, 224, 224), np.float32)
     with pytest.raises(InferenceServerException) as excinfo:
         infer(proto, "pixel_identity", {"pixel_values": (pixels, "FP32")})
@@ -285,7 +303,7 @@ def test_pixel_identity_rejects_batch_over_max(proto):
 
 
 @pytest.mark.triton
-def test_small_fp32_doubles(proto):
+def test_small_fp32_doubles(proto: Proto) -> None:
     x = np.arange(3 * 16, dtype=np.float32).reshape(3, 16) - 7.5
     result = infer(proto, "small_fp32", {"x": (x, "FP32")})
     assert output_meta(result, "y") == ("FP32", [3, 16])
@@ -295,7 +313,7 @@ def test_small_fp32_doubles(proto):
 
 
 @pytest.mark.triton
-def test_small_fp32_rejects_wrong_dim(proto):
+def test_small_fp32_rejects_wrong_dim(proto: Proto) -> None:
     with pytest.raises(InferenceServerException) as excinfo:
         infer(proto, "small_fp32", {"x": (np.zeros((1, 17), np.float32), "FP32")})
     status, message = error_of(excinfo)
@@ -304,7 +322,7 @@ def test_small_fp32_rejects_wrong_dim(proto):
 
 
 @pytest.mark.triton
-def test_wrong_datatype_is_rejected(proto):
+def test_wrong_datatype_is_rejected(proto: Proto) -> None:
     with pytest.raises(InferenceServerException) as excinfo:
         infer(proto, "small_fp32", {"x": (np.zeros((1, 16), np.float64), "FP64")})
     status, message = error_of(excinfo)
@@ -316,7 +334,7 @@ def test_wrong_datatype_is_rejected(proto):
 
 
 @pytest.mark.triton
-def test_clip_demo_matches_onnxruntime(proto, onnx_path):
+def test_clip_demo_matches_onnxruntime(proto: Proto, onnx_path: Path) -> None:
     import onnxruntime as ort
 
     rng = np.random.default_rng(3)
@@ -347,7 +365,7 @@ def test_clip_demo_matches_onnxruntime(proto, onnx_path):
 
 
 @pytest.mark.triton
-def test_clip_demo_requires_both_inputs(proto):
+def test_clip_demo_requires_both_inputs(proto: Proto) -> None:
     pixels = np.zeros((1, 3, 224, 224), np.float32)
     with pytest.raises(InferenceServerException) as excinfo:
         infer(proto, "clip_demo", {"pixel_values": (pixels, "FP32")})
@@ -360,7 +378,7 @@ def test_clip_demo_requires_both_inputs(proto):
 
 
 @pytest.mark.triton
-def test_slow_fp32_sleeps_for_delay_ms(proto):
+def test_slow_fp32_sleeps_for_delay_ms(proto: Proto) -> None:
     x = np.array([[1.5, -2.0, 3.25]], np.float32)
     began = time.monotonic()
     result = infer(
@@ -373,7 +391,7 @@ def test_slow_fp32_sleeps_for_delay_ms(proto):
 
 
 @pytest.mark.triton
-def test_slow_fp32_without_delay_is_fast(proto):
+def test_slow_fp32_without_delay_is_fast(proto: Proto) -> None:
     x = np.ones((2, 4), np.float32)
     began = time.monotonic()
     result = infer(proto, "slow_fp32", {"x": (x, "FP32")})
@@ -382,7 +400,9 @@ def test_slow_fp32_without_delay_is_fast(proto):
 
 
 @pytest.mark.triton
-def test_slow_fp32_grpc_deadline_cancels_the_backend(server, grpc_client):
+def test_slow_fp32_grpc_deadline_cancels_the_backend(
+    server: TritonServer, grpc_client: Any
+) -> None:
     before = server.log_text().count("slow_fp32: cancelled after")
     x = np.ones((1, 2), np.float32)
     began = time.monotonic()
@@ -411,7 +431,7 @@ def test_slow_fp32_grpc_deadline_cancels_the_backend(server, grpc_client):
 
 
 @pytest.mark.triton
-def test_fail_fp32_error_passes_through(proto):
+def test_fail_fp32_error_passes_through(proto: Proto) -> None:
     with pytest.raises(InferenceServerException) as excinfo:
         infer(proto, "fail_fp32", {"x": (np.ones((1, 3), np.float32), "FP32")})
     status, message = error_of(excinfo)
@@ -422,9 +442,11 @@ def test_fail_fp32_error_passes_through(proto):
 # -- decoupled_counter -----------------------------------------------------------------------
 
 
-def _stream(client, count, *, empty_final=False):
+def _stream(
+    client: Any, count: int, *, empty_final: bool = False
+) -> tuple[float, list[StreamItem]]:
     """Run one decoupled_counter request over gRPC streaming; return [(t, result, error)]."""
-    received: queue.Queue = queue.Queue()
+    received: queue.Queue[StreamItem] = queue.Queue()
     client.start_stream(
         callback=lambda result, error: received.put((time.monotonic(), result, error))
     )
@@ -435,7 +457,7 @@ def _stream(client, count, *, empty_final=False):
         client.async_stream_infer(
             "decoupled_counter", [tensor], request_id="r1", enable_empty_final_response=empty_final
         )
-        items = []
+        items: list[StreamItem] = []
         while True:
             item = received.get(timeout=10)
             items.append(item)
@@ -451,7 +473,7 @@ def _stream(client, count, *, empty_final=False):
 
 
 @pytest.mark.triton
-def test_decoupled_counter_streams_in_order(grpc_client):
+def test_decoupled_counter_streams_in_order(grpc_client: Any) -> None:
     count = 6
     began, items = _stream(grpc_client, count)
     assert [error for _, _, error in items] == [None] * count
@@ -472,7 +494,7 @@ def test_decoupled_counter_streams_in_order(grpc_client):
 
 
 @pytest.mark.triton
-def test_decoupled_counter_final_flag(grpc_client):
+def test_decoupled_counter_final_flag(grpc_client: Any) -> None:
     _, items = _stream(grpc_client, 3, empty_final=True)
     assert len(items) == 4
     flags = [r.get_response().parameters["triton_final_response"].bool_param for _, r, _ in items]
@@ -487,7 +509,7 @@ def test_decoupled_counter_final_flag(grpc_client):
 
 
 @pytest.mark.triton
-def test_decoupled_counter_negative_count_is_an_error(grpc_client):
+def test_decoupled_counter_negative_count_is_an_error(grpc_client: Any) -> None:
     _, items = _stream(grpc_client, -1)
     assert len(items) == 1
     _, result, error = items[0]
@@ -496,7 +518,7 @@ def test_decoupled_counter_negative_count_is_an_error(grpc_client):
 
 
 @pytest.mark.triton
-def test_decoupled_counter_over_http_generate_stream(server):
+def test_decoupled_counter_over_http_generate_stream(server: TritonServer) -> None:
     request = urllib.request.Request(
         f"http://{server.http_url}/v2/models/decoupled_counter/generate_stream",
         data=json.dumps({"count": [4]}).encode(),
@@ -516,7 +538,7 @@ def test_decoupled_counter_over_http_generate_stream(server):
 
 
 @pytest.mark.triton
-def test_unload_and_reload_a_model(server, grpc_client):
+def test_unload_and_reload_a_model(server: TritonServer, grpc_client: Any) -> None:
     x = np.ones((1, 16), np.float32)
     server.unload_model("small_fp32")
     deadline = time.monotonic() + 10
@@ -533,7 +555,7 @@ def test_unload_and_reload_a_model(server, grpc_client):
 
 
 @pytest.mark.triton
-def test_reload_with_config_override(server, http_client):
+def test_reload_with_config_override(server: TritonServer, http_client: Any) -> None:
     """load_model(name, config=...) swaps the config in place.
 
     A plain load_model(name) afterwards does NOT bring config.pbtxt back (Triton reloads only
@@ -559,13 +581,14 @@ def test_reload_with_config_override(server, http_client):
     np.testing.assert_array_equal(result.as_numpy("y"), x3 * 2)
 
 
-def test_a_wedged_server_is_restarted_on_its_ports(tmp_path):
+def test_a_wedged_server_is_restarted_on_its_ports(tmp_path: Path) -> None:
     import signal
     repo = write_model_repository(tmp_path / "repo", ensure_clip_demo(tmp_path / "onnx"))
     with TritonServer(repo, tmp_path / "work", load_models=["small_fp32"],
                       stop_timeout=2) as own:
         assert own.ensure_healthy(within_s=5) is None  # answering: nothing to do
         ports = (own.grpc_port, own.http_port)
+        assert own.pid is not None  # the with block started it
         os.kill(own.pid, signal.SIGSTOP)  # wedged: alive, answers nothing
         why = own.ensure_healthy(within_s=2)
         assert why is not None and "did not answer /v2/health/ready for 2 s" in why
