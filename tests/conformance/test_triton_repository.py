@@ -176,9 +176,9 @@ def test_on_without_token_is_unauthenticated(repository_proxies: dict[str, Runni
                                           else "401")
     finally:
         client.close()
-    assert proxy.process.server is not None
+    assert proxy.server is not None
     # Nothing reached Triton: the model the refused calls named still serves.
-    direct = grpcclient.InferenceServerClient(proxy.process.server.config.backends[0].url)
+    direct = grpcclient.InferenceServerClient(proxy.server.config.backends[0].url)
     try:
         assert direct.is_model_ready("identity_fp32")
     finally:

@@ -49,8 +49,8 @@ def handoff_config(triton: TritonServer, kind: str, **pool: Any) -> dict[str, An
 
 
 def pool_of(proxy: RunningMmguard) -> HandoffPool:
-    assert proxy.process.server is not None
-    backend = proxy.process.server.plane.runtime.backends["triton"]
+    assert proxy.server is not None
+    backend = proxy.server.plane.runtime.backends["triton"]
     assert isinstance(backend, TritonGrpcBackend | TritonHttpBackend)
     assert backend.handoff is not None
     return backend.handoff

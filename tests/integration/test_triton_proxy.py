@@ -304,8 +304,8 @@ def test_max_in_flight_gives_429_with_retry_after(triton: TritonServer) -> None:
 def test_one_model_has_one_fingerprint_through_either_backend(proxy: RunningMmguard) -> None:
     """The config both backends learn is the same document (Triton's HTTP form), so a version
     fuse (``expect_fingerprint``) means the same through a gRPC and an HTTP backend."""
-    assert proxy.process.server is not None
-    contracts = proxy.process.server.plane.runtime.contracts
+    assert proxy.server is not None
+    contracts = proxy.server.plane.runtime.contracts
     for model in ("clip_demo", "identity_bytes", "slow_fp32"):
         grpc_side, http_side = contracts[f"g_{model}"], contracts[f"h_{model}"]
         assert grpc_side.config == http_side.config
