@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,9 +18,9 @@ def ort_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ort_repository(tmp_path_factory.mktemp("ort_models"))
 
 
-def ort_config(model_dir: Path, **extra: object) -> dict[str, object]:
+def ort_config(model_dir: Path, **extra: object) -> dict[str, Any]:
     identities = [f"identity_{d.lower()}" for d in IDENTITY_TYPES]
-    cfg: dict[str, object] = {
+    cfg: dict[str, Any] = {  # a config document: callers index into it and extend it
         "backends": [{"kind": "onnxruntime", "name": "ort", "model_dir": str(model_dir),
                       "max_batch_size": {"clip_demo": 8}}],
         "models": [{"name": "clip_demo", "backend": "ort"},
@@ -86,7 +87,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(text)
 
 
-def triton_routes(triton: TritonServer, models: list[str]) -> dict[str, object]:
+def triton_routes(triton: TritonServer, models: list[str]) -> dict[str, Any]:
     """Every model twice: ``g_<m>`` through the gRPC backend, ``h_<m>`` through HTTP."""
     return {
         "backends": [{"kind": "triton_grpc", "name": "triton-grpc", "url": triton.grpc_url},

@@ -13,6 +13,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
+from numpy.typing import NDArray
 
 from tests.conformance.conftest import Target
 
@@ -21,7 +22,7 @@ LABELS = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse
 SCORES = np.array([0.1, 0.5, 0.2, 0.9, 0.0, 0.3, 0.05, 0.6, 0.7, 0.15], np.float32)
 
 
-def top(scores: np.ndarray, k: int, labels: list[str] | None) -> list[str]:
+def top(scores: NDArray[Any], k: int, labels: list[str] | None) -> list[str]:
     """What the extension must answer, worked out here from the scores (not from any server)."""
     order = sorted(range(len(scores)), key=lambda i: -float(scores[i]))[:k]
     return [f"{float(scores[i]):f}:{i}" + (f":{labels[i]}" if labels else "") for i in order]

@@ -17,13 +17,14 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
+from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException
 
 from proxy.pb import grpc_service_pb2 as pb
 from tests.conformance.conftest import Target
 from tests.support.triton import TritonServer
 
-PAYLOADS: dict[str, np.ndarray] = {
+PAYLOADS: dict[str, NDArray[Any]] = {
     "FP32": np.array([[1.5, -0.0, np.inf, 3.25e-38]], np.float32),
     "FP16": np.array([[1.5, -2.0, 65504.0]], np.float16),
     "BF16": np.array([[1.0, -3.5, 0.0078125]], ml_dtypes.bfloat16),
@@ -44,7 +45,7 @@ def client_for(module: Any, target: Target) -> Any:
     return module.InferenceServerClient(url)
 
 
-def payload(datatype: str, binary: bool = True) -> np.ndarray:
+def payload(datatype: str, binary: bool = True) -> NDArray[Any]:
     return JSON_BYTES if datatype == "BYTES" and not binary else PAYLOADS[datatype]
 
 
@@ -58,7 +59,7 @@ def identity_inputs(module: Any, datatype: str, binary: bool = True) -> list[Any
     return [inp]
 
 
-def assert_same_tensor(got: np.ndarray, want: np.ndarray) -> None:
+def assert_same_tensor(got: NDArray[Any], want: NDArray[Any]) -> None:
     assert got.shape == want.shape
     if want.dtype == np.object_:  # a JSON answer's BYTES come back as str
         assert [v.encode() if isinstance(v, str) else bytes(v) for v in got.reshape(-1)] == \

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 import openai
 import pytest
+from numpy.typing import NDArray
 from onnx import TensorProto, helper
 
 from proxy.pb import grpc_service_pb2 as pb
@@ -77,14 +78,14 @@ def fault_config(models: Path, experiments: list[dict[str, Any]], *, trust: bool
     return cfg
 
 
-def pixels(seed: int = 0) -> np.ndarray:
+def pixels(seed: int = 0) -> NDArray[np.float32]:
     return np.random.default_rng(seed).random((1, 3, 32, 32), dtype=np.float32)
 
 
 IDS = np.array([[49406, 320, 1000, 2000, 3000, 4000, 5000, 49407]], dtype=np.int64)
 
 
-def mm_request(model: str = "mm", px: np.ndarray | None = None) -> bytes:
+def mm_request(model: str = "mm", px: NDArray[Any] | None = None) -> bytes:
     px = pixels() if px is None else px
     return grpc_request(model, [("pixel_values", "FP32", list(px.shape), px.tobytes()),
                                 ("input_ids", "INT64", list(IDS.shape), IDS.tobytes())])
@@ -99,7 +100,7 @@ def infer(m: RunningMmguard, body: bytes, canary: bool = True,
     return pb.ModelInferResponse.FromString(raw), dict(trailers or ()), raw
 
 
-def out(resp: pb.ModelInferResponse, name: str) -> np.ndarray:
+def out(resp: pb.ModelInferResponse, name: str) -> NDArray[Any]:
     i = [o.name for o in resp.outputs].index(name)
     dtype = {"FP32": np.float32, "INT64": np.int64}[resp.outputs[i].datatype]
     return np.frombuffer(resp.raw_output_contents[i], dtype).reshape(list(resp.outputs[i].shape))
@@ -224,7 +225,7 @@ def test_each_input_fault_changes_canary_answers_as_specified(models: Path,
 
 
 def test_same_seed_same_perturbation_other_seed_another(models: Path) -> None:
-    results = {}
+    results: dict[int, list[tuple[bytes, bytes]]] = {}
     for seed in (1, 1, 2):
         cfg = fault_config(models, [experiment("s", {"kind": "gaussian_noise", "sigma": 0.1},
                                                seed=seed)])
@@ -248,7 +249,7 @@ def test_gradient_fgsm_against_a_torchscript_surrogate(models: Path, tmp_path: P
     path = tmp_path / "surrogate.pt"
     with warnings.catch_warnings():  # TorchScript is deprecated in 2.13, still what loads here
         warnings.simplefilter("ignore", DeprecationWarning)
-        torch.jit.script(Score()).save(str(path))
+        torch.jit.script(Score()).save(str(path))  # type: ignore[no-untyped-call]  # ScriptModule.save: unannotated
     cfg = fault_config(models, [experiment("adv", {"kind": "fgsm", "eps": 0.03,
                                                    "surrogate": str(path)})])
     with RunningMmguard(cfg) as m:

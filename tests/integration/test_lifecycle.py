@@ -9,12 +9,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import yaml
+from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException
 
 from proxy.pb import grpc_service_pb2 as pb
@@ -24,11 +26,11 @@ from tests.support.triton import TritonServer
 from tests.support.wire import grpc_infer_raw, grpc_request
 
 
-def _identity(url: str, model: str = "identity_fp32") -> np.ndarray:
+def _identity(url: str, model: str = "identity_fp32") -> NDArray[Any]:
     client = grpcclient.InferenceServerClient(url)
     x = grpcclient.InferInput("INPUT0", [3], "FP32")
     x.set_data_from_numpy(np.array([1, 2, 3], np.float32))
-    out = client.infer(model, [x]).as_numpy("OUTPUT0")
+    out: NDArray[Any] | None = client.infer(model, [x]).as_numpy("OUTPUT0")
     assert out is not None
     return out
 

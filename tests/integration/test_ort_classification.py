@@ -3,16 +3,19 @@ the top-k as ``"score:index"`` strings in Triton's form, not the raw scores."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException
 
 from tests.support.mmguard import RunningMmguard
 
 
-def top(scores: np.ndarray, k: int) -> list[str]:
+def top(scores: NDArray[Any], k: int) -> list[str]:
     order = sorted(range(len(scores)), key=lambda i: -float(scores[i]))[:k]
     return [f"{float(scores[i]):f}:{i}" for i in order]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 import numpy as np
 import onnxruntime as ort
@@ -10,6 +12,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from numpy.typing import NDArray
 
 from proxy.cli.demo_model import tokenize
 from tests.support.mmguard import RunningMmguard
@@ -27,7 +30,7 @@ def _inputs(mod, batch: int = 2, binary: bool | None = None):  # type: ignore[no
     return inputs, px, ids
 
 
-def _direct(ort_proxy: RunningMmguard, px: np.ndarray, ids: np.ndarray) -> list[np.ndarray]:
+def _direct(ort_proxy: RunningMmguard, px: NDArray[Any], ids: NDArray[Any]) -> list[NDArray[Any]]:
     cfg = ort_proxy.config.backends[0]
     path = cfg.model_dir / "clip_demo" / "1" / "model.onnx"  # type: ignore[union-attr]
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

@@ -37,7 +37,7 @@ from tests.support.wire import grpc_infer_raw, grpc_request
 # tests/unit/test_verdict.py.
 VERDICT = {"window": 200, "min_samples": 8, "promote_agreement": 0.99, "abort_agreement": 0.9,
            "max_latency_ratio": None}
-ROBUSTNESS = {"perturbations": [{"kind": "gaussian_noise", "sigma": 0.08},
+ROBUSTNESS: dict[str, Any] = {"perturbations": [{"kind": "gaussian_noise", "sigma": 0.08},
                                 {"kind": "patch_mask", "ratio": 0.25}],
               "seed": 7, "min_samples": 8, "max_drop": 0.1, "max_qps": 1000,
               # kept = the perturbed answer's embeddings within cosine 0.9 of the clean ones

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 from proxy.cli.demo_model import tokenize
 from tests.conftest import ort_config
@@ -22,7 +23,7 @@ from tests.support.wire import grpc_infer_raw, grpc_request
 pytestmark = pytest.mark.triton
 
 
-def body(px: np.ndarray | None = None) -> bytes:
+def body(px: NDArray[Any] | None = None) -> bytes:
     px = np.random.default_rng(0).random((1, 3, 224, 224), np.float32) if px is None else px
     return grpc_request("clip", [
         ("pixel_values", "FP32", [1, 3, 224, 224], px.astype("<f4").tobytes()),

@@ -13,6 +13,7 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException
 
 from proxy.cli.demo_model import ensure_clip_demo
@@ -24,11 +25,11 @@ from tests.support.triton import TritonServer, write_model_repository
 from tests.support.wire import grpc_infer_raw, grpc_request, http_binary_body, http_post
 
 
-def f32(*shape: int, seed: int = 0) -> np.ndarray:
+def f32(*shape: int, seed: int = 0) -> NDArray[np.float32]:
     return np.random.default_rng(seed).random(shape, dtype=np.float32)
 
 
-def t(name: str, arr: np.ndarray, dt: str | None = None) -> tuple[str, str, list[int], bytes]:
+def t(name: str, arr: NDArray[Any], dt: str | None = None) -> tuple[str, str, list[int], bytes]:
     dt = dt or {"float32": "FP32", "float64": "FP64", "int64": "INT64"}[str(arr.dtype)]
     return name, dt, list(arr.shape), np.ascontiguousarray(arr).tobytes()
 
@@ -45,7 +46,7 @@ def answer(url: str, model: str,
     return pb.ModelInferResponse.FromString(body), dict(trailers or ())
 
 
-def output(resp: pb.ModelInferResponse, name: str, dtype: str = "<f4") -> np.ndarray:
+def output(resp: pb.ModelInferResponse, name: str, dtype: str = "<f4") -> NDArray[Any]:
     i = [o.name for o in resp.outputs].index(name)
     return np.frombuffer(resp.raw_output_contents[i], dtype).reshape(list(resp.outputs[i].shape))
 

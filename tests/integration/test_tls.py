@@ -34,6 +34,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException
 
 from proxy.cli.main import main as cli_main
@@ -166,11 +167,11 @@ def grpc_client(url: str, pki: Pki, ca: str = "ca",
                                             **kw)
 
 
-def identity(client: Any, model: str = "identity_fp32", mod: Any = grpcclient) -> np.ndarray:
+def identity(client: Any, model: str = "identity_fp32", mod: Any = grpcclient) -> NDArray[Any]:
     x = mod.InferInput("INPUT0", [3], "FP32")
     x.set_data_from_numpy(np.array([1, 2, 3], np.float32))
     kw = {"client_timeout": 10} if mod is grpcclient else {}
-    out = client.infer(model, [x], **kw).as_numpy("OUTPUT0")
+    out: NDArray[Any] | None = client.infer(model, [x], **kw).as_numpy("OUTPUT0")
     assert out is not None
     return out
 
@@ -460,7 +461,7 @@ def _outer(backends: list[dict[str, Any]]) -> dict[str, Any]:
                         "backend_model": "identity_fp32"} for b in backends]}
 
 
-def _infer_outer(outer: RunningMmguard, model: str, timeout: float = 30) -> np.ndarray:
+def _infer_outer(outer: RunningMmguard, model: str, timeout: float = 30) -> NDArray[Any]:
     """Through the outer proxy's plain gRPC front; waits while the backend still connects."""
     client = grpcclient.InferenceServerClient(outer.grpc_url)
     deadline = time.monotonic() + timeout
