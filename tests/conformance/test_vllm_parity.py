@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionContentPartParam, ChatCompletionMessageParam
 
 from tests.support.mmguard import RunningMmguard
 from tests.support.vllm import VllmServer, png_data_url
@@ -124,11 +125,11 @@ def same_as_direct(side: Side, direct: Side, key: str, value: T,
     assert value == _DIRECT[key], f"{key}: mmguard {value!r} != direct {_DIRECT[key]!r}"
 
 
-USER = [{"role": "user", "content": "tell me about the river"}]
+USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "tell me about the river"}]
 
 
 def _chat(side: Side) -> tuple[str, str, int]:
-    out = side.sdk().chat.completions.create(model=LLAVA, messages=USER,  # type: ignore[arg-type]
+    out = side.sdk().chat.completions.create(model=LLAVA, messages=USER,
                                              max_tokens=8, temperature=0,
                                              extra_body={"ignore_eos": True})
     assert out.usage is not None
@@ -143,10 +144,11 @@ def test_chat(side: Side, direct: Side) -> None:
 
 
 def _chat_image(side: Side) -> tuple[str, int]:
-    content = [{"type": "text", "text": "what is this"},
-               {"type": "image_url", "image_url": {"url": png_data_url(rgb=(20, 200, 20))}}]
+    content: list[ChatCompletionContentPartParam] = [
+        {"type": "text", "text": "what is this"},
+        {"type": "image_url", "image_url": {"url": png_data_url(rgb=(20, 200, 20))}}]
     out = side.sdk().chat.completions.create(
-        model=LLAVA, messages=[{"role": "user", "content": content}],  # type: ignore[misc]
+        model=LLAVA, messages=[{"role": "user", "content": content}],
         max_tokens=4, temperature=0)
     assert out.usage is not None
     return out.choices[0].message.content or "", out.usage.prompt_tokens
@@ -183,7 +185,7 @@ def test_n_greater_than_one(side: Side, direct: Side) -> None:
 
 
 def _logprobs(side: Side) -> list[tuple[str, int]]:
-    out = side.sdk().chat.completions.create(model=LLAVA, messages=USER,  # type: ignore[arg-type]
+    out = side.sdk().chat.completions.create(model=LLAVA, messages=USER,
                                              max_tokens=4, temperature=0, logprobs=True,
                                              top_logprobs=2)
     content = out.choices[0].logprobs.content  # type: ignore[union-attr]
@@ -233,7 +235,7 @@ def test_stop(side: Side, direct: Side) -> None:
 
 def _stream_chat(side: Side) -> tuple[str, int, int]:
     stream = side.sdk().chat.completions.create(
-        model=LLAVA, messages=USER, max_tokens=8, temperature=0,  # type: ignore[arg-type]
+        model=LLAVA, messages=USER, max_tokens=8, temperature=0,
         stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
     text, chunks, completion = "", 0, 0
     for chunk in stream:
@@ -407,7 +409,7 @@ def test_errors_keep_their_status_and_param(side: Side) -> None:
         side.sdk().chat.completions.create(**too_long)  # type: ignore[call-overload]
     assert exc.value.body["param"] == "input_tokens"  # type: ignore[index]
     with pytest.raises(openai.NotFoundError) as nf:
-        side.sdk().chat.completions.create(model="gpt-9", messages=USER)  # type: ignore[arg-type]
+        side.sdk().chat.completions.create(model="gpt-9", messages=USER)
     assert "gpt-9" in nf.value.message
     if side.label == "mmguard":  # vLLM lists its models to anyone; mmguard names none
         assert LLAVA not in nf.value.message and EMBED not in nf.value.message

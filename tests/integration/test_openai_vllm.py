@@ -14,6 +14,7 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionContentPartParam
 
 from tests.support.mmguard import RunningMmguard
 from tests.support.vllm import DELAY_ARG, VllmServer, _group_pids, png_bytes, png_data_url
@@ -142,7 +143,7 @@ def test_backend_errors_keep_status_and_body(proxy: RunningMmguard, vllm_llama: 
         assert via[0] == ref[0] == 400
         assert json.loads(via[1]) == json.loads(ref[1])  # vLLM's own error object, intact
     with pytest.raises(openai.BadRequestError) as exc:
-        sdk(proxy.http_url).chat.completions.create(**too_long)
+        sdk(proxy.http_url).chat.completions.create(**too_long)  # type: ignore[call-overload]  # a JSON dict
     assert exc.value.body["param"] == "input_tokens"  # type: ignore[index]
     with pytest.raises(openai.NotFoundError) as nf:
         sdk(proxy.http_url).chat.completions.create(
@@ -151,7 +152,8 @@ def test_backend_errors_keep_status_and_body(proxy: RunningMmguard, vllm_llama: 
 
 
 def test_remote_image_urls_are_refused_by_default(proxy: RunningMmguard) -> None:
-    content = [{"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/latest.png"}}]
+    content: list[ChatCompletionContentPartParam] = [
+        {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/latest.png"}}]
     with pytest.raises(openai.BadRequestError) as exc:
         sdk(proxy.http_url).chat.completions.create(
             model="tiny-llava", messages=[{"role": "user", "content": content}], max_tokens=1)
@@ -187,8 +189,9 @@ def test_allow_listed_image_host_reaches_the_backend(vllm_llava: VllmServer,
            "openai": {"image_url_allow_hosts": [f"127.0.0.1:{port}"]}}
     with RunningMmguard(cfg) as m:
         m.wait_ready(timeout=120)
-        content = [{"type": "text", "text": "what?"},
-                   {"type": "image_url", "image_url": {"url": image_host}}]
+        content: list[ChatCompletionContentPartParam] = [
+            {"type": "text", "text": "what?"},
+            {"type": "image_url", "image_url": {"url": image_host}}]
         out = sdk(m.http_url).chat.completions.create(
             model="tiny-llava", messages=[{"role": "user", "content": content}], max_tokens=2)
         assert out.usage is not None and out.choices[0].message.content is not None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.support.mmguard import RunningMmguard
 from tests.support.vllm import VllmServer
@@ -80,13 +81,13 @@ def test_a_canary_with_another_tokenizer_is_fused(vllm_llama: VllmServer,
         m.wait_ready(timeout=120)
         client = openai.OpenAI(base_url=f"http://{m.http_url}/v1", api_key="unused",
                                max_retries=0)
-        messages = [{"role": "user", "content": "say hello"}]
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "say hello"}]
         for stream in (False, True):
             with pytest.raises(openai.APIStatusError) as exc:
                 reply = client.chat.completions.create(model="chat_canary", messages=messages,
                                                        max_tokens=4, stream=stream)
                 if stream:
-                    list(reply)  # type: ignore[arg-type]
+                    list(reply)
             assert exc.value.status_code == 503
             text = str(exc.value)
             assert good.fingerprint in text and other.fingerprint in text, text
