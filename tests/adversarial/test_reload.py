@@ -31,7 +31,7 @@ def _big_config(ort_models: Path) -> dict[str, object]:
     """A valid config of about 15 MiB: clip_demo's fallback carries a large static answer."""
     values = [round(i * 1e-6, 6) for i in range(BIG_BYTES // 18)]  # ~18 bytes each
     cfg = ort_config(ort_models, watch_config_s=0)  # SIGHUP only: one reload
-    models = list(cfg["models"])  # type: ignore[call-overload]
+    models = list(cfg["models"])
     models[0] = {"name": "clip_demo", "backend": "ort", "filters": [{"fallback": {
         "static_answer": [{"name": "embedding", "datatype": "FP32", "shape": [len(values)],
                            "data": values}]}}]}

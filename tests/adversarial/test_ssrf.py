@@ -128,8 +128,8 @@ def secret_v6() -> Iterator[Recorder]:
 
 def proxy_config(ort_models: Path, vllm: VllmServer, openai: dict[str, Any]) -> dict[str, Any]:
     cfg = ort_config(ort_models, openai=openai)
-    cfg["backends"].append({"kind": "vllm", "name": "llava", "url": vllm.url})  # type: ignore[attr-defined]
-    cfg["models"].append({"name": "tiny-llava", "backend": "llava"})  # type: ignore[attr-defined]
+    cfg["backends"].append({"kind": "vllm", "name": "llava", "url": vllm.url})
+    cfg["models"].append({"name": "tiny-llava", "backend": "llava"})
     return cfg
 
 

@@ -25,7 +25,7 @@ SMALL = ("INPUT0", "FP32", [4], np.arange(4, dtype="<f4").tobytes())
 def proxy(ort_models: Path) -> Iterator[RunningMmguard]:
     cfg = ort_config(ort_models, listeners={"http": {"max_request_bytes": 1_000_000},
                                             "grpc": {"max_request_bytes": 1_000_000}})
-    cfg["models"] = [*cfg["models"],  # type: ignore[misc]
+    cfg["models"] = [*cfg["models"],
                      {"name": "limited", "backend": "ort", "backend_model": "identity_fp32",
                       "filters": [{"limits": {"max_request_bytes": 64, "max_batch": 4}}]}]
     with RunningMmguard(cfg) as m:
@@ -41,7 +41,7 @@ def still_serving(proxy: RunningMmguard) -> None:
     assert status == 200
 
 
-def _binary_args(tensors):  # type: ignore[no-untyped-def]
+def _binary_args(tensors: list[tuple[str, str, list[int], bytes]]) -> tuple[bytes, dict[str, str]]:
     body, hlen = http_binary_body(tensors)
     return body, {"Inference-Header-Content-Length": str(hlen)}
 

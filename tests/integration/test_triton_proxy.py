@@ -38,9 +38,9 @@ MODELS = ["clip_demo", "pixel_identity", "slow_fp32", "fail_fp32", "decoupled_co
 @pytest.fixture(scope="module")
 def proxy(triton: TritonServer) -> Iterator[RunningMmguard]:
     cfg = triton_routes(triton, MODELS)
-    cfg["backends"].append({"kind": "triton_grpc", "name": "down",  # type: ignore[attr-defined]
+    cfg["backends"].append({"kind": "triton_grpc", "name": "down",
                             "url": "127.0.0.1:1", "timeout_s": 2})
-    cfg["models"].append({"name": "nowhere", "backend": "down",  # type: ignore[attr-defined]
+    cfg["models"].append({"name": "nowhere", "backend": "down",
                           "backend_model": "identity_fp32"})
     with RunningMmguard(cfg) as m:
         for name in [f"{p}_{x}" for p in "gh" for x in MODELS]:
