@@ -136,7 +136,7 @@ def _stream_request(n_floats: int) -> bytes:
     t = req.inputs.add(name="INPUT0", datatype="FP32", shape=[n_floats])
     del t
     req.raw_input_contents.append(bytes(4 * n_floats))
-    return req.SerializeToString()
+    return bytes(req.SerializeToString())
 
 
 async def _send_never_read(port: int, seconds: float) -> tuple[int, grpc.aio.StreamStreamCall]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,16 +83,17 @@ def _client(target: Target, protocol: str) -> Any:
 def test_off_is_the_same_clear_refusal_on_both_fronts(target: Target, protocol: str) -> None:
     client = _client(target, protocol)
     try:
-        calls = [lambda: client.get_model_repository_index(),
-                 lambda: client.load_model("no_such_model"),
-                 lambda: client.unload_model("no_such_model")]
-        outcomes = []
+        calls: list[Callable[[], Any]] = [
+            lambda: client.get_model_repository_index(),
+            lambda: client.load_model("no_such_model"),
+            lambda: client.unload_model("no_such_model")]
+        outcomes: list[InferenceServerException | None] = []
         for call in calls:
             try:
                 call()
                 outcomes.append(None)
-            except InferenceServerException as exc:
-                outcomes.append(exc)
+            except InferenceServerException as refused:  # not `exc`: the loop below reuses it
+                outcomes.append(refused)
     finally:
         client.close()
     if not target.via_mmguard:  # Triton: an index, "failed to load", and ok (sic) for unload
@@ -178,7 +179,8 @@ def test_on_without_token_is_unauthenticated(repository_proxies: dict[str, Runni
         client.close()
     assert proxy.server is not None
     # Nothing reached Triton: the model the refused calls named still serves.
-    direct = grpcclient.InferenceServerClient(proxy.server.config.backends[0].url)
+    direct = grpcclient.InferenceServerClient(
+        proxy.server.config.backends[0].url)  # type: ignore[union-attr]  # a Triton backend
     try:
         assert direct.is_model_ready("identity_fp32")
     finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -131,11 +131,12 @@ def test_unknown_model_is_clear_and_lists_nothing(target: Target) -> None:
     t_http.set_data_from_numpy(np.zeros(1, dtype=np.float32))
     t_grpc = grpcclient.InferInput("INPUT0", [1], "FP32")
     t_grpc.set_data_from_numpy(np.zeros(1, dtype=np.float32))
-    calls = [lambda: http.infer("no_such_model", [t_http]),
-             lambda: grpc_client.infer("no_such_model", [t_grpc]),
-             lambda: http.get_model_metadata("no_such_model"),
-             lambda: grpc_client.get_model_metadata("no_such_model"),
-             lambda: grpc_client.get_inference_statistics("no_such_model")]
+    calls: list[Callable[[], Any]] = [
+        lambda: http.infer("no_such_model", [t_http]),
+        lambda: grpc_client.infer("no_such_model", [t_grpc]),
+        lambda: http.get_model_metadata("no_such_model"),
+        lambda: grpc_client.get_model_metadata("no_such_model"),
+        lambda: grpc_client.get_inference_statistics("no_such_model")]
     try:
         for call in calls:
             with pytest.raises(InferenceServerException) as err:

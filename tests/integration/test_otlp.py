@@ -44,7 +44,7 @@ class Receiver(tgrpc.TraceServiceServicer):
 def receiver() -> Iterator[tuple[Receiver, int]]:
     server = grpc.server(concurrent.futures.ThreadPoolExecutor(2))
     rec = Receiver()
-    tgrpc.add_TraceServiceServicer_to_server(rec, server)
+    tgrpc.add_TraceServiceServicer_to_server(rec, server)  # type: ignore[no-untyped-call]  # generated
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     yield rec, port

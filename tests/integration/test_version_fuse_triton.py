@@ -40,7 +40,7 @@ def refused(url: str) -> bool:
 def test_a_changed_tokenizer_file_fuses_the_route(triton: TritonServer, tmp_path: Path) -> None:
     tokenizer = tmp_path / "tokenizer.json"
     tokenizer.write_text('{"model": {"type": "BPE", "merges": ["a b"]}}')
-    backend = {"kind": "triton_grpc", "name": "triton", "url": triton.grpc_url}
+    backend: dict[str, Any] = {"kind": "triton_grpc", "name": "triton", "url": triton.grpc_url}
     probe = {"name": "probe", "backend": "triton", "backend_model": "small_fp32"}
     with RunningMmguard({"backends": [backend], "models": [probe]}) as m:
         m.wait_ready(timeout=60)
