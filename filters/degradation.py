@@ -23,17 +23,17 @@ from typing import Any, Literal
 
 import numpy as np
 from prometheus_client import Counter, Gauge
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from proxy.call import Call, Reply, Result
 from proxy.chain import FilterContext, Next
 from proxy.pod.state import Shared, decided, share
+from proxy.strict import Strict
 
 log = logging.getLogger("mmguard.degradation")
 
 
-class SimilarityAlarmConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class SimilarityAlarmConfig(Strict):
 
     output: str = "similarity"
     """The v2 output holding the model's image–text similarity (one score per batch item)."""

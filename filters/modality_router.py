@@ -27,13 +27,13 @@ from pydantic import Field, model_validator
 from filters.call_keys import UNUSABLE_MODALITIES
 from proxy.call import Api, Call, LocalReply, Reply, Result
 from proxy.chain import FilterContext, Next
-from proxy.config.refs import ConfigReferences
 from proxy.errors import ErrorKind
 from proxy.lifecycle import (
     Access,
     AdminAnswer,
     AdminRequest,
     AdminRoute,
+    ConfigReferences,
     FilterFactoryBase,
     StateKey,
 )

@@ -19,24 +19,19 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from proxy.errors import ErrorKind, ProxyError, bounded
+from proxy.keys import BaseKey, Store
 from proxy.tensor import Tensor
 
 T = TypeVar("T")
 
 
-class CallKey(Generic[T]):
+class CallKey(BaseKey[T]):
     """A typed key for per-request state: ``call.state[KEY]`` is a ``T``."""
 
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"CallKey({self.name!r})"
+    __slots__ = ()
 
 
 class Api(enum.Enum):
@@ -58,23 +53,6 @@ def headers_match(want: Mapping[str, str], have: Mapping[str, str]) -> bool:
 CANARY: CallKey[bool] = CallKey("canary")
 """Set for every call by the runtime: the call is canary traffic (``Config.canary``); what acts
 on canary traffic only (experiments, verdicts) tests this one flag."""
-
-
-class CallState:
-    def __init__(self) -> None:
-        self._items: dict[CallKey[Any], Any] = {}
-
-    def __getitem__(self, key: CallKey[T]) -> T:
-        return self._items[key]  # type: ignore[no-any-return]
-
-    def __setitem__(self, key: CallKey[T], value: T) -> None:
-        self._items[key] = value
-
-    def __contains__(self, key: CallKey[Any]) -> bool:
-        return key in self._items
-
-    def get(self, key: CallKey[T], default: T | None = None) -> T | None:
-        return self._items.get(key, default)
 
 
 @dataclass(slots=True)
@@ -123,7 +101,7 @@ class Call:
     document: dict[str, Any] | None = None  # OpenAI requests: the parsed JSON body
     endpoint: str = ""  # OpenAI requests: /v1/chat/completions, /v1/completions
     target: Target | None = None
-    state: CallState = field(default_factory=CallState)
+    state: Store = field(default_factory=Store)
     decisions: dict[str, str] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
 

@@ -17,8 +17,6 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
-from importlib.metadata import entry_points
 from typing import Any, Protocol
 
 from opentelemetry import trace
@@ -27,9 +25,10 @@ from pydantic import BaseModel
 from proxy.call import Call, LocalReply, Reply, Target
 from proxy.clock import Clock
 from proxy.contract import ModelContract
-from proxy.engine.canary import ShareHash
 from proxy.errors import ErrorKind, ProxyError
-from proxy.lifecycle import AdminRoute, Observer, Store
+from proxy.keys import Store
+from proxy.lifecycle import AdminRoute, Observer
+from proxy.share import ShareHash
 from proxy.telemetry import Telemetry, tracing_on
 
 Next = Callable[[Call], Awaitable[Reply]]
@@ -86,15 +85,6 @@ class FilterFactory(Protocol):
     async def before_drain(self, state: Store) -> None: ...
 
     async def after_drain(self, state: Store) -> None: ...
-
-
-@cache
-def filter_factories() -> dict[str, FilterFactory]:
-    found: dict[str, FilterFactory] = {}
-    for ep in entry_points(group="mmguard.filters"):
-        factory = ep.load()
-        found[ep.name] = factory() if isinstance(factory, type) else factory
-    return found
 
 
 def compose(filters: list[tuple[str, Filter]], terminal: Next) -> Next:

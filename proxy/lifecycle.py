@@ -23,11 +23,14 @@ what it uses. Modelled on Envoy extensions (own admin handlers, typed singletons
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
+
+from proxy.keys import BaseKey, Store
 
 if TYPE_CHECKING:
     from proxy.call import Call, Reply
@@ -39,51 +42,10 @@ Observer = Callable[["Call", "Reply", float], None]
 data plane counted it. Only canary calls: the population experiments and verdicts judge."""
 
 
-class StateKey(Generic[T]):
+class StateKey(BaseKey[T]):
     """A typed name for one piece of state in a ``Store`` (e.g. ``StateKey[Registry]("x")``)."""
 
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"StateKey({self.name!r})"
-
-
-class Store:
-    """Typed state by ``StateKey``. ``store["name"]`` (a key's name) is for inspection only."""
-
-    def __init__(self) -> None:
-        self._items: dict[str, Any] = {}
-
-    def get(self, key: StateKey[T]) -> T | None:
-        found: T | None = self._items.get(key.name)
-        return found
-
-    def setdefault(self, key: StateKey[T], make: Callable[[], T]) -> T:
-        """The value under ``key``, made (once) by ``make`` when there is none yet."""
-        if key.name not in self._items:
-            self._items[key.name] = make()
-        found: T = self._items[key.name]
-        return found
-
-    def put(self, key: StateKey[T], value: T) -> None:
-        self._items[key.name] = value
-
-    @overload
-    def __getitem__(self, key: StateKey[T]) -> T: ...
-    @overload
-    def __getitem__(self, key: str) -> Any: ...
-    def __getitem__(self, key: StateKey[Any] | str) -> Any:
-        return self._items[key if isinstance(key, str) else key.name]
-
-    def __contains__(self, key: object) -> bool:
-        name = key.name if isinstance(key, StateKey) else key
-        return name in self._items
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._items)
+    __slots__ = ()
 
 
 class Access(enum.Enum):
@@ -145,3 +107,18 @@ class FilterFactoryBase:
 
     async def after_drain(self, state: Store) -> None:
         """Shutdown, after in-flight calls drained (backends close next)."""
+
+
+@dataclass(frozen=True)
+class ConfigReferences:
+    """What one filter's options name outside the filter, checked when the config loads. A
+    filter's config model declares them with a method ``references(self) -> ConfigReferences``."""
+
+    routes: tuple[tuple[str, str], ...] = ()
+    """(option, route): routes the filter hands calls to; each must be a route of the config."""
+    files: tuple[tuple[str, Path], ...] = ()
+    """(option, path): files the filter reads when built; each must exist (``load_config``
+    with ``check_files``)."""
+    unique_names: tuple[tuple[str, str], ...] = ()
+    """(kind, name): names that must be unique in the whole config, e.g. fault experiments,
+    which are process-wide."""

@@ -12,6 +12,7 @@ from importlib.metadata import entry_points
 
 from proxy.chain import FilterFactory
 
+
 class FilterNameMismatch(RuntimeError):
     """A factory whose ``name`` differs from its entry point's: its decisions, state and admin
     routes would be filed under a name the config does not use."""

@@ -32,12 +32,11 @@ from pydantic import Field
 from filters.call_keys import FAULTS
 from filters.fallback.admin import BREAKERS, CACHED_ANSWERS, ROUTES
 from filters.fallback.breaker import Breaker, BreakerSettings, State
-from proxy.backends.fingerprint import log_mismatch
+from filters.fallback.fuse_log import log_mismatch
 from proxy.call import Api, Call, LocalReply, Reply, Result, Wire
 from proxy.chain import FilterContext, Next
-from proxy.config.refs import ConfigReferences
 from proxy.errors import ErrorKind, ProxyError
-from proxy.lifecycle import FilterFactoryBase
+from proxy.lifecycle import ConfigReferences, FilterFactoryBase
 from proxy.pod.state import share
 from proxy.strict import Strict
 from proxy.tensor import Tensor

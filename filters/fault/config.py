@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from proxy.call import CallKey
-from proxy.config.refs import ConfigReferences
+from proxy.lifecycle import ConfigReferences
 from proxy.strict import Strict
 
 SEEN: CallKey[list[str]] = CallKey("fault_experiments")

@@ -39,7 +39,8 @@ from filters.fault.registry import (
 from proxy.call import CANARY, Api, Call, LocalReply, Reply, headers_match
 from proxy.chain import FilterContext, Next
 from proxy.errors import STATUS, ErrorKind, kind_from_grpc, kind_from_http
-from proxy.lifecycle import FilterFactoryBase, Observer, Store
+from proxy.keys import Store
+from proxy.lifecycle import FilterFactoryBase, Observer
 
 log = logging.getLogger("mmguard.fault")
 

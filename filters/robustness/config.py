@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from filters.compare import CompareConfig
 from proxy.strict import Strict
 
 PerturbationKind = Literal["gaussian_noise", "sign_noise", "patch_mask", "token_dropout",

@@ -27,10 +27,9 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from filters.compare import (
     CompareConfig,
@@ -40,98 +39,10 @@ from filters.compare import (
     compare_text,
     openai_text,
 )
+from filters.robustness.config import RobustnessConfig
 from filters.robustness.perturb import clean_copy, perturbed_copy, seed_for
+from filters.robustness.stats import difference_interval, wilson
 from proxy.call import Call, LocalReply, Reply, Result, SseEvent
-
-PerturbationKind = Literal["gaussian_noise", "sign_noise", "patch_mask", "token_dropout",
-                           "occlusion", "precision", "drop_modality", "low_light"]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Perturbation(Strict):
-    kind: PerturbationKind
-    name: str = Field("", max_length=64, pattern=r"^[A-Za-z0-9_.-]*$")
-    """How the report and the verdict name it (default: the kind)."""
-    sigma: float = Field(0.08, ge=0)
-    """gaussian_noise: σ of the noise on pixels in [0, 1] (clamped)."""
-    eps: float = Field(0.03, ge=0)
-    ratio: float = Field(0.25, ge=0, le=1)
-    patch: int = Field(16, ge=1)
-    p: float = Field(0.15, ge=0, le=1)
-    pad_id: int = 0
-    area: float = Field(0.2, ge=0, le=1)
-    mode: Literal["round", "fp16", "bf16"] = "round"
-    decimals: int = Field(3, ge=0, le=10)
-    factor: float = Field(0.3, gt=0, le=1)
-    """low_light: pixels are scaled by this, then ``noise`` σ is added."""
-    noise: float = Field(0.02, ge=0)
-    inputs: tuple[str, ...] = ()
-    """v2 inputs to perturb (drop_modality: to remove); empty: every input of the right kind."""
-
-    @property
-    def label(self) -> str:
-        return self.name or self.kind
-
-
-class RobustnessConfig(Strict):
-    perturbations: tuple[Perturbation, ...] = Field(min_length=1)
-    percent: float = Field(100.0, ge=0, le=100)
-    """Share of the mirrored copies the experiment draws (stable by request key)."""
-    max_qps: float = Field(10.0, gt=0)
-    """Production's extra calls per second at most (each drawn copy costs one per perturbation);
-    a copy over the cap is not perturbed (``mmguard_robustness_skipped_total{reason="cap"}``)."""
-    seed: int = 0
-    window: int = Field(500, ge=1)
-    """Paired samples kept per perturbation."""
-    min_samples: int = Field(20, ge=1)
-    """Per perturbation, before it is judged (and before the verdict may promote)."""
-    compare: CompareConfig | None = None
-    """How a perturbed answer is held to its side's clean one (what "kept" means); None: the
-    shadow's own ``compare``. A perturbation moves answers more than a release does, so this is
-    usually looser (e.g. ``cosine_min: 0.9``, or ``classification`` for top-1 kept)."""
-    max_drop: float = Field(0.05, ge=0, le=1)
-    """The margin: the canary's robustness may be at most this far below production's (as a
-    share: 0.05 = 5 points) on every perturbation measured; further below aborts."""
-
-    @model_validator(mode="after")
-    def _unique(self) -> RobustnessConfig:
-        labels = [p.label for p in self.perturbations]
-        if len(set(labels)) != len(labels):
-            raise ValueError(f"perturbation names must be unique (give 'name' to tell two of one "
-                             f"kind apart): {labels}")
-        if self.min_samples > self.window:
-            raise ValueError(f"min_samples {self.min_samples} can never be reached in a window "
-                             f"of {self.window}")
-        return self
-
-
-# --- statistics --------------------------------------------------------------------------------
-
-
-def wilson(kept: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a proportion ``kept / n`` (95 % by default); (0, 1) for n = 0."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = kept / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def difference_interval(canary: tuple[int, int], production: tuple[int, int],
-                        z: float = 1.96) -> tuple[float, float]:
-    """Newcombe's hybrid score interval of canary − production from the two Wilson intervals."""
-    (kc, nc), (kp, np_) = canary, production
-    pc, pp = kc / nc if nc else 0.0, kp / np_ if np_ else 0.0
-    lc, uc = wilson(kc, nc, z)
-    lp, up = wilson(kp, np_, z)
-    d = pc - pp
-    return (d - math.sqrt((pc - lc) ** 2 + (up - pp) ** 2),
-            d + math.sqrt((uc - pc) ** 2 + (pp - lp) ** 2))
 
 
 @dataclass(frozen=True, slots=True)

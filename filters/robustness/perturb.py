@@ -19,11 +19,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from filters import perturb
-from proxy.call import CANARY, Call, CallState
+from proxy.call import CANARY, Call
+from proxy.keys import Store
 from proxy.tensor import Tensor
 
 if TYPE_CHECKING:
-    from filters.robustness.experiment import Perturbation
+    from filters.robustness.config import Perturbation
 
 FLOAT_TYPES = ("FP16", "FP32", "FP64")
 INT_TYPES = ("INT32", "INT64")
@@ -43,7 +44,7 @@ def perturbed_copy(call: Call, p: Perturbation, seed: int, timeout_s: float) -> 
     now = time.monotonic()
     out = replace(call, inputs=list(call.inputs), headers=dict(call.headers),
                   document=json.loads(json.dumps(call.document)) if call.document else None,
-                  state=CallState(), decisions={}, started=now, deadline=now + timeout_s)
+                  state=Store(), decisions={}, started=now, deadline=now + timeout_s)
     out.state[CANARY] = False  # faults must not stack on the perturbation
     rng = np.random.default_rng(seed)
     if out.document is not None:
@@ -56,7 +57,7 @@ def clean_copy(call: Call, timeout_s: float) -> Call:
     now = time.monotonic()
     out = replace(call, inputs=list(call.inputs), headers=dict(call.headers),
                   document=json.loads(json.dumps(call.document)) if call.document else None,
-                  state=CallState(), decisions={}, started=now, deadline=now + timeout_s)
+                  state=Store(), decisions={}, started=now, deadline=now + timeout_s)
     out.state[CANARY] = False
     return out
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+
 def wilson(kept: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """Wilson score interval of a proportion ``kept / n`` (95 % by default); (0, 1) for n = 0."""
     if n <= 0:

@@ -21,7 +21,8 @@ from typing import Any
 
 from filters.compare.answers import State
 from filters.compare.verdict import Verdict, VerdictConfig, _Figures
-from filters.robustness.experiment import RobustnessConfig, RobustnessTable
+from filters.robustness.config import RobustnessConfig
+from filters.robustness.experiment import RobustnessTable
 from proxy.clock import Clock
 
 _EXCLUDED_KEPT = 64  # distinct fault tags counted by name; more are counted as "other"

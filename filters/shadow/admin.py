@@ -6,39 +6,43 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
+from filters.shadow.state import ShadowState
+from proxy.keys import Store
 from proxy.lifecycle import Access, AdminAnswer, AdminRequest, AdminRoute, StateKey
 
-if TYPE_CHECKING:
-    from filters.shadow.filter import Shadow
-    from filters.shadow.state import ShadowState
 
-SHADOWS: StateKey[dict[str, Shadow]] = StateKey("shadows")
-"""Route → its shadow filter in this runtime (``FilterContext.local``)."""
+class Shadow(Protocol):
+    """What the admin routes need of a shadow filter (``filters.shadow.filter.Shadow``)."""
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+    def reset(self) -> None: ...
+
 SHADOW_STATES: StateKey[dict[str, ShadowState]] = StateKey("shadows")
 """Route → its verdict and counts, kept across reloads while the config is the same
 (``FilterContext.state``)."""
-LIVE_SHADOWS: StateKey[dict[str, Shadow]] = StateKey("shadow_filters")
-"""Route → the shadow filter that serves (``FilterContext.state``): its workers end when the
-next one takes over, or after the drain on shutdown."""
+
+Finder = Callable[[Store], Mapping[str, Shadow] | None]
+"""How the routes find this runtime's shadow filters (the filter module owns their key)."""
 
 
-async def list_shadows(req: AdminRequest) -> AdminAnswer:
-    found = req.local.get(SHADOWS) or {}
-    return 200, {route: s.snapshot() for route, s in sorted(found.items())}
+def shadow_routes(find: Finder) -> tuple[AdminRoute, ...]:
+    """``GET /admin/shadows`` and ``POST /admin/shadows/{route}/reset`` over ``find``."""
 
+    async def list_shadows(req: AdminRequest) -> AdminAnswer:
+        found = find(req.local) or {}
+        return 200, {route: s.snapshot() for route, s in sorted(found.items())}
 
-async def reset_shadow(req: AdminRequest) -> AdminAnswer:
-    route = req.params["route"]
-    shadow = (req.local.get(SHADOWS) or {}).get(route)
-    if shadow is None:
-        return 404, {"error": f"route '{route}' has no shadow filter"}
-    shadow.reset()
-    return 200, shadow.snapshot()
+    async def reset_shadow(req: AdminRequest) -> AdminAnswer:
+        route = req.params["route"]
+        shadow = (find(req.local) or {}).get(route)
+        if shadow is None:
+            return 404, {"error": f"route '{route}' has no shadow filter"}
+        shadow.reset()
+        return 200, shadow.snapshot()
 
-
-ROUTES = (
-    AdminRoute("GET", "/admin/shadows", Access.READ, list_shadows),
-    AdminRoute("POST", "/admin/shadows/{route}/reset", Access.MUTATES, reset_shadow),
-)
+    return (AdminRoute("GET", "/admin/shadows", Access.READ, list_shadows),
+            AdminRoute("POST", "/admin/shadows/{route}/reset", Access.MUTATES, reset_shadow))

@@ -8,8 +8,8 @@ from filters.compare import (
     CompareConfig,
     VerdictConfig,
 )
-from filters.robustness.experiment import RobustnessConfig  # chaos (issue 16)
-from proxy.config.refs import ConfigReferences
+from filters.robustness.config import RobustnessConfig
+from proxy.lifecycle import ConfigReferences
 from proxy.strict import Strict
 
 

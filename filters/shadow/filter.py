@@ -32,7 +32,7 @@ from filters.robustness.experiment import (
     RobustnessTable,
 )
 from filters.robustness.verdict import ReleaseVerdict
-from filters.shadow.admin import LIVE_SHADOWS, ROUTES, SHADOW_STATES, SHADOWS
+from filters.shadow.admin import SHADOW_STATES, shadow_routes
 from filters.shadow.config import (
     ShadowConfig,
 )
@@ -41,7 +41,6 @@ from proxy.call import (
     CANARY,
     Api,
     Call,
-    CallState,
     LocalReply,
     Reply,
     Result,
@@ -49,12 +48,19 @@ from proxy.call import (
     headers_match,
 )
 from proxy.chain import FilterContext, Next
-from proxy.lifecycle import FilterFactoryBase, Store
+from proxy.keys import Store
+from proxy.lifecycle import FilterFactoryBase, StateKey
 from proxy.pod.state import POD, share
 
 log = logging.getLogger("mmguard.shadow")
 
 _STATES = {"collecting": 0, "promote": 1, "hold": 2, "abort": 3}
+
+SHADOWS: StateKey[dict[str, Shadow]] = StateKey("shadows")
+"""Route → its shadow filter in this runtime (``FilterContext.local``)."""
+LIVE_SHADOWS: StateKey[dict[str, Shadow]] = StateKey("shadow_filters")
+"""Route → the shadow filter that serves (``FilterContext.state``): its workers end when the
+next one takes over, or after the drain on shutdown."""
 
 
 @dataclass
@@ -358,14 +364,14 @@ def _snapshot(call: Call) -> Call:
     return replace(call, inputs=list(call.inputs), headers=dict(call.headers),
                    document=json.loads(json.dumps(call.document)) if call.document else None,
                    outputs=list(call.outputs), parameters=dict(call.parameters),
-                   state=CallState(), decisions={},
+                   state=Store(), decisions={},
                    target=replace(call.target) if call.target is not None else None)
 
 
 def _fresh(call: Call, timeout_s: float) -> Call:
     out = replace(call, inputs=list(call.inputs), headers=dict(call.headers),
                   document=json.loads(json.dumps(call.document)) if call.document else None,
-                  state=CallState(), decisions={}, started=time.monotonic(),
+                  state=Store(), decisions={}, started=time.monotonic(),
                   deadline=time.monotonic() + timeout_s)
     out.state[CANARY] = True  # a mirrored copy is canary traffic
     return out
@@ -397,7 +403,7 @@ def _arrays(reply: Result) -> dict[str, NDArray[Any]]:
 class ShadowFactory(FilterFactoryBase):
     name = "shadow"
     config_model = ShadowConfig
-    admin_routes = ROUTES
+    admin_routes = shadow_routes(lambda local: local.get(SHADOWS))
 
     async def after_drain(self, state: Store) -> None:
         """Copies still queued for the canary are dropped."""

@@ -27,10 +27,9 @@ from pydantic import Field, model_validator
 from filters.shape_guard.tokens import TextTokenizer, load_tokenizer
 from proxy.call import Api, Call, LocalReply, Reply, Result, SseEvent
 from proxy.chain import FilterContext, Next
-from proxy.config.refs import ConfigReferences
 from proxy.contract import ModelContract, TensorSpec
 from proxy.errors import ErrorKind, ProxyError
-from proxy.lifecycle import FilterFactoryBase
+from proxy.lifecycle import ConfigReferences, FilterFactoryBase
 from proxy.strict import Strict
 from proxy.tensor import Tensor, decode_bytes_elements, encode_bytes_elements
 from proxy.wire.openai import ChatView

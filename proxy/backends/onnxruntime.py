@@ -29,6 +29,7 @@ from proxy.backends.base import Backend
 from proxy.backends.classification import class_count, classify
 from proxy.call import Call, Result, Target
 from proxy.config.backends import OnnxRuntimeBackendConfig
+from proxy.config.refs import find_models
 from proxy.contract import ModelContract, TensorSpec
 from proxy.errors import ErrorKind, ProxyError, name_list
 from proxy.tensor import Tensor
@@ -51,22 +52,6 @@ class _Model:
     session: ort.InferenceSession
     contract: ModelContract
     output_types: dict[str, str]
-
-
-def find_models(model_dir: Path) -> dict[str, tuple[str, Path]]:
-    """name → (version, file): <name>/<highest numeric version>/model.onnx, or <name>.onnx."""
-    found: dict[str, tuple[str, Path]] = {}
-    if not model_dir.is_dir():
-        return found
-    for entry in sorted(model_dir.iterdir()):
-        if entry.is_file() and entry.suffix == ".onnx":
-            found[entry.stem] = ("1", entry)
-        elif entry.is_dir():
-            versions = sorted((int(v.name), v / "model.onnx") for v in entry.iterdir()
-                              if v.name.isdigit() and (v / "model.onnx").is_file())
-            if versions:
-                found[entry.name] = (str(versions[-1][0]), versions[-1][1])
-    return found
 
 
 class OnnxRuntimeBackend(Backend):

@@ -25,20 +25,21 @@ from pydantic import (
     model_validator,
 )
 
-from proxy.chain import filter_factories
 from proxy.config.backends import (
     BackendConfig,
     OnnxRuntimeBackendConfig,
 )
 from proxy.config.listeners import Listeners
 from proxy.config.refs import (
-    ConfigReferences,
     model_dir_problems,
     read_secret,
     reference_problems,
     unreadable_value,
 )
+from proxy.lifecycle import ConfigReferences
+from proxy.registry import filter_factories
 from proxy.strict import Strict
+from proxy.telemetry.settings import TelemetryConfig
 
 MiB = 1024 * 1024
 
@@ -164,17 +165,6 @@ class Defaults(Strict):
     filters: tuple[dict[str, Any], ...] = ({"limits": {}},)
 
 
-class TelemetryConfig(Strict):
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    log_format: Literal["json", "text"] = "json"
-    otlp_endpoint: str | None = None
-    """OTLP/gRPC collector for traces; tracing export is off without it."""
-    service_name: str = "mmguard"
-    access_log_sample: float = Field(0.0, ge=0, le=1)
-    """Share of requests that write an access log line at INFO (0: none, the default; every
-    decision is still a header, a metric and a span event, and a DEBUG log line)."""
-
-
 class SharedMemoryConfig(Strict):
     """Triton's system shared memory extension on the v2 fronts (docs/shared-memory.md)."""
 
@@ -298,7 +288,9 @@ def resolve_filters(entries: tuple[dict[str, Any], ...], path: str) -> list[Filt
             continue
         (name, options), = entry.items()
         if name not in factories:
-            problems.append(f"{where}: unknown filter '{name}' (known: {sorted(factories)})")
+            problems.append(f"{where}: unknown filter '{name}' (known: {sorted(factories)}; "
+                            "a filter is found through its 'mmguard.filters' entry point once its "
+                            "package is installed: after adding one, run pip install -e . again)")
             continue
         try:
             cfg = factories[name].config_model.model_validate(options or {})

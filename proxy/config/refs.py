@@ -12,25 +12,11 @@ import os
 import re
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import SecretStr
 
-
-@dataclass(frozen=True)
-class ConfigReferences:
-    """What one filter's options name outside the filter, checked when the config loads. A
-    filter's config model declares them with a method ``references(self) -> ConfigReferences``."""
-
-    routes: tuple[tuple[str, str], ...] = ()
-    """(option, route): routes the filter hands calls to; each must be a route of the config."""
-    files: tuple[tuple[str, Path], ...] = ()
-    """(option, path): files the filter reads when built; each must exist (``load_config``
-    with ``check_files``)."""
-    unique_names: tuple[tuple[str, str], ...] = ()
-    """(kind, name): names that must be unique in the whole config, e.g. fault experiments,
-    which are process-wide."""
+from proxy.lifecycle import ConfigReferences
 
 
 def reference_problems(routes: set[str],
@@ -55,7 +41,6 @@ def model_dir_problems(where: str, model_dir: Path, models: tuple[str, ...] | No
     """An ONNX Runtime repository that is not there, or lacks a model the config lists."""
     if not model_dir.is_dir():
         return [f"{where}.model_dir: {model_dir} is not a directory"]
-    from proxy.backends.onnxruntime import find_models  # ORT itself only when it is used
     found = find_models(model_dir)
     missing = [m for m in models or () if m not in found]
     if not missing:
@@ -94,3 +79,19 @@ def unreadable_value(exc: ValueError) -> str:
         return f"a value cannot be read: {str(exc).splitlines()[0]}"
     return (f"a number has {digits[1]} digits; numbers in a config have at most "
             f"{sys.get_int_max_str_digits()} digits")
+
+
+def find_models(model_dir: Path) -> dict[str, tuple[str, Path]]:
+    """name → (version, file): <name>/<highest numeric version>/model.onnx, or <name>.onnx."""
+    found: dict[str, tuple[str, Path]] = {}
+    if not model_dir.is_dir():
+        return found
+    for entry in sorted(model_dir.iterdir()):
+        if entry.is_file() and entry.suffix == ".onnx":
+            found[entry.stem] = ("1", entry)
+        elif entry.is_dir():
+            versions = sorted((int(v.name), v / "model.onnx") for v in entry.iterdir()
+                              if v.name.isdigit() and (v / "model.onnx").is_file())
+            if versions:
+                found[entry.name] = (str(versions[-1][0]), versions[-1][1])
+    return found

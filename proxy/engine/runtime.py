@@ -18,14 +18,17 @@ from pydantic import BaseModel
 
 from proxy.backends.base import Backend
 from proxy.call import Api, Call, CallKey, LocalReply, Reply, Result, Target
-from proxy.chain import FilterContext, Next, compose, filter_factories
+from proxy.chain import FilterContext, Next, compose
 from proxy.clock import Clock
 from proxy.config.backends import BackendConfig
 from proxy.config.model import Config, ModelRoute
 from proxy.contract import ModelContract
-from proxy.engine.canary import CanaryMatcher, ShareHash, share_hash_for
+from proxy.engine.canary import CanaryMatcher, share_hash_for
 from proxy.errors import ErrorKind, ProxyError
-from proxy.lifecycle import Observer, Store
+from proxy.keys import Store
+from proxy.lifecycle import Observer
+from proxy.registry import filter_factories
+from proxy.share import ShareHash
 from proxy.telemetry import Telemetry
 
 log = logging.getLogger("mmguard.runtime")
@@ -93,16 +96,6 @@ class Runtime:
             o for f in filter_factories().values() for o in f.observers(self.state, self.local)]
         """What sees every routed call's final answer (the filters' ``observers``)."""
 
-    @property
-    def store(self) -> Store:
-        """``state``, by the name inspection tools know."""
-        return self.state
-
-    @property
-    def admin(self) -> Store:
-        """``local``, by the name inspection tools know."""
-        return self.local
-
     def activate(self) -> None:
         """Once this runtime serves: what its filters deferred (starting experiments, taking
         over shared state) happens now, then each filter factory hears of its configs in the
@@ -127,7 +120,7 @@ class Runtime:
                 if (handoff := getattr(backends[cfg.name], "handoff", None)) is not None:
                     handoff.bind(telemetry)  # the shared-memory pool's counters on /metrics
         return cls(config, telemetry, clock, backends,
-                   store=previous.store if previous is not None else None)
+                   store=previous.state if previous is not None else None)
 
     def backend_config(self, name: str) -> BackendConfig | None:
         return next((b for b in self.config.backends if b.name == name), None)

@@ -22,6 +22,9 @@ log = logging.getLogger("mmguard.pod")
 FIRST_STATE_S = 10.0
 """How long a starting worker waits for the pod's state before it serves without it."""
 
+SOCKET_ENV = "MMGUARD_POD_SOCKET"
+"""The supervisor's control socket, named to each worker it starts."""
+
 
 class WorkerLink:
     def __init__(self, path: str, reload: Callable[[], Awaitable[Any]]) -> None:

@@ -20,9 +20,9 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from proxy.chain import filter_factories
 from proxy.engine.dataplane import DataPlane
 from proxy.lifecycle import Access, AdminRequest, AdminRoute
+from proxy.registry import filter_factories
 
 
 class Outcome(Protocol):

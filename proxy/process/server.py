@@ -33,7 +33,6 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import Counter
 
-from proxy.chain import filter_factories
 from proxy.clock import Clock, SystemClock
 from proxy.config.listeners import AdminListener, GrpcListener, HttpListener, Listeners
 from proxy.config.model import Config, ConfigError, load_config
@@ -43,12 +42,12 @@ from proxy.engine.dataplane import DataPlane
 from proxy.engine.runtime import Runtime
 from proxy.fronts.grpc_v2 import SERVICE, GrpcFront
 from proxy.fronts.http_v2 import HttpFront
-from proxy.pod.link import WorkerLink
+from proxy.pod.link import SOCKET_ENV, WorkerLink
 from proxy.pod.state import POD, Role
 from proxy.process import listeners as guard
 from proxy.process.admin import admin_app
-from proxy.process.supervisor import SOCKET_ENV
 from proxy.process.watch import FileWatch, watched_files
+from proxy.registry import filter_factories
 from proxy.shm.regions import SharedMemory
 from proxy.telemetry import Telemetry
 

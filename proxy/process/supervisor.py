@@ -43,11 +43,11 @@ from prometheus_client import Counter, Gauge
 
 from proxy.config.model import Config
 from proxy.pod import counters
+from proxy.pod.link import SOCKET_ENV
 from proxy.pod.state import POD, Role, encode, read_message
 
 log = logging.getLogger("mmguard.supervisor")
 
-SOCKET_ENV = "MMGUARD_POD_SOCKET"
 INDEX_ENV = "MMGUARD_WORKER_INDEX"
 WORKERS_ENV = "MMGUARD_WORKERS"
 SECRET_ENV = "MMGUARD_POD_SECRET"
@@ -349,7 +349,7 @@ class Supervisor:
         await self.stop()
 
     async def stop(self) -> None:
-        from proxy.chain import filter_factories
+        from proxy.registry import filter_factories
 
         self._stopping = True
         self.server.plane.draining = True

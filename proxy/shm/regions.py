@@ -42,21 +42,19 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from proxy.call import Call, CallKey, LocalReply, Reply, Result
+from proxy.call import Call, LocalReply, Reply, Result
 from proxy.config.model import SharedMemoryConfig
 from proxy.errors import ErrorKind, ProxyError
 from proxy.shm.peer import Connection, UidLookup, grpc_peer, peer_uid
 from proxy.telemetry import Telemetry
 from proxy.tensor import Payload, Tensor, itemsize
+from proxy.wire.kserve_http import WRITTEN
 
 log = logging.getLogger("mmguard.shm")
 
 REGION, OFFSET, BYTE_SIZE = ("shared_memory_region", "shared_memory_offset",
                              "shared_memory_byte_size")
 SHM_PARAMS = frozenset((REGION, OFFSET, BYTE_SIZE))
-WRITTEN: CallKey[frozenset[str]] = CallKey("shm_written_outputs")
-"""Names of the outputs written into the client's regions: the HTTP encoder sends no bytes for
-them (the gRPC one sends empty raw contents, as Triton does)."""
 _KEY = re.compile(r"/?([A-Za-z0-9._-]{1,255})")
 
 @dataclass(eq=False)

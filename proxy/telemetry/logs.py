@@ -2,34 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import random
 import sys
-from collections import deque
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    ProcessCollector,
-    disable_created_metrics,
-)
-from prometheus_client.gc_collector import GCCollector
-from prometheus_client.platform_collector import PlatformCollector
-
-from proxy.errors import header_value
 
 if TYPE_CHECKING:
-    from proxy.call import Call
-    from proxy.telemetry.settings import TelemetryConfig
+    pass
 
 
 class JsonFormatter(logging.Formatter):

@@ -7,17 +7,12 @@ alert rules, Grafana), and prometheus-client gives it exactly, with no SDK bridg
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import random
-import sys
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
-from urllib.parse import urlsplit
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from prometheus_client import (
     CollectorRegistry,

@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from proxy.call import Call, Decoded, RequestedOutput, Result, Wire
+from proxy.call import Call, CallKey, Decoded, RequestedOutput, Result, Wire
 from proxy.errors import ErrorKind, ProxyError, bounded
-from proxy.shm.regions import WRITTEN
 from proxy.tensor import (
     DATATYPES,
     MAX_PARAMETERS,
@@ -30,6 +29,11 @@ from proxy.wire.answers import answer_error, output_problem
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_TYPE = "application/json"
 BINARY_TYPE = "application/octet-stream"
+
+
+WRITTEN: CallKey[frozenset[str]] = CallKey("shm_written_outputs")
+"""Names of the outputs written into the client's regions: the HTTP encoder sends no bytes for
+them (the gRPC one sends empty raw contents, as Triton does)."""
 
 
 def bad(message: str) -> ProxyError:

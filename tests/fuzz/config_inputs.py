@@ -8,7 +8,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from proxy.chain import filter_factories
+from proxy.registry import filter_factories
 from tests.fuzz.mutations import json_scalars, json_values
 
 

@@ -23,6 +23,7 @@ import pytest
 from numpy.typing import NDArray
 from onnx import TensorProto, helper
 
+from filters.fault.registry import EXPERIMENTS
 from proxy.pb import grpc_service_pb2 as pb
 from tests.conftest import ort_config
 from tests.support.mmguard import RunningMmguard
@@ -449,7 +450,7 @@ def test_shutdown_stops_every_experiment(models: Path) -> None:
     with m:
         m.wait_ready()
         assert m.server is not None
-        registry = m.server.plane.runtime.store["experiments"]
+        registry = m.server.plane.runtime.state[EXPERIMENTS]
     assert registry.experiments["x"].state == "stopped"
     assert registry.experiments["x"].stop_reason == "mmguard is shutting down"
 

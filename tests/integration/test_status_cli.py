@@ -14,6 +14,7 @@ import grpc
 import numpy as np
 import pytest
 
+from filters.shadow.filter import SHADOWS
 from proxy.cli.demo_model import tokenize
 from tests.conftest import ort_config
 from tests.support.mmguard import RunningMmguard
@@ -64,7 +65,7 @@ def running(ort_models: Path) -> Iterator[RunningMmguard]:
         for _ in range(2):
             grpc_infer_raw(m.grpc_url, clip_body("shadowed_clip"))
         deadline = time.monotonic() + 30
-        while m.server.plane.runtime.admin["shadows"]["shadowed_clip"].state.compared < 2:  # type: ignore[union-attr]
+        while m.server.plane.runtime.local[SHADOWS]["shadowed_clip"].state.compared < 2:  # type: ignore[union-attr]
             assert time.monotonic() < deadline
             time.sleep(0.05)
         for _ in range(3):

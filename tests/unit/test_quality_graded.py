@@ -18,7 +18,7 @@ from proxy.call import Call, LocalReply, Reply, Result, Target
 from proxy.chain import FilterContext
 from proxy.clock import ManualClock
 from proxy.errors import ErrorKind
-from proxy.lifecycle import Store
+from proxy.keys import Store
 from proxy.telemetry import Telemetry
 from proxy.tensor import Tensor
 from tests.support.photos import clean_set

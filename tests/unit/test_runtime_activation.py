@@ -7,6 +7,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from filters.fault.registry import EXPERIMENTS
+from filters.shadow.filter import LIVE_SHADOWS
 from proxy.clock import SystemClock
 from proxy.config.model import parse_config
 from proxy.engine.runtime import Runtime
@@ -24,7 +26,7 @@ def _config(tmp_path: Path, experiment: str) -> Any:
 
 
 def _running(rt: Runtime) -> dict[str, str]:
-    return {e.name: e.state for e in rt.store["experiments"].experiments.values()}
+    return {e.name: e.state for e in rt.state[EXPERIMENTS].experiments.values()}
 
 
 def test_a_built_runtime_changes_nothing_until_activated(tmp_path: Path) -> None:
@@ -33,16 +35,16 @@ def test_a_built_runtime_changes_nothing_until_activated(tmp_path: Path) -> None
     assert _running(old) == {}  # built: nothing started yet
     old.activate()
     assert _running(old) == {"first": "running"}
-    serving_shadow = old.store["shadow_filters"]["a"]
+    serving_shadow = old.state[LIVE_SHADOWS]["a"]
 
     rejected = Runtime.build(_config(tmp_path, "second"), telemetry, clock, previous=old)
     assert _running(rejected) == {"first": "running"}  # the old config's, untouched
-    assert rejected.store["shadow_filters"]["a"] is serving_shadow
+    assert rejected.state[LIVE_SHADOWS]["a"] is serving_shadow
 
     applied = Runtime.build(_config(tmp_path, "third"), telemetry, clock, previous=old)
     applied.activate()
     assert _running(applied) == {"first": "stopped", "third": "running"}
-    assert applied.store["shadow_filters"]["a"] is not serving_shadow
+    assert applied.state[LIVE_SHADOWS]["a"] is not serving_shadow
     applied.activate()  # once: a second call starts nothing again
     assert _running(applied) == {"first": "stopped", "third": "running"}
     for rt in (old, rejected, applied):

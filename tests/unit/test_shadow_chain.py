@@ -8,9 +8,10 @@ import asyncio
 import numpy as np
 
 from filters.shadow import ShadowFactory
-from filters.shadow.admin import SHADOWS
+from filters.shadow.filter import SHADOWS
 from proxy.call import Call, Result, Target
-from proxy.lifecycle import AdminRequest, Store
+from proxy.keys import Store
+from proxy.lifecycle import AdminRequest
 from proxy.tensor import Tensor
 from tests.support.chain_harness import ChainHarness, x
 

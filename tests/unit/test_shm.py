@@ -21,10 +21,11 @@ from proxy.config.model import SharedMemoryConfig
 from proxy.errors import ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.shm.peer import Connection, grpc_peer, peer_uid
-from proxy.shm.regions import WRITTEN, SharedMemory, uses_shared_memory
+from proxy.shm.regions import SharedMemory, uses_shared_memory
 from proxy.telemetry import Telemetry
 from proxy.tensor import Tensor
 from proxy.wire import kserve_grpc, kserve_http
+from proxy.wire.kserve_http import WRITTEN
 
 ME = os.getuid()
 HERE = Connection(("127.0.0.1", 1), ("127.0.0.1", 2))

@@ -6,13 +6,9 @@ from __future__ import annotations
 import pytest
 
 from filters.compare import Comparison, VerdictConfig
-from filters.robustness.experiment import (
-    Pair,
-    RobustnessConfig,
-    TokenBucket,
-    difference_interval,
-    wilson,
-)
+from filters.robustness.config import RobustnessConfig
+from filters.robustness.experiment import Pair, TokenBucket
+from filters.robustness.stats import difference_interval, wilson
 from filters.robustness.verdict import ReleaseVerdict
 from proxy.clock import ManualClock
 
