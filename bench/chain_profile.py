@@ -1,13 +1,12 @@
-#!/usr/bin/env python
 """Each filter's CPU per call on the 600 KB case, in-process: the chain study's chains
 (``bench/chain_study.py``) over ``tests/support/chain_harness.py``'s in-memory backend, so the
 figure is the filters' own work, free of the transport and of the other processes on a busy
 machine (CPU time of this process, ``time.process_time``).
 
-    python bench/chain_profile.py [--calls 300] [--repeats 5] [--chains default,full]
-    python bench/chain_profile.py --profile full      # cProfile of one chain, top functions
+    python -m bench.chain_profile [--calls 300] [--repeats 5] [--chains default,full]
+    python -m bench.chain_profile --profile full      # cProfile of one chain, top functions
 
-What it does not see: the codecs and sockets (the same for every chain: ``bench_proxy.py``'s
+What it does not see: the codecs and sockets (the same for every chain: ``python -m bench.proxy``'s
 chain rows measure the whole process), and a real Triton's answer buffers (the in-memory backend
 answers with a fresh ``bytes`` copy of the input, as a decoded answer is).
 """
@@ -22,19 +21,24 @@ import resource
 import statistics
 import sys
 import time
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-if str(Path(__file__).resolve().parent) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-import chain_study as study
-from _common import render_table
+from opentelemetry.trace import Tracer
 
-from proxy.call import Call, Result, Target
+from bench import chain_study as study
+from bench.common import render_table
+from proxy.call import Call, Reply, Result, Target
+from proxy.chain import Filter, Next
 from proxy.tensor import Tensor
 from tests.support.chain_harness import ChainHarness, contract_for
 
 SHAPE = (1, 3, 224, 224)
+
+
+class StepBuilder(Protocol):
+    """``proxy.chain._step``'s type: one filter's step of a chain."""
+
+    def __call__(self, name: str, f: Filter, nxt: Next, tracer: Tracer) -> Next: ...
 
 
 def _identity(call: Call, target: Target) -> Result:
@@ -54,18 +58,21 @@ class Breakdown:
         self.ns: dict[str, int] = {}
         self.backend_ns = 0
         self.calls = 0
+        self.found: dict[str, list[dict[str, float]]] = {}
+        """Chain -> each repeat's :meth:`per_call_us` (set at the end of the run)."""
 
-    def install(self) -> Any:
+    def install(self) -> StepBuilder:
+        """Wraps ``proxy.chain._step`` (until :func:`main` puts the returned original back)."""
         import proxy.chain as chain_mod
 
         original = chain_mod._step
         me = self
 
-        def step(name: str, f: Any, nxt: Any, tracer: Any) -> Any:
-            async def timed_step(call: Call) -> Any:
+        def step(name: str, f: Filter, nxt: Next, tracer: Tracer) -> Next:
+            async def timed_step(call: Call) -> Reply:
                 inside = [0, 0]  # ns in next, backend ns within next
 
-                async def timed_next(c: Call) -> Any:
+                async def timed_next(c: Call) -> Reply:
                     b0, t0 = me.backend_ns, time.thread_time_ns()
                     try:
                         return await nxt(c)
@@ -81,14 +88,12 @@ class Breakdown:
                     backend_outside_next = (me.backend_ns - b0) - inside[1]
                     me.ns[name] = me.ns.get(name, 0) + total - inside[0] - backend_outside_next
 
-            return original(name, timed_step_filter(timed_step), nxt, tracer)
-
-        def timed_step_filter(timed_step: Any) -> Any:
-            async def as_filter(call: Call, _nxt: Any) -> Any:
+            async def as_filter(call: Call, next: Next) -> Reply:
                 return await timed_step(call)
-            return as_filter
 
-        chain_mod._step = step  # type: ignore[assignment]
+            return original(name, as_filter, nxt, tracer)
+
+        chain_mod._step = step
         return original
 
     def answer(self, call: Call, target: Target) -> Result:
@@ -175,7 +180,7 @@ async def _run(chains: list[str], calls: int, repeats: int, profile: str | None,
                 faults[chain].append(
                     (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / calls)
     if breakdown is not None:
-        breakdown.found = per_filter  # type: ignore[attr-defined]
+        breakdown.found = per_filter
     return out, faults
 
 
@@ -192,7 +197,8 @@ def _breakdown_table(found: dict[str, list[dict[str, float]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.chain_profile",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--chains", default=",".join(study.STUDY))
@@ -225,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     if breakdown is not None:
         print()
         print("each filter's own CPU per call (median of the repeats; thread CPU time):")
-        print(_breakdown_table(breakdown.found))  # type: ignore[attr-defined]
+        print(_breakdown_table(breakdown.found))
     return 0
 
 

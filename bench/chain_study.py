@@ -1,7 +1,7 @@
 """The full chain's price (issue 18 item 2): mmguard's CPU per request with the default chain,
 with the full chain a user would run, and with every filter added one at a time between them.
 
-Used by ``bench_proxy.py`` (``--chains``, ``--chain-study``, ``--chain-only``); the config
+Used by ``python -m bench.proxy`` (``--chains``, ``--chain-study``, ``--chain-only``); the config
 builder and the table are pure and unit-tested (``tests/unit/test_bench_chain.py``).
 
 One extra mmguard process serves every chain at once, each on its own routes, so all chains are
@@ -32,9 +32,22 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-from _common import NOISY_OTHER_PCT, MmguardProcess, fmt, proc_cpu_s, proc_minflt, render_table
+from bench.common import (
+    NOISY_OTHER_PCT,
+    MmguardProcess,
+    fmt,
+    proc_cpu_s,
+    proc_minflt,
+    render_table,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+    from tests.support.triton import TritonServer
 
 TRITON_MODEL, TRITON_IN, TRITON_OUT = "pixel_identity", "pixel_values", "pixel_out"
 STEPS = ("limits", "shape_guard", "quality", "output_drift", "shadow", "fallback", "fault",
@@ -60,7 +73,7 @@ FAULT_HEADER = "mmguard-fault"
 PROTOCOLS = ("grpc", "http")
 
 
-def photo_pixels() -> Any:
+def photo_pixels() -> NDArray[np.float32] | None:
     """scikit-image's astronaut as a client sends it to a vision model: FP32 [1,3,224,224] in
     [0, 1] (``tests/support/photos.py``); None without the test extra (then the bench sends its
     seeded random tensor, which quality scores on its slower out-of-range path)."""
@@ -165,7 +178,7 @@ def drill(chain: str, proto: str) -> dict[str, Any]:
 
 
 def admin(port: int, method: str, path: str, token: str | None = None,
-          body: Any = None) -> tuple[int, Any]:
+          body: object = None) -> tuple[int, Any]:
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
                                  data=None if body is None else json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json",
@@ -280,7 +293,7 @@ def chain_notes(concurrency: int, rounds: int) -> list[str]:
         "seeded random tensor without the test extra); the first answer of every cell is "
         "checked byte for byte. *page faults/req*: mmguard's minor page faults per request.",
         "- Each filter's own CPU, free of the transport and of the machine's noise: "
-        "`python bench/chain_profile.py --breakdown` (bench/README.md).",
+        "`python -m bench.chain_profile --breakdown` (bench/README.md).",
     ]
 
 
@@ -295,8 +308,16 @@ def round_robin(chains: Sequence[str], rounds: int) -> list[tuple[int, str, str]
 # ---------------------------------------------------------------------------------------------
 
 
+Probes: TypeAlias = "dict[str, Callable[[], float]]"
+"""Name -> a function giving that process's CPU seconds (or a count) so far."""
+Measure: TypeAlias = ("Callable[[dict[str, Any], str, Probes | None, Probes | None], "
+                      "dict[str, Any]]")
+"""``Bench.measure(spec, label, probes, counters)``: one cell through the load generator."""
+
+
 class ChainMmguard(MmguardProcess):
-    def __init__(self, root: Path, chains: Sequence[str], triton: Any, log_level: str) -> None:
+    def __init__(self, root: Path, chains: Sequence[str], triton: TritonServer,
+                 log_level: str) -> None:
         self.token = secrets.token_hex(16)
         super().__init__(root, chain_config(chains, triton.grpc_url, triton.http_url,
                                             self.token, log_level))
@@ -314,7 +335,7 @@ class ChainStudy:
         self.cells: list[dict[str, Any]] = []
         self.payload = ""
 
-    def start(self, root: Path, triton: Any, log_level: str) -> None:
+    def start(self, root: Path, triton: TritonServer, log_level: str) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.payload = ("photo (scikit-image's astronaut)" if photo_pixels() is not None else
                         "seeded random tensor (no scikit-image: quality's out-of-range path)")
@@ -355,7 +376,7 @@ class ChainStudy:
         if cell.get("header_count"):
             cell["failed"] = f"{cell['header_count']} answers carried {FAULT_HEADER}"
 
-    def run(self, measure: Callable[..., dict[str, Any]],
+    def run(self, measure: Measure,
             probes: dict[str, Callable[[], float]]) -> list[dict[str, Any]]:
         assert self.mmguard is not None and self.mmguard.pid is not None
         pid = self.mmguard.pid

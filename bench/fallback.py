@@ -1,6 +1,6 @@
 """What the fallback filter costs when all is well, and how fast it moves when it is not.
 
-    python bench/bench_fallback.py [--n 3000]
+    python -m bench.fallback [--n 3000]
 
 Part 1: the filter's own cost per request on the healthy path (µs), in-process: the same chain
 with and without ``fallback`` around a terminal that answers at once (v2 FP32 [1,16]; the L3
@@ -25,8 +25,6 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from filters.fallback.filter import Fallback, FallbackConfig
 from proxy.call import Call, Reply, Result, Target
@@ -105,7 +103,8 @@ def failover(tmp: Path) -> tuple[float, list[str]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.fallback",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=3000)
     args = ap.parse_args()
     samples = [asyncio.run(healthy_path(args.n)) for _ in range(3)]

@@ -8,7 +8,7 @@
    CLIP model, gRPC; the canary is the same model on the same backend, so it competes for the
    same two cores — the honest worst case for a sidecar).
 
-    python bench/bench_fault_shadow.py [--n 20000] [--requests 300]
+    python -m bench.fault_shadow [--n 20000] [--requests 300]
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from filters.fault import Fault, FaultConfig
+from filters.shadow.filter import SHADOWS
 from proxy.call import CANARY, Call, Reply, Result, Target
-from proxy.chain import FilterContext, compose
+from proxy.chain import Filter, FilterContext, compose
 from proxy.cli.demo_model import ensure_clip_demo, tokenize
 from proxy.clock import SystemClock
 from proxy.telemetry import Telemetry
@@ -43,7 +42,7 @@ async def _terminal(call: Call) -> Reply:
 
 
 def chain_cost_us(n: int, with_fault: bool, canary: bool) -> float:
-    filters = []
+    filters: list[tuple[str, Filter]] = []
     if with_fault:
         cfg = FaultConfig.model_validate({"experiments": [{
             "name": "bench", "actions": [{"kind": "gaussian_noise"}, {"kind": "delay", "ms": 0}],
@@ -121,14 +120,15 @@ def end_to_end(requests: int) -> dict[str, list[float]]:
                 if i >= 30:  # warm-up
                     lat[name].append((time.perf_counter() - start) * 1000)
         for route in ("mirror100", "mirror_out"):
-            shadow = runtime.admin["shadows"][route].snapshot()
+            shadow = (runtime.local.get(SHADOWS) or {})[route].snapshot()
             print(f"  {route}: mirrored {shadow['mirrored']}, dropped {shadow['dropped']} "
                   f"(queue full), compared {shadow['compared']}, verdict {shadow['state']}")
     return lat
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.fault_shadow",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--requests", type=int, default=300)
     args = ap.parse_args()

@@ -1,5 +1,5 @@
-"""LiteLLM's proxy as the Python peer in ``bench_openai.py``: installed in its own venv by the
-bench, started in front of the same vLLM as mmguard, stopped with the rest.
+"""LiteLLM's proxy as the Python peer in ``python -m bench.openai``: installed in its own venv by
+the bench, started in front of the same vLLM as mmguard, stopped with the rest.
 
 Why its own venv: ``litellm[proxy]`` pins its own FastAPI, uvicorn, pydantic and OpenAI SDK
 versions; in mmguard's venv it would change what the tests run against.
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, free_ports, http_status, pdeathsig, stop_process
+from bench.common import ROOT, free_ports, http_status, pdeathsig, stop_process
 
 DEFAULT_VENV = ROOT / "bench" / ".venv-litellm"
 REQUIREMENT = "litellm[proxy]"

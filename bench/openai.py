@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """mmguard and LiteLLM's proxy vs direct in front of a real vLLM: streaming chat TTFT and
 end-to-end latency.
 
-    python bench/bench_openai.py [--duration 10] [--warmup 2] [--out bench/out]
+    python -m bench.openai [--duration 10] [--warmup 2] [--out bench/out]
 
 What runs (all on 127.0.0.1, every server its own process):
 
@@ -40,6 +39,7 @@ this script is SIGKILLed).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import signal
 import sys
@@ -47,31 +47,31 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
-if str(Path(__file__).resolve().parent) not in sys.path:  # run as a script it already is
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (
+from bench.common import (
     ROOT,
     CpuWindow,
-    LoadGen,
     MmguardProcess,
-    Recorder,
     busy_before,
-    drive,
     group_cpu_s,
     http_json,
     machine_info,
-    percentiles,
     proc_cpu_s,
     report_problems,
     runq_wait_s,
-    serve_cells,
     shut_down,
     stop_each,
 )
-from litellm_peer import DEFAULT_VENV, LitellmProcess, ensure_installed
-from openai_report import LABELS, cell_line, machine_line, write_reports
+from bench.litellm_peer import DEFAULT_VENV, LitellmProcess, ensure_installed
+from bench.loadgen import Conn, LoadGen, Recorder, RecorderFactory, drive, percentiles, serve_cells
+from bench.openai_report import LABELS, cell_line, machine_line, write_reports
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from tests.support.vllm import VllmServer
 
 MODEL = "tiny-llama"
 PROMPT = "Tell me a short story about a robot."
@@ -96,12 +96,13 @@ def chat_body(max_tokens: int) -> bytes:
 class StreamRecorder(Recorder):
     """Adds the TTFT of each request (``one()`` returns it) to the end-to-end latency."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, warmup: float, duration: float, notify: Callable[[str], None]) -> None:
+        super().__init__(warmup, duration, notify)
         self.ttft: list[float] = []
 
-    def ok(self, t0: float, t1: float, extra: Any = None) -> None:
+    def ok(self, t0: float, t1: float, extra: float | None = None) -> None:
         if t0 >= self.t_start:
+            assert extra is not None, "one() returns the TTFT"
             self.ttft.append(float(extra))
         super().ok(t0, t1, extra)
 
@@ -115,7 +116,7 @@ class StreamRecorder(Recorder):
         return out
 
 
-async def stream_once(session: Any, url: str, body: bytes, max_tokens: int,
+async def stream_once(session: aiohttp.ClientSession, url: str, body: bytes, max_tokens: int,
                       keep_text: bool = False,
                       headers: dict[str, str] = HEADERS) -> tuple[float, float, str]:
     """One streamed chat request: (TTFT s, end-to-end s, text if ``keep_text``).
@@ -164,8 +165,7 @@ async def stream_once(session: Any, url: str, body: bytes, max_tokens: int,
     return ttft, t_done - t0, "".join(parts)
 
 
-async def _cell_stream(spec: dict[str, Any],
-                       factory: Callable[..., Recorder]) -> dict[str, Any]:
+async def _cell_stream(spec: dict[str, Any], factory: RecorderFactory) -> dict[str, Any]:
     import aiohttp
 
     url = f"{spec['base']}/v1/chat/completions"
@@ -189,7 +189,7 @@ async def _cell_stream(spec: dict[str, Any],
             "check_e2e_ms": e2e * 1000}
 
 
-def _loadgen_main(conn: Any) -> None:
+def _loadgen_main(conn: Conn) -> None:
     """Entry point of the load-generator process: one cell per message, until None."""
     serve_cells(conn, _cell_stream)
 
@@ -202,7 +202,7 @@ def _loadgen_main(conn: Any) -> None:
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.vllm: Any = None
+        self.vllm: VllmServer | None = None
         self.mmguard: MmguardProcess | None = None
         self.litellm: LitellmProcess | None = None
         self.litellm_note = "not run"
@@ -274,10 +274,10 @@ class Bench:
         print(f"  LiteLLM ready: {proc.url} (pid {proc.pid})", flush=True)
 
     def stop(self) -> None:
-        stop_each([("load generator", self.loadgen and self.loadgen.close),
-                   ("LiteLLM", self.litellm and self.litellm.stop),
-                   ("mmguard", self.mmguard and self.mmguard.stop),
-                   ("vLLM", self.vllm and self.vllm.stop)])
+        stop_each([("load generator", self.loadgen.close if self.loadgen else None),
+                   ("LiteLLM", self.litellm.stop if self.litellm else None),
+                   ("mmguard", self.mmguard.stop if self.mmguard else None),
+                   ("vLLM", self.vllm.stop if self.vllm else None)])
 
     # -- one cell --------------------------------------------------------------------------
 
@@ -306,7 +306,7 @@ class Bench:
                           ("vllm_api", self.vllm and self.vllm.pid),
                           ("loadgen", self.loadgen and self.loadgen.pid)):
             if pid:
-                out[name] = lambda pid=pid: runq_wait_s(pid)
+                out[name] = functools.partial(runq_wait_s, pid)
         return out
 
     def measure(self, target: str, base: str, concurrency: int) -> dict[str, Any]:
@@ -353,7 +353,7 @@ class Bench:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m bench.openai", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--duration", type=float, default=10.0, help="measured seconds per cell (10)")
     p.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds per cell (2)")
@@ -386,7 +386,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
-    def on_term(signum: int, frame: Any) -> None:
+    def on_term(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, on_term)
@@ -404,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args)
     try:
         bench.start(tmp)
-        assert bench.mmguard is not None
+        assert bench.mmguard is not None and bench.vllm is not None
         version = http_json(f"{bench.vllm.url}/version")
         if version:
             info["versions"]["vllm_server"] = version.get("version", "?")

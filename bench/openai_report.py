@@ -1,4 +1,4 @@
-"""Tables and files of ``bench_openai.py``: one summary row per (concurrency, target), each
+"""Tables and files of ``python -m bench.openai``: one summary row per (concurrency, target), each
 proxy against the direct cell of the same run, and every cell in detail."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _common import NOISY_OTHER_PCT, fmt, git_line, render_table
+from bench.common import NOISY_OTHER_PCT, fmt, git_line, render_table
 
 TARGETS = ("direct", "mmguard", "litellm")
 LABELS = {"direct": "direct vLLM", "mmguard": "mmguard -> vLLM", "litellm": "LiteLLM -> vLLM"}
@@ -164,7 +164,7 @@ def write_reports(out: Path, info: dict[str, Any], args: argparse.Namespace,
     md = "\n".join([
         "# mmguard OpenAI benchmark (vLLM, streaming chat)", "",
         machine_line(info), "",
-        f"`{' '.join(['python', 'bench/bench_openai.py', *sys.argv[1:]])}` — {elapsed:.0f} s, "
+        f"`{' '.join(['python', '-m', 'bench.openai', *sys.argv[1:]])}` — {elapsed:.0f} s, "
         f"mmguard at {git_line(info)}", "",
         "## Summary (ms)", "", table(summary, md=True), "",
         *_notes(info, args, request, litellm), "",

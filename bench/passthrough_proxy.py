@@ -1,12 +1,13 @@
 """The floor for a Python asyncio proxy: bare grpc.aio and aiohttp pass-through, nothing else.
 
-    python bench/passthrough_proxy.py GRPC_PORT HTTP_PORT TRITON_GRPC TRITON_HTTP
+    python -m bench.passthrough_proxy GRPC_PORT HTTP_PORT TRITON_GRPC TRITON_HTTP
 
 Same transport stack as mmguard (grpc.aio server + one grpc.aio channel; aiohttp server + one
 aiohttp client session), same message-size limits, but no parsing, no filters, no metrics, no
 tracing: ModelInfer bytes go to Triton and back untouched; an HTTP body is forwarded to
-``/v2/models/<model without a trailing _h>/infer``. ``bench_proxy.py --floor`` measures it next
-to mmguard, so that mmguard's own cost can be told apart from the cost of the stack it runs on.
+``/v2/models/<model without a trailing _h>/infer``. ``python -m bench.proxy --floor`` measures it
+next to mmguard, so that mmguard's own cost can be told apart from the cost of the stack it runs
+on.
 Prints ``ready`` once both ports listen.
 """
 

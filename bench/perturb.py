@@ -2,7 +2,7 @@
 image, [1,77] int64 token ids and a 1 KB text, plus FGSM and PGD (5 steps) through a small
 TorchScript surrogate when torch is installed.
 
-    python bench/bench_perturb.py [--runs 200] [--cpu 0] [--md]
+    python -m bench.perturb [--runs 200] [--cpu 0] [--md]
 
 The process pins itself to one CPU and sets BLAS and torch to one thread before they load, so a
 millisecond is a millisecond of one core. Each row: ``--runs`` timed calls after 3 untimed ones,
@@ -26,14 +26,11 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
+from numpy.typing import NDArray  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _common import render_table  # noqa: E402
-
+from bench.common import render_table  # noqa: E402
 from filters import perturb as pt  # noqa: E402
 from tests.support.images import scene  # noqa: E402
 
@@ -42,7 +39,7 @@ TEXT_1KB = ("A small red bicycle leans against a brick wall in the late afternoo
 TEXT_1KB = (TEXT_1KB * (1024 // len(TEXT_1KB) + 1))[:1024]
 
 
-def timings_ms(fn: Callable[[], Any], runs: int) -> tuple[float, float]:
+def timings_ms(fn: Callable[[], object], runs: int) -> tuple[float, float]:
     """(median, p90) of ``runs`` calls in ms, after 3 warm-up calls."""
     for _ in range(3):
         fn()
@@ -59,8 +56,8 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
 
 
-def numpy_cases(x: np.ndarray[Any, Any], ids: np.ndarray[Any, Any],
-                ) -> list[tuple[str, Callable[[], Any]]]:
+def numpy_cases(x: NDArray[np.float32], ids: NDArray[np.int64],
+                ) -> list[tuple[str, Callable[[], object]]]:
     return [
         ("gaussian_noise σ=0.08", lambda: pt.gaussian_noise(x, 0.08, rng())),
         ("sign_noise ε=0.03", lambda: pt.sign_noise(x, 0.03, rng())),
@@ -82,7 +79,7 @@ def numpy_cases(x: np.ndarray[Any, Any], ids: np.ndarray[Any, Any],
     ]
 
 
-def torch_cases(x: np.ndarray[Any, Any], tmp: Path) -> list[tuple[str, Callable[[], Any]]]:
+def torch_cases(x: NDArray[np.float32], tmp: Path) -> list[tuple[str, Callable[[], object]]]:
     """FGSM/PGD through a small conv 'similarity' saved and loaded as TorchScript; [] without
     torch."""
     try:
@@ -99,7 +96,9 @@ def torch_cases(x: np.ndarray[Any, Any], tmp: Path) -> list[tuple[str, Callable[
     path = tmp / "surrogate.pt"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript is the contract
-        torch.jit.trace(model.eval(), torch.from_numpy(x)).save(str(path))
+        # torch.jit.trace has no annotations in torch's own stubs
+        traced = torch.jit.trace(model.eval(), torch.from_numpy(x))  # type: ignore[no-untyped-call]
+        traced.save(str(path))
     loss = pt.load_surrogate(str(path))
     return [
         ("fgsm ε=0.03 (1 gradient)", lambda: pt.fgsm(x, 0.03, loss)),
@@ -108,7 +107,8 @@ def torch_cases(x: np.ndarray[Any, Any], tmp: Path) -> list[tuple[str, Callable[
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.perturb",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=200, help="timed calls per row")
     ap.add_argument("--cpu", type=int, default=None, help="the CPU to pin to (default: first)")
     ap.add_argument("--md", action="store_true", help="print a Markdown table")

@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """A pod's control state: how fast a decision reaches every worker, and what the supervisor costs.
 
-    python bench/bench_pod.py [--workers 2] [--trials 30] [--seconds 5]
+    python -m bench.pod [--workers 2] [--trials 30] [--seconds 5]
 
 Starts ``mmguard serve --workers N`` on an in-process ONNX Runtime identity model (the route has
 ``fallback`` and ``fault``: a breaker and an experiment registry in the pod's control state) and
@@ -28,11 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from _common import free_ports, proc_cpu_s  # noqa: E402
+from bench.common import ROOT, free_ports, proc_cpu_s
 
 BODY = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4],
                                "data": [1.0, 2.0, 3.0, 4.0]}]}).encode()
@@ -99,7 +94,7 @@ def _children(pid: int) -> list[int]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.pod", description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--trials", type=int, default=30)
     p.add_argument("--seconds", type=float, default=5.0)

@@ -1,7 +1,7 @@
 """What the quality filter costs: each signal per 224×224 image and per 1 KB text, and the
 whole filter per request, on one core.
 
-    python bench/bench_quality.py [--n 400] [--cpu 0]
+    python -m bench.quality [--n 400] [--cpu 0]
 
 The process pins itself to one CPU and sets BLAS to one thread before numpy loads, so "µs" means
 µs of one core. Part 1 times each image signal on a 224×224 picture in the three layouts and
@@ -38,8 +38,6 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 from numpy.typing import NDArray  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from filters.quality import signals as qs  # noqa: E402
 from filters.quality import text as qt  # noqa: E402
 from filters.quality.filter import Quality, QualityConfig  # noqa: E402
@@ -72,7 +70,7 @@ def picture(size: int = 224, seed: int = 0) -> NDArray[np.uint8]:
     return np.asarray(np.clip(img, 0, 1) * 255 + 0.5, np.uint8)
 
 
-def per_call_us(fn: Callable[[], Any], n: int) -> float:
+def per_call_us(fn: Callable[[], object], n: int) -> float:
     fn()
     runs = []
     for _ in range(7):
@@ -89,7 +87,7 @@ def image_timings(arr: NDArray[Any], spec: qs.ImageSpec, n: int) -> list[tuple[s
     plane = qs.luminance(img, spec)
     diffs = qs.second_differences(plane)
     energies = qs.gradient_energies(plane)
-    timings: list[tuple[str, Callable[[], Any]]] = [
+    timings: list[tuple[str, Callable[[], object]]] = [
         ("float16 -> float32 (FP16 only)", lambda: arr.astype(np.float32)),
         ("extrema (min/max per channel)", lambda: qs.extrema(img, spec, 3)),
         ("finite (NaN/Inf, given extrema)", lambda: qs.finite(img, mins, maxs)),
@@ -174,7 +172,7 @@ def filter_rows(n: int) -> list[tuple[str, float]]:
         ("OpenAI chat, 224 PNG + text (decode, thread)", {}, chat)]
     loop = asyncio.new_event_loop()
 
-    def one_request(f: Quality, make_call: Callable[[], Call]) -> Callable[[], Any]:
+    def one_request(f: Quality, make_call: Callable[[], Call]) -> Callable[[], object]:
         return lambda: loop.run_until_complete(f(make_call(), ok))
 
     try:
@@ -208,7 +206,8 @@ def through_mmguard(tmp: Path, n: int) -> tuple[float, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.quality",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=400, help="calls per timing run")
     ap.add_argument("--cpu", type=int, default=None, help="the CPU to pin to (default: first)")
     ap.add_argument("--no-server", action="store_true", help="skip part 3")

@@ -1,6 +1,6 @@
 """How well the quality signals catch real degradations of real photographs, in numbers.
 
-    python bench/quality_eval.py [--out bench/out] [--all-severities]
+    python -m bench.quality_eval [--out bench/out] [--all-severities]
 
 Builds the evaluation set of ``tests/support/photos.py`` (scikit-image's photographs resized to
 224 × 224 as a client would, with seeded crops; documents and screenshots as clean inputs), makes
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,8 +28,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 from PIL import Image, ImageDraw
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from filters.quality.filter import QualityConfig
 from filters.quality.signals import IMAGE_SIGNALS, ImageSpec, Signal, image_signals
@@ -168,7 +165,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.quality_eval",
+                                     description=__doc__.split("\n", 1)[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out")
     parser.add_argument("--all-severities", action="store_true")
     args = parser.parse_args()

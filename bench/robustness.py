@@ -9,7 +9,7 @@ cap, the canary's) over the run. The canary is the same model on the same backen
 competes for the same cores: the honest worst case for a sidecar. The figures are measured on
 whatever machine runs this, under whatever else it runs: say so when quoting them.
 
-    python bench/bench_robustness.py [--requests 600] [--cap 10]
+    python -m bench.robustness [--requests 600] [--cap 10]
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from filters.shadow.filter import SHADOWS
 from proxy.cli.demo_model import ensure_clip_demo, tokenize
 from tests.support.mmguard import RunningMmguard
 from tests.support.wire import grpc_infer_raw, grpc_request
@@ -61,7 +60,8 @@ def config(model_dir: Path, cap: float) -> dict[str, object]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.robustness",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=600)
     ap.add_argument("--cap", type=float, default=10.0)
     args = ap.parse_args()
@@ -81,7 +81,7 @@ def main() -> int:
                     lat[name].append((time.perf_counter() - t) * 1000)
         elapsed = time.monotonic() - start
         assert m.server is not None
-        snap = m.server.plane.runtime.admin["shadows"]["robust"].snapshot()
+        snap = (m.server.plane.runtime.local.get(SHADOWS) or {})["robust"].snapshot()
     counts = snap["robustness"]["counts"]
     print(f"machine load average at start: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
           f"({os.cpu_count()} CPUs) — measured under that load")

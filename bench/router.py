@@ -1,7 +1,7 @@
 """Routing decision cost (µs) with 2 and 8 paths: recomputing the weights (every call, the
 worst case: ``dwell_s: 0``) and the weighted choice, in-process.
 
-    python bench/bench_router.py [--n 20000]
+    python -m bench.router [--n 20000]
 """
 
 from __future__ import annotations
@@ -10,9 +10,6 @@ import argparse
 import random
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from filters.modality_router import ModalityRouter, RouterConfig
 from proxy.chain import FilterContext
@@ -38,7 +35,7 @@ def cost_us(paths: int, n: int, dwell: float) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.router", description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=20000)
     args = ap.parse_args()
     print(f"{'paths':>5} {'recompute every call µs':>24} {'dwell 2 s (choice only) µs':>27}")

@@ -1,6 +1,6 @@
 """What shape_guard costs per request, beside what a whole request costs.
 
-    python bench/bench_shape_guard.py [--n 2000]
+    python -m bench.shape_guard [--n 2000]
 
 Part 1 times the guard's request checks alone (in-process, µs per request) at batch 1 and 64:
 a v2 image+token request against clip_demo's contract (dims, dtype, batch, pad-aware token
@@ -18,11 +18,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from filters.shape_guard.filter import ShapeGuard, ShapeGuardConfig
 from proxy.chain import FilterContext
@@ -107,13 +106,15 @@ def through_mmguard(tmp: Path, n: int) -> list[tuple[str, float, float]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.shape_guard",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=2000, help="repetitions per guard timing")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        token_decl = {"inputs": {"input_ids": {"max_tokens": 77, "pad_token_id": 0}}}
-        cases = [
+        token_decl: dict[str, object] = {
+            "inputs": {"input_ids": {"max_tokens": 77, "pad_token_id": 0}}}
+        cases: list[tuple[str, dict[str, object], ModelContract, Callable[[int], bytes]]] = [
             ("image+ids, dims only", {}, CLIP, clip_body),
             ("image+ids, + token count (pad-aware)", token_decl, CLIP, clip_body),
             ("BYTES text, whitespace count", {"inputs": {"text": {

@@ -21,21 +21,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-sys.path.insert(0, str(BENCH))
-from _common import MmguardProcess  # noqa: E402  (bench/ is a folder of scripts)
-from bench_proxy import (  # noqa: E402
-    CASES,
-    GRPC_INFER,
-    ORT_IN,
-    ORT_OUT,
-    MiB,
-    _grpc_check,
-    _grpc_request,
-    _http_check,
-    _http_request,
-    _payload,
-    write_ort_models,
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: the repository root, for bench and tests
+    sys.path.insert(0, str(ROOT))
+from bench.common import MmguardProcess  # noqa: E402
+from bench.proxy.cases import CASES, GRPC_INFER, ORT_IN, ORT_OUT, MiB  # noqa: E402
+from bench.proxy.servers import write_ort_models  # noqa: E402
+from bench.proxy.wire import (  # noqa: E402
+    grpc_check,
+    grpc_request,
+    http_check,
+    http_request,
+    payload,
 )
 
 PIXEL = CASES[0]
@@ -62,7 +59,7 @@ def check_providers(cpu: bool) -> str:
         if not cpu and loaded[0] != CUDA:
             raise SystemExit(f"FAIL: a session asked for {want} loaded {loaded}: CUDA's "
                              f"libraries did not load (see the onnxruntime warning above)")
-        x, expected = _payload(_spec(""))
+        x, expected = payload(_spec(""))
         got = session.run([ORT_OUT], {ORT_IN: x})[0]
         if got.tobytes() != expected:
             raise SystemExit(f"FAIL: the identity model on {loaded[0]} changed the bytes")
@@ -74,17 +71,17 @@ async def _ask(grpc_addr: str, http_addr: str) -> None:
     import grpc
 
     spec = _spec(grpc_addr)
-    x, expected = _payload(spec)
+    x, expected = payload(spec)
     opts = [("grpc.max_send_message_length", 64 * MiB),
             ("grpc.max_receive_message_length", 64 * MiB)]
     async with grpc.aio.insecure_channel(grpc_addr, options=opts) as channel:
         call = channel.unary_unary(GRPC_INFER)
-        _grpc_check(spec, await call(_grpc_request(spec, x), timeout=60), expected)
-    body, headers = _http_request(spec, x)
+        grpc_check(spec, await call(grpc_request(spec, x), timeout=60), expected)
+    body, headers = http_request(spec, x)
     async with aiohttp.ClientSession(auto_decompress=False) as session, session.post(
             f"http://{http_addr}/v2/models/{spec['model']}/infer", data=body,
             headers=headers) as r:
-        _http_check(spec, r.status, r.headers, await r.read(), expected)
+        http_check(spec, r.status, r.headers, await r.read(), expected)
 
 
 def _providers_in(line: str) -> Any:

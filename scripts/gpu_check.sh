@@ -14,7 +14,7 @@
 #    really runs on it (identity model, bytes compared).
 # 3. scripts/gpu_check.py mmguard: `mmguard serve` with an onnxruntime backend at device cuda,
 #    one gRPC and one HTTP answer byte-checked, the providers line read from its log.
-# 4. bench/bench_workers.py --ort-device cuda --workers-list 1,4,8 (--triton: also the real
+# 4. python -m bench.workers --ort-device cuda --workers-list 1,4,8 (--triton: also the real
 #    Triton rows, when nvidia-pytriton installs).
 # Results go to $OUT when set (the device tool collects it), else bench/out: workers.json,
 # workers.md, gpu_check.log, gpu_check_mmguard.log. Any failure: one line "GPU CHECK FAILED:
@@ -140,10 +140,10 @@ timeout 150 "$vpy" scripts/gpu_check.py mmguard $cpuflag --out "$out" \
 
 # -- 4. the worker-scaling matrix ---------------------------------------------------------------
 backends=$([ "$triton" = 1 ] && echo ort,triton || echo ort)
-step "bench_workers --workers-list $workers --backends $backends"
-timeout 420 "$vpy" bench/bench_workers.py --workers-list "$workers" --backends "$backends" \
+step "bench.workers --workers-list $workers --backends $backends"
+timeout 420 "$vpy" -m bench.workers --workers-list "$workers" --backends "$backends" \
   --ort-device "$([ "$cpu" = 1 ] && echo cpu || echo cuda)" --duration "$duration" \
-  --warmup 1 --out "$out" || fail "bench_workers exited with $? (its lines above)"
+  --warmup 1 --out "$out" || fail "bench.workers exited with $? (its lines above)"
 step "done: $out/workers.md"
 cat "$out/workers.md"
 echo "GPU CHECK OK ($((SECONDS - began)) s)"

@@ -4,22 +4,16 @@ summary computes each filter's delta from the cells."""
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench import chain_study as study
 from filters.fault.config import ExperimentConfig
 from proxy.call import headers_match
 from proxy.config.model import Defaults, load_config
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
-study: Any = importlib.import_module("chain_study")
 
 
 def _write(tmp_path: Path, chains: list[str]) -> Path:

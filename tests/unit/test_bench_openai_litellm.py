@@ -1,19 +1,13 @@
-"""bench_openai's pure helpers for the LiteLLM row: the proxy's config and install commands, the
+"""bench.openai's pure helpers for the LiteLLM row: the proxy's config and install commands, the
 one-line reason for a skip, and the summary rows (each target against the direct cell of the
 same run; a failed cell gives no numbers, not zeros)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
-
-import litellm_peer  # type: ignore[import-not-found]  # noqa: E402  (bench/ is not a package)
-import openai_report  # type: ignore[import-not-found]  # noqa: E402
+from bench import litellm_peer, openai_report
 
 
 def test_the_proxy_fronts_the_given_vllm_with_the_key_from_the_environment() -> None:
