@@ -36,6 +36,7 @@ from proxy.lifecycle import (
     ConfigReferences,
     FilterFactoryBase,
     StateKey,
+    Summary,
 )
 from proxy.pod.state import POD, Shared, decided, share
 from proxy.strict import Strict
@@ -308,10 +309,28 @@ async def list_routers(req: AdminRequest) -> AdminAnswer:
     return 200, {route: r.snapshot() for route, r in sorted(found.items())}
 
 
+def _router_rows(route: str, snap: dict[str, Any]) -> list[tuple[str, ...]]:
+    paths: dict[str, dict[str, Any]] = snap.get("paths", {})
+    rows: list[tuple[str, ...]] = []
+    for path, weight in snap.get("weights", {}).items():
+        p = paths.get(path, {})
+        lat, conf = p.get("latency_ewma_ms"), p.get("confidence")
+        rows.append((route, path, f"{weight:.3f}", "-" if lat is None else f"{lat:.1f} ms",
+                     f"{p.get('error_rate', 0):.0%}", "-" if conf is None else f"{conf:.3f}"))
+    return rows
+
+
 class ModalityRouterFactory(FilterFactoryBase):
     name = "modality_router"
     config_model = RouterConfig
     admin_routes = (AdminRoute("GET", "/admin/routers", Access.READ, list_routers),)
+
+    async def summary(self, req: AdminRequest) -> Summary:
+        _, found = await list_routers(req)
+        rows = tuple(r for route, snap in found.items() for r in _router_rows(route, snap))
+        return Summary("routers", ("route", "path", "weight", "latency ewma", "error rate",
+                                   "confidence"), rows,
+                       empty="none (no route uses modality_router)", order=20)
 
     def build(self, config: RouterConfig, ctx: FilterContext) -> ModalityRouter:
         return ModalityRouter(config, ctx)

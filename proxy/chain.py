@@ -27,7 +27,7 @@ from proxy.clock import Clock
 from proxy.contract import ModelContract
 from proxy.errors import ErrorKind, ProxyError
 from proxy.keys import Store
-from proxy.lifecycle import AdminRoute, Observer
+from proxy.lifecycle import AdminRequest, AdminRoute, Observer, Summary
 from proxy.share import ShareHash
 from proxy.telemetry import Telemetry, tracing_on
 
@@ -81,6 +81,8 @@ class FilterFactory(Protocol):
     def activated(self, state: Store, local: Store, configs: Mapping[str, BaseModel]) -> None: ...
 
     def observers(self, state: Store, local: Store) -> Sequence[Observer]: ...
+
+    async def summary(self, req: AdminRequest) -> Summary | None: ...
 
     async def before_drain(self, state: Store) -> None: ...
 

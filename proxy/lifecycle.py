@@ -89,10 +89,32 @@ class AdminRoute:
     handler: Callable[[AdminRequest], Awaitable[AdminAnswer]]
 
 
+@dataclass(frozen=True)
+class Summary:
+    """One filter's part of ``mmguard status``: a titled table of text cells. ``GET /admin``
+    serves every filter's, so the command shows any installed filter without naming it."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    empty: str = "none"
+    """What the table says when it has no row (e.g. "none (no route uses the filter)")."""
+    order: int = 100
+    """Where it stands among the filters' tables (lower first)."""
+
+    def as_json(self) -> dict[str, Any]:
+        return {"title": self.title, "columns": list(self.columns),
+                "rows": [list(r) for r in self.rows], "empty": self.empty, "order": self.order}
+
+
 class FilterFactoryBase:
     """Do-nothing defaults for every lifecycle member of ``proxy.chain.FilterFactory``."""
 
     admin_routes: Sequence[AdminRoute] = ()
+
+    async def summary(self, req: AdminRequest) -> Summary | None:
+        """This filter's table for ``mmguard status`` (None: it has none)."""
+        return None
 
     def activated(self, state: Store, local: Store, configs: Mapping[str, BaseModel]) -> None:
         """A runtime serves; ``configs`` is this filter's config on each route that has it

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from proxy.lifecycle import Access, AdminAnswer, AdminRequest, AdminRoute, StateKey
+from proxy.lifecycle import Access, AdminAnswer, AdminRequest, AdminRoute, StateKey, Summary
 
 if TYPE_CHECKING:
     from filters.fallback.breaker import Breaker
@@ -48,3 +48,15 @@ ROUTES = (
     AdminRoute("POST", "/admin/breakers/{route}/{level}/{action}", Access.MUTATES,
                act_on_breaker),
 )
+
+
+async def breakers_summary(req: AdminRequest) -> Summary:
+    """The breakers' table for ``mmguard status``."""
+    _, found = await list_breakers(req)
+    rows = tuple((str(b.get("route", "")), str(b.get("level", "")),
+                  str(b.get("state", "")).upper(), str(b.get("calls_in_window", "")),
+                  f"{b.get('failure_rate', 0):.0%}", f"{b.get('slow_call_rate', 0):.0%}",
+                  str(b.get("reason") or "")) for b in found)
+    return Summary("breakers", ("route", "level", "state", "calls", "failure rate", "slow rate",
+                                "reason"), rows,
+                   empty="none (no route uses the fallback filter)", order=10)

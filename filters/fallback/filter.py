@@ -30,13 +30,13 @@ from prometheus_client import Counter, Gauge
 from pydantic import Field
 
 from filters.call_keys import FAULTS
-from filters.fallback.admin import BREAKERS, CACHED_ANSWERS, ROUTES
+from filters.fallback.admin import BREAKERS, CACHED_ANSWERS, ROUTES, breakers_summary
 from filters.fallback.breaker import Breaker, BreakerSettings, State
 from filters.fallback.fuse_log import log_mismatch
 from proxy.call import Api, Call, LocalReply, Reply, Result, Wire
 from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind, ProxyError
-from proxy.lifecycle import ConfigReferences, FilterFactoryBase
+from proxy.lifecycle import AdminRequest, ConfigReferences, FilterFactoryBase, Summary
 from proxy.pod.state import share
 from proxy.strict import Strict
 from proxy.tensor import Tensor
@@ -463,6 +463,9 @@ class FallbackFactory(FilterFactoryBase):
     name = "fallback"
     config_model = FallbackConfig
     admin_routes = ROUTES
+
+    async def summary(self, req: AdminRequest) -> Summary:
+        return await breakers_summary(req)
 
     def build(self, config: FallbackConfig, ctx: FilterContext) -> Fallback:
         return Fallback(config, ctx)

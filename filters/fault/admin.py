@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from filters.fault.config import ExperimentConfig
 from filters.fault.registry import EXPERIMENTS, FAULT_ROUTES
-from proxy.lifecycle import Access, AdminAnswer, AdminRequest, AdminRoute
+from proxy.lifecycle import Access, AdminAnswer, AdminRequest, AdminRoute, Summary
 
 
 async def list_experiments(req: AdminRequest) -> AdminAnswer:
@@ -74,3 +74,17 @@ ROUTES = (
     AdminRoute("GET", "/admin/experiments/{name}", Access.READ, get_experiment),
     AdminRoute("POST", "/admin/experiments/{name}/stop", Access.REDUCES_RISK, stop_experiment),
 )
+
+
+async def experiments_summary(req: AdminRequest) -> Summary:
+    """The experiments' table for ``mmguard status``."""
+    _, found = await list_experiments(req)
+    rows = []
+    for e in found:
+        rate = (e.get("window") or {}).get("error_rate")
+        rows.append((str(e.get("name")), str(e.get("route")), str(e.get("state")).upper(),
+                     str(e.get("matched", 0)),
+                     ", ".join(f"{k} {v}" for k, v in (e.get("injected") or {}).items()) or "0",
+                     "-" if rate is None else f"{rate:.1%}", str(e.get("stop_reason") or "")))
+    return Summary("fault experiments", ("name", "route", "state", "matched", "injected",
+                                         "window errors", "why stopped"), tuple(rows), order=30)

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from filters.call_keys import FAULTS
 from filters.fault import rules
-from filters.fault.admin import ROUTES
+from filters.fault.admin import ROUTES, experiments_summary
 from filters.fault.config import (
     SEEN,
     Abort,
@@ -40,7 +40,7 @@ from proxy.call import CANARY, Api, Call, LocalReply, Reply, headers_match
 from proxy.chain import FilterContext, Next
 from proxy.errors import STATUS, ErrorKind, kind_from_grpc, kind_from_http
 from proxy.keys import Store
-from proxy.lifecycle import FilterFactoryBase, Observer
+from proxy.lifecycle import AdminRequest, FilterFactoryBase, Observer, Summary
 
 log = logging.getLogger("mmguard.fault")
 
@@ -243,6 +243,9 @@ class FaultFactory(FilterFactoryBase):
     name = "fault"
     config_model = FaultConfig
     admin_routes = ROUTES
+
+    async def summary(self, req: AdminRequest) -> Summary:
+        return await experiments_summary(req)
 
     def build(self, config: FaultConfig, ctx: FilterContext) -> Fault:
         return Fault(config, ctx)

@@ -32,7 +32,7 @@ from filters.robustness.experiment import (
     RobustnessTable,
 )
 from filters.robustness.verdict import ReleaseVerdict
-from filters.shadow.admin import SHADOW_STATES, shadow_routes
+from filters.shadow.admin import SHADOW_STATES, shadow_routes, verdicts_summary
 from filters.shadow.config import (
     ShadowConfig,
 )
@@ -49,7 +49,7 @@ from proxy.call import (
 )
 from proxy.chain import FilterContext, Next
 from proxy.keys import Store
-from proxy.lifecycle import FilterFactoryBase, StateKey
+from proxy.lifecycle import AdminRequest, FilterFactoryBase, StateKey, Summary
 from proxy.pod.state import POD, share
 
 log = logging.getLogger("mmguard.shadow")
@@ -404,6 +404,9 @@ class ShadowFactory(FilterFactoryBase):
     name = "shadow"
     config_model = ShadowConfig
     admin_routes = shadow_routes(lambda local: local.get(SHADOWS))
+
+    async def summary(self, req: AdminRequest) -> Summary:
+        return await verdicts_summary(lambda local: local.get(SHADOWS))(req)
 
     async def after_drain(self, state: Store) -> None:
         """Copies still queued for the canary are dropped."""

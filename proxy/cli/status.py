@@ -1,9 +1,9 @@
 """``mmguard status``: a running mmguard's live state, read from its admin API, in the terminal.
 
-Reads ``/readyz``, ``/admin/breakers``, ``/admin/routers``, ``/admin/experiments``,
-``/admin/shadows`` and ``/metrics`` (standard library HTTP only) and prints readiness, request
-counts per route by outcome code, breaker states, router weights, fault experiments and canary
-verdicts. Exit 0 when the admin API answered, 1 (naming the URL) when it did not.
+Reads ``/readyz``, ``/admin`` (every installed filter's table: breakers, router weights, fault
+experiments, canary verdicts, and any other filter's), ``/admin/pod`` and ``/metrics`` (standard
+library HTTP only) and prints readiness, request counts per route by outcome code and the
+filters' tables. Exit 0 when the admin API answered, 1 (naming the URL) when it did not.
 In a pod: ``kubectl exec deploy/mmguard-clip -c mmguard -- mmguard status``.
 """
 
@@ -34,10 +34,8 @@ class Status:
     requests: dict[str, dict[str, float]] = field(default_factory=dict)
     """route → outcome code → count (summed over fronts and backends)."""
     backends: dict[str, bool] = field(default_factory=dict)
-    breakers: list[dict[str, Any]] = field(default_factory=list)
-    routers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    experiments: list[dict[str, Any]] = field(default_factory=list)
-    shadows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tables: list[dict[str, Any]] = field(default_factory=list)
+    """Each filter's ``Summary`` (``GET /admin``), in their order."""
     workers: list[dict[str, Any]] = field(default_factory=list)
     """The pod's worker processes (one, the process itself, outside a pod)."""
 
@@ -69,10 +67,9 @@ def fetch(admin: str, timeout: float = 5.0) -> Status:
         base = "http://" + base
     ready_doc = _json(f"{base}/readyz", timeout, ok_statuses=(200, 503))
     status = Status(admin=base, ready=bool(ready_doc.get("ready")))
-    status.breakers = list(_json(f"{base}/admin/breakers", timeout))
-    status.routers = dict(_json(f"{base}/admin/routers", timeout))
-    status.experiments = list(_json(f"{base}/admin/experiments", timeout))
-    status.shadows = dict(_json(f"{base}/admin/shadows", timeout))
+    index = _json(f"{base}/admin", timeout)
+    found = [f["summary"] for f in (index.get("filters") or {}).values() if f.get("summary")]
+    status.tables = sorted(found, key=lambda t: (t.get("order", 100), t.get("title", "")))
     code, _ = _get(f"{base}/admin/pod", timeout, ok_statuses=(200, 404))
     if code == 200:  # 404: an mmguard from before pods
         status.workers = list(_json(f"{base}/admin/pod", timeout).get("workers", []))
@@ -129,64 +126,12 @@ def render(s: Status, out: TextIO) -> None:
     else:
         out.write("  none yet\n")
 
-    out.write("\nbreakers\n")
-    if s.breakers:
-        rows = [["route", "level", "state", "calls", "failure rate", "slow rate", "reason"]]
-        for b in s.breakers:
-            rows.append([str(b.get("route", "")), str(b.get("level", "")),
-                         str(b.get("state", "")).upper(), str(b.get("calls_in_window", "")),
-                         f"{b.get('failure_rate', 0):.0%}", f"{b.get('slow_call_rate', 0):.0%}",
-                         str(b.get("reason") or "")])
-        _table(rows, out)
-    else:
-        out.write("  none (no route uses the fallback filter)\n")
-
-    out.write("\nrouters\n")
-    if s.routers:
-        rows = [["route", "path", "weight", "latency ewma", "error rate", "confidence"]]
-        for route, snap in s.routers.items():
-            weights: dict[str, float] = snap.get("weights", {})
-            paths: dict[str, dict[str, Any]] = snap.get("paths", {})
-            for path, weight in weights.items():
-                p = paths.get(path, {})
-                lat = p.get("latency_ewma_ms")
-                conf = p.get("confidence")
-                rows.append([route, path, f"{weight:.3f}",
-                             "-" if lat is None else f"{lat:.1f} ms",
-                             f"{p.get('error_rate', 0):.0%}",
-                             "-" if conf is None else f"{conf:.3f}"])
-        _table(rows, out)
-    else:
-        out.write("  none (no route uses modality_router)\n")
-
-    out.write("\nfault experiments\n")
-    if s.experiments:
-        rows = [["name", "route", "state", "matched", "injected", "window errors", "why stopped"]]
-        for e in s.experiments:
-            w = e.get("window") or {}
-            rate = w.get("error_rate")
-            rows.append([str(e.get("name")), str(e.get("route")), str(e.get("state")).upper(),
-                         str(e.get("matched", 0)),
-                         ", ".join(f"{k} {v}" for k, v in (e.get("injected") or {}).items())
-                         or "0", "-" if rate is None else f"{rate:.1%}",
-                         str(e.get("stop_reason") or "")])
-        _table(rows, out)
-    else:
-        out.write("  none\n")
-
-    out.write("\ncanary verdicts\n")
-    if s.shadows:
-        rows = [["route", "canary", "verdict", "compared", "agreement", "mirroring", "reasons"]]
-        for route, snap in s.shadows.items():
-            agreement = snap.get("effective_agreement")
-            rows.append([route, str(snap.get("canary")), str(snap.get("state")).upper(),
-                         str(snap.get("compared", 0)),
-                         "-" if agreement is None else f"{agreement:.1%}",
-                         "yes" if snap.get("mirroring") else "stopped",
-                         "; ".join(snap.get("reasons") or [])[:120]])
-        _table(rows, out)
-    else:
-        out.write("  none (no route uses the shadow filter)\n")
+    for t in s.tables:
+        out.write(f"\n{t.get('title')}\n")
+        if t.get("rows"):
+            _table([list(t.get("columns", [])), *t["rows"]], out)
+        else:
+            out.write(f"  {t.get('empty') or 'none'}\n")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ from proxy import __version__
 from proxy.backends.base import Backend
 from proxy.call import CANARY, Call, LocalReply, Reply, Result, StreamItem
 from proxy.contract import ModelContract
-from proxy.engine.runtime import Runtime
+from proxy.engine.runtime import Route, Runtime
 from proxy.errors import STATUS, ErrorKind, ProxyError
 from proxy.lifecycle import StateKey
 from proxy.telemetry import Telemetry, end_server_span, server_span, tracing_on
@@ -83,15 +83,18 @@ class DataPlane:
     def _unservable(self, model: str) -> str | None:
         """Why a route cannot be served whatever the request (None: it can)."""
         route = self.runtime.routes.get(model)
-        contract = self.runtime.contracts.get(model)
-        if route is None or contract is None or not contract.decoupled:
+        return None if route is None else self._route_unservable(route)
+
+    def _route_unservable(self, route: Route) -> str | None:
+        contract = self.runtime.contracts.get(route.name)
+        if contract is None or not contract.decoupled:
             return None
         backend = self.runtime.backends[route.spec.backend]
         if backend.protocol != "http":
             return None
-        return (f"model '{model}' (route '{model}', backend '{route.spec.backend}' model "
-                f"'{route.target.model}') is decoupled, and Triton streams decoupled models "
-                f"over gRPC only: a triton_http backend cannot serve it; route it to a "
+        return (f"model '{route.name}' (route '{route.name}', backend '{route.spec.backend}' "
+                f"model '{route.target.model}') is decoupled, and Triton streams decoupled "
+                f"models over gRPC only: a triton_http backend cannot serve it; route it to a "
                 f"triton_grpc backend")
 
     def _check_contracts(self) -> None:
@@ -190,7 +193,7 @@ class DataPlane:
         m.in_flight.inc()
         start = time.perf_counter_ns()
         try:
-            reply = await self._handle(call)
+            reply = await self._handle(call, route)
         except asyncio.CancelledError:
             # The client went away or its deadline passed (grpc.aio cancels the handler): the
             # call still counts, so the metrics agree with what the clients saw.
@@ -219,13 +222,14 @@ class DataPlane:
                     observe(call, reply, elapsed / 1e9)
         return reply
 
-    async def _handle(self, call: Call) -> Reply:
-        if call.model not in self.runtime.routes:
+    async def _handle(self, call: Call, route: Route | None) -> Reply:
+        """The call's route, found once by ``_infer``, runs it (None: no such model)."""
+        if route is None:
             return LocalReply.from_error(unknown_model(call.model))
-        why = self._unservable(call.model)
+        why = self._route_unservable(route)
         if why is not None:
             return LocalReply(ErrorKind.FAILED_PRECONDITION, why)
-        return await self.runtime.handle(call)
+        return await self.runtime.handle(call, route)
 
     def _account(self, call: Call, reply: Reply | None, elapsed_ns: int) -> None:
         """The per-model statistics the v2 statistics endpoints report (no reply: the call

@@ -64,7 +64,27 @@ def admin_app(plane: DataPlane, token: str | None = None,
                                   if pod is not None else None})
 
     app.router.add_get("/admin/pod", workers)
+    app.router.add_get("/admin", _index(plane))
     return app
+
+
+def _index(plane: DataPlane) -> Handler:
+    """``GET /admin``: every filter's admin routes and its table for ``mmguard status``."""
+    async def index(request: web.Request) -> web.Response:
+        runtime = plane.runtime
+        req = AdminRequest(params={}, state=runtime.state, local=runtime.local,
+                           read_json=request.json)
+        filters: dict[str, Any] = {}
+        for name, factory in sorted(filter_factories().items()):
+            summary = await factory.summary(req)
+            filters[name] = {
+                "routes": [{"method": r.method, "path": r.path, "access": r.access.name.lower()}
+                           for r in factory.admin_routes],
+                "summary": None if summary is None else summary.as_json()}
+        return web.json_response({"filters": filters, "routes": [
+            {"method": "POST", "path": "/admin/reload", "access": "mutates"},
+            {"method": "GET", "path": "/admin/pod", "access": "read"}]})
+    return index
 
 
 def _refused(request: web.Request, token: str | None, access: Access) -> web.Response | None:
