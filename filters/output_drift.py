@@ -24,7 +24,7 @@ import math
 from prometheus_client import CollectorRegistry
 from pydantic import Field, model_validator
 
-from filters.degradation import SimilarityAlarm, SimilarityAlarmConfig  # chaos (issue 16)
+from filters.degradation import SimilarityAlarm, SimilarityAlarmConfig
 from filters.modality_router import Confidence, confidence_of
 from filters.quality.drift import DriftConfig, DriftGauges, DriftMonitor, drift_gauges
 from proxy.call import Call, Reply, Result
@@ -42,7 +42,7 @@ class OutputDriftConfig(Strict):
     ``range``), as in the modality_router's paths."""
     drift: DriftConfig = DriftConfig()
     similarity_alarm: SimilarityAlarmConfig | None = None
-    """chaos (issue 16): the silent-degradation alarm (filters/degradation.py)."""
+    """The silent-degradation alarm (filters/degradation.py)."""
 
     @model_validator(mode="after")
     def _something(self) -> OutputDriftConfig:
@@ -63,11 +63,11 @@ class OutputDrift:
         self.monitor = DriftMonitor(ctx.route, cfg.drift, output_gauges(ctx.telemetry.registry))
         monitor = self.monitor
         ctx.on_activate(lambda: share(monitor, f"drift/output/{ctx.route}"))
-        self.alarm = (SimilarityAlarm(cfg.similarity_alarm, ctx)  # chaos (issue 16)
+        self.alarm = (SimilarityAlarm(cfg.similarity_alarm, ctx)
                       if cfg.similarity_alarm is not None else None)
 
     async def __call__(self, call: Call, next: Next) -> Reply:
-        if self.alarm is not None:  # chaos (issue 16): may send the call elsewhere
+        if self.alarm is not None:  # the alarm may send the call elsewhere
             return await self.alarm.serve(call, next, self._watch)
         return await self._watch(call, next)
 

@@ -197,7 +197,7 @@ class Fallback:
 
     async def __call__(self, call: Call, next: Next) -> Reply:
         if call.streaming:
-            # chaos (issue 16): a stream goes through the version fuse before its first byte
+            # a stream goes through the version fuse before its first byte
             why = self._fused(call, self.ctx.route)
             if why:
                 return LocalReply(ErrorKind.UNAVAILABLE, f"model '{call.model}': {why}")
@@ -331,7 +331,7 @@ class Fallback:
             return ""
         self.m_mismatch.labels(call.model, level).inc()
         why = f"fingerprint mismatch: expected {expected}, backend has {actual or '?'}"
-        log_mismatch(log, call.model, level, expected, actual)  # chaos (issue 16)
+        log_mismatch(log, call.model, level, expected, actual)  # once at WARNING
         self.ctx.telemetry.decide(call, "fallback", "fused", f"'{level}': {why}", header="fuse",
                                   expected=expected, actual=actual)
         return why

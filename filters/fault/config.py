@@ -184,7 +184,7 @@ class StopConditions(Strict):
     max_p99_ms: float | None = Field(2000.0, gt=0)
     max_divergence: float | None = Field(None, ge=0, le=1)
     """Share of shadow comparisons on this route that disagreed (needs a ``shadow`` filter)."""
-    # chaos (issue 16): the golden rules, see filters/fault/rules.py
+    # the chaos golden rules (baseline, success criterion, 15 s stop): filters/fault/rules.py
     baseline_calls: int = Field(0, ge=0)
     min_success: float | None = Field(None, ge=0, le=1)
     first_assertion_s: float = Field(15.0, gt=0)

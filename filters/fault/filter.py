@@ -96,7 +96,7 @@ class Fault:
             if seen is None:
                 call.state[SEEN] = seen = []
             seen.append(exp.name)
-            if rules.in_baseline(exp):  # chaos (issue 16): observed, not injected
+            if rules.in_baseline(exp):  # the baseline: observed, not injected
                 self.registry.tally(exp.name, matched=1, baseline=1)
                 continue
             if exp.cfg.max_active_faults is not None and exp.active >= exp.cfg.max_active_faults:

@@ -85,7 +85,7 @@ class Experiment:
         if self.cfg.duration_s is not None and now - self.started >= self.cfg.duration_s:
             return f"duration {self.cfg.duration_s:g} s is over"
         self._trim(now)
-        why = rules.check(self, now)  # chaos (issue 16): baseline, success, 15 s rule
+        why = rules.check(self, now)  # the golden rules: baseline, success, 15 s
         if why:
             return why
         n = len(self.window)
@@ -126,7 +126,7 @@ class Experiment:
                        "divergence": (sum(1 for _, a in self.divergence if not a)
                                       / len(self.divergence) if self.divergence else None)},
             "config": self.cfg.model_dump(mode="json"),
-            **rules.snapshot(self),  # chaos (issue 16)
+            **rules.snapshot(self),  # the golden rules' figures, for the report
         }
 
 
@@ -213,7 +213,7 @@ class ExperimentRegistry(Shared):
             exp = self.experiments.get(name)
             if exp is not None and exp.running:
                 rules.record(exp, failed_on_its_own,
-                                   self.clock.monotonic())  # chaos (issue 16)
+                                   self.clock.monotonic())  # the baseline is judged on the clock
                 why = exp.record(ok, latency_s)
                 if why:
                     self.auto_stop(exp, why)

@@ -24,7 +24,7 @@ from filters.compare import (
 )
 from filters.fault.registry import EXPERIMENTS
 
-# chaos (issue 16): clean-copy correctness and robustness experiments live in their own modules
+# clean-copy correctness and robustness experiments live in their own modules
 from filters.robustness.experiment import (
     Baselines,
     RobustnessExperiment,
@@ -71,7 +71,7 @@ class _Copy:
     primary_text: str | None  # streams: the assembled text
     noise: bool
     resend: Next
-    primary_faults: tuple[str, ...] = ()  # chaos (issue 16): faults on production's answer
+    primary_faults: tuple[str, ...] = ()  # faults on production's answer: that copy is not judged
 
 
 class Shadow:
@@ -80,7 +80,7 @@ class Shadow:
         self.ctx = ctx
         found = (ctx.state.get(SHADOW_STATES) or {}).get(ctx.route)
         if found is None or found.cfg != cfg:
-            verdict = ReleaseVerdict(cfg.verdict, ctx.clock,  # chaos (issue 16)
+            verdict = ReleaseVerdict(cfg.verdict, ctx.clock,  # correctness + robustness
                                      expect_noise=cfg.noise_floor_percent > 0,
                                      robustness=cfg.robustness)
             found = ShadowState(cfg, verdict)
@@ -90,7 +90,7 @@ class Shadow:
         ctx.on_activate(self._take_over)
         self.queue: asyncio.Queue[_Copy] | None = None
         self.workers: list[asyncio.Task[None]] = []
-        self.robustness = self.robustness_metrics = None  # chaos (issue 16)
+        self.robustness = self.robustness_metrics = None  # no robustness block: no experiment
         if cfg.robustness is not None and found.verdict.robustness is not None:
             # Measured into a scratch table, handed to the state per copy (``robust``): the
             # one table is the pod's (each worker takes its part of the rate cap).
@@ -182,7 +182,7 @@ class Shadow:
 
     def _enqueue(self, call: Call, item: _Copy) -> None:
         st = self.state
-        faults: list[str] = call.state.get(FAULTS) or []  # chaos (issue 16)
+        faults: list[str] = call.state.get(FAULTS) or []  # a copy a fault touched is not judged
         item.primary_faults = tuple(faults)
         self._ensure_workers()
         assert self.queue is not None
@@ -265,7 +265,7 @@ class Shadow:
 
     async def _measure_robustness(self, item: _Copy,
                                   canary: tuple[Reply, str | None] | None) -> None:
-        """chaos (issue 16): the same seeded perturbations for both sides (filters/robustness)."""
+        """The same seeded perturbations for both sides (filters/robustness)."""
         if self.robustness is None or self.robustness_metrics is None or item.primary_faults:
             return
         shares = self.ctx.share_hash

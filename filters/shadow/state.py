@@ -63,7 +63,7 @@ class ShadowState(Shared):
     def judged(self, c: Comparison, primary_latency_s: float, latency_s: float | None,
                touched: list[str]) -> None:
         """One canary comparison; a copy a fault touched on either side is counted, never
-        judged (chaos, issue 16)."""
+        judged."""
         self.compared += 1
         if touched:
             self.verdict.exclude(touched)

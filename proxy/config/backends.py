@@ -42,7 +42,7 @@ class TritonBackendCommon(Strict):
     fingerprint_files: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     """Model (as Triton names it) → files whose SHA-256 joins its fingerprint (tokenizer.json,
     preprocessor_config.json, ...): the version fuse then sees a tokenizer or processor change
-    that the model config does not show (issue 16)."""
+    that the model config does not show."""
 
 
 class TritonGrpcBackendConfig(TritonBackendCommon):
