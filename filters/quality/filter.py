@@ -3,9 +3,9 @@
 Guards against a model answering confidently on garbage. Seed scenarios: low-light frames
 (Gaussian σ = 0.08, PSNR 22 dB), blurred or resolution-collapsed images, OCR residue, garbled or
 mixed-script text, FP16 NaN/Inf, an image that has nothing to do with its caption. The signals
-are in ``quality_signals`` (image) and ``quality_text`` (text), each a score in [0, 1]; the
-optional image–text alignment in ``quality_align``, drift in ``quality_drift``, the per-request
-``Report`` in ``quality_report``; this module reads the inputs, builds the scores and applies
+are in ``signals`` (image) and ``text`` (text), each a score in [0, 1]; the
+optional image–text alignment in ``align``, drift in ``drift``, the per-request
+``Report`` in ``report``; this module reads the inputs, builds the scores and applies
 the route's rules.
 
 Scores: each signal in [0, 1]; a modality's score is its weakest signal over all its items (one
@@ -22,7 +22,7 @@ Actions, per rule ``{signal, below, action}`` (fires when the score is below the
 
 The default rules refuse NaN/Inf and annotate on the image signals that catch their degradation
 on real photographs with no false positives on clean ones (docs/quality.md has the figures).
-With ``graded`` set, the trust score drives the seeds' bands as well (``quality_graded``: below
+With ``graded`` set, the trust score drives the seeds' bands as well (``graded``: below
 0.3 refused with the fallback answer, 0.3-0.7 a share shed to a cheaper route or the cached
 answer, from 0.7 observed). OpenAI images are decoded reduced, under the process-wide decode
 budget (``proxy.wire.image_decode``).

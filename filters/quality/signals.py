@@ -1,4 +1,4 @@
-"""Image quality signals: cheap, reference-free measurements of one image (text: quality_text).
+"""Image quality signals: cheap, reference-free measurements of one image (text: ``text``).
 
 Guards against a model answering confidently on a garbage image: the seeds' edge inputs
 (low-light frames, Gaussian σ = 0.08 noise at PSNR 22 dB, blur from an 8.7× resolution collapse,

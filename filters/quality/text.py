@@ -2,7 +2,7 @@
 
 Guards against a model answering confidently on garbage text: OCR residue, mojibake, control
 characters, a prompt that repeats itself, mixed-script look-alikes ("pаypal" with a Cyrillic 'а').
-Each is a ``Signal`` (``quality_signals``). Code points are classified through a table built once
+Each is a ``Signal`` (``signals``). Code points are classified through a table built once
 for the Basic Multilingual Plane, so a 1 KB text costs a handful of numpy calls, not a Python
 loop per character.
 """

@@ -261,7 +261,7 @@ def test_json_float_out_of_range_is_400_not_inf(datatype: str, value: float) -> 
 
 def test_lone_surrogates_and_int64_overflow_in_names_and_parameters_are_400() -> None:
     # A JSON call re-encoded for a gRPC backend hit UnicodeEncodeError / ValueError in
-    # codec_grpc.params_to_pb: JSON may carry "\ud800" and integers past int64.
+    # kserve_grpc.params_to_pb: JSON may carry "\ud800" and integers past int64.
     _http_refuses(b'{"inputs": [{"name": "\\ud800x", "datatype": "FP32", "shape": [1], '
                   b'"data": [1]}]}', "inputs[0].name is not valid Unicode text")
     _http_refuses(_v2(parameters={"\ud800": 1}),
