@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 
 from proxy.call import Call
-from proxy.engine.canary import ShareHash
+from proxy.share import ShareHash
 
 
 def _members(shares: ShareHash, scope: str = "canary", share: float = 0.1) -> set[str]:
