@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from proxy.backends.base import Backend
-from proxy.call import Api, Call, CallKey, LocalReply, Reply, Result, Target
+from proxy.call import Api, Call, CallKey, LocalReply, Reply, Target
 from proxy.chain import FilterContext, Next, compose
 from proxy.clock import Clock
 from proxy.config.backends import BackendConfig
 from proxy.config.model import Config, ModelRoute
 from proxy.contract import ModelContract
 from proxy.engine.canary import CanaryMatcher, share_hash_for
+from proxy.engine.terminal import Terminal
 from proxy.errors import ErrorKind, ProxyError
 from proxy.keys import Store
 from proxy.lifecycle import Observer
@@ -87,6 +88,8 @@ class Runtime:
         self.start_errors: dict[str, str] = {}
         """Each backend's last failure to start (for the reload that gives up on it)."""
         self._started = {name: asyncio.Event() for name in backends}
+        self.terminal = Terminal(backends, self._started, telemetry, clock)
+        """Where every route's chain ends: the backend of ``call.target``."""
         self._activations: list[Callable[[], None]] = []
         self._filter_configs: dict[str, dict[str, BaseModel]] = {}
         """Filter name → route → its config there (what ``activated`` hands each factory)."""
@@ -143,7 +146,7 @@ class Runtime:
             factory = factories[fs.name]
             self._filter_configs.setdefault(fs.name, {})[spec.name] = fs.config
             filters.append((fs.name, factory.build(fs.config, ctx)))
-        return compose(filters, self._terminal)
+        return compose(filters, self.terminal)
 
     def lookup(self, name: str) -> tuple[Target, ModelContract | None] | None:
         """Another route's target and contract (for filters that reroute)."""
@@ -171,25 +174,6 @@ class Runtime:
         backend = self.backends[call.target.backend]
         count = getattr(backend, "count_tokens", None)
         return None if count is None else int(await count(call, call.target.model))
-
-    async def _terminal(self, call: Call) -> Reply:
-        target = call.target
-        assert target is not None
-        backend = self.backends[target.backend]
-        if not self._started[target.backend].is_set():
-            return LocalReply(ErrorKind.UNAVAILABLE,
-                              f"backend '{target.backend}' is still starting (model "
-                              f"'{target.model}'); try again", retry_after_s=1.0)
-        if call.streaming:
-            return Result(target.model, stream=backend.stream(call, target))
-        start = self.clock.monotonic()
-        try:
-            return await backend.infer(call, target)
-        except ProxyError as err:
-            return LocalReply.from_error(err)
-        finally:
-            self.telemetry.backend_latency.labels(call.model, target.backend).observe(
-                self.clock.monotonic() - start)
 
     async def handle(self, call: Call, route: Route) -> Reply:
         """Run ``call`` through ``route`` (the data plane found it, once, by the call's model):

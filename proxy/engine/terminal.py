@@ -1,0 +1,44 @@
+"""Where a route's chain ends: the call goes to the backend its target names.
+
+The target, not the route: a fallback level or a reroute hands the call on with another
+route's target, and the same terminal serves it. A backend that has not started yet answers
+UNAVAILABLE with a Retry-After; a streamed call gets the backend's stream as its result; every
+unary call's backend latency is observed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+from proxy.backends.base import Backend
+from proxy.call import Call, LocalReply, Reply, Result
+from proxy.clock import Clock
+from proxy.errors import ErrorKind, ProxyError
+from proxy.telemetry import Telemetry
+
+
+class Terminal:
+    def __init__(self, backends: Mapping[str, Backend], started: Mapping[str, asyncio.Event],
+                 telemetry: Telemetry, clock: Clock) -> None:
+        self.backends, self.started = backends, started
+        self.telemetry, self.clock = telemetry, clock
+
+    async def __call__(self, call: Call) -> Reply:
+        target = call.target
+        assert target is not None
+        backend = self.backends[target.backend]
+        if not self.started[target.backend].is_set():
+            return LocalReply(ErrorKind.UNAVAILABLE,
+                              f"backend '{target.backend}' is still starting (model "
+                              f"'{target.model}'); try again", retry_after_s=1.0)
+        if call.streaming:
+            return Result(target.model, stream=backend.stream(call, target))
+        start = self.clock.monotonic()
+        try:
+            return await backend.infer(call, target)
+        except ProxyError as err:
+            return LocalReply.from_error(err)
+        finally:
+            self.telemetry.backend_latency.labels(call.model, target.backend).observe(
+                self.clock.monotonic() - start)
