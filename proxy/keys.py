@@ -4,7 +4,7 @@ One key class and one container behind both kinds of state a filter keeps: per r
 (``CallKey``, in ``call.state``) and per runtime or process (``StateKey``, in
 ``FilterContext.local`` / ``FilterContext.state``). Keys are module constants and compare by
 identity, so two filters that pick the same name never share a value by accident; the name is
-for people (``repr``, ``Store.names()``).
+for people (``repr``).
 """
 
 from __future__ import annotations
@@ -58,7 +58,3 @@ class Store:
 
     def put(self, key: BaseKey[T], value: T) -> None:
         self._items[key] = value
-
-    def names(self) -> list[str]:
-        """The names of the keys held, for inspection."""
-        return sorted(k.name for k in self._items)

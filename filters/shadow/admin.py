@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from filters.shadow.state import ShadowState
@@ -55,20 +55,17 @@ def shadow_routes(find: Finder) -> tuple[AdminRoute, ...]:
             AdminRoute("POST", "/admin/shadows/{route}/reset", Access.MUTATES, reset_shadow))
 
 
-def verdicts_summary(find: Finder) -> Callable[[AdminRequest], Awaitable[Summary]]:
+def verdicts_summary(found: Mapping[str, Shadow]) -> Summary:
     """The canary verdicts' table for ``mmguard status``."""
-    async def summary(req: AdminRequest) -> Summary:
-        found = find(req.local) or {}
-        rows = []
-        for route, shadow in sorted(found.items()):
-            snap = shadow.snapshot()
-            agreement = snap.get("effective_agreement")
-            rows.append((route, str(snap.get("canary")), str(snap.get("state")).upper(),
-                         str(snap.get("compared", 0)),
-                         "-" if agreement is None else f"{agreement:.1%}",
-                         "yes" if snap.get("mirroring") else "stopped",
-                         "; ".join(snap.get("reasons") or [])[:120]))
-        return Summary("canary verdicts", ("route", "canary", "verdict", "compared",
-                                           "agreement", "mirroring", "reasons"), tuple(rows),
-                       empty="none (no route uses the shadow filter)", order=40)
-    return summary
+    rows = []
+    for route, shadow in sorted(found.items()):
+        snap = shadow.snapshot()
+        agreement = snap.get("effective_agreement")
+        rows.append((route, str(snap.get("canary")), str(snap.get("state")).upper(),
+                     str(snap.get("compared", 0)),
+                     "-" if agreement is None else f"{agreement:.1%}",
+                     "yes" if snap.get("mirroring") else "stopped",
+                     "; ".join(snap.get("reasons") or [])[:120]))
+    return Summary("canary verdicts", ("route", "canary", "verdict", "compared", "agreement",
+                                       "mirroring", "reasons"), tuple(rows),
+                   empty="none (no route uses the shadow filter)", order=40)

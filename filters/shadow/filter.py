@@ -406,7 +406,8 @@ class ShadowFactory(FilterFactoryBase):
     admin_routes = shadow_routes(lambda local: local.get(SHADOWS))
 
     async def summary(self, req: AdminRequest) -> Summary:
-        return await verdicts_summary(lambda local: local.get(SHADOWS))(req)
+        found: dict[str, Shadow] = req.local.get(SHADOWS) or {}
+        return verdicts_summary(found)
 
     async def after_drain(self, state: Store) -> None:
         """Copies still queued for the canary are dropped."""

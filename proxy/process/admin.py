@@ -71,9 +71,7 @@ def admin_app(plane: DataPlane, token: str | None = None,
 def _index(plane: DataPlane) -> Handler:
     """``GET /admin``: every filter's admin routes and its table for ``mmguard status``."""
     async def index(request: web.Request) -> web.Response:
-        runtime = plane.runtime
-        req = AdminRequest(params={}, state=runtime.state, local=runtime.local,
-                           read_json=request.json)
+        req = _admin_request(plane, request)
         filters: dict[str, Any] = {}
         for name, factory in sorted(filter_factories().items()):
             summary = await factory.summary(req)
@@ -81,10 +79,15 @@ def _index(plane: DataPlane) -> Handler:
                 "routes": [{"method": r.method, "path": r.path, "access": r.access.name.lower()}
                            for r in factory.admin_routes],
                 "summary": None if summary is None else summary.as_json()}
-        return web.json_response({"filters": filters, "routes": [
-            {"method": "POST", "path": "/admin/reload", "access": "mutates"},
-            {"method": "GET", "path": "/admin/pod", "access": "read"}]})
+        return web.json_response({"filters": filters})
     return index
+
+
+def _admin_request(plane: DataPlane, request: web.Request) -> AdminRequest:
+    """What a filter's admin code sees: the serving runtime's state (a reload is seen at once)."""
+    runtime = plane.runtime
+    return AdminRequest(params=request.match_info, state=runtime.state, local=runtime.local,
+                        read_json=request.json)
 
 
 def _refused(request: web.Request, token: str | None, access: Access) -> web.Response | None:
@@ -112,10 +115,7 @@ def _filter_routes() -> list[AdminRoute]:
 
 def _filter_handler(plane: DataPlane, route: AdminRoute) -> Handler:
     async def handle(request: web.Request) -> web.Response:
-        runtime = plane.runtime  # the one serving now: a reload is seen at once
-        status, body = await route.handler(AdminRequest(
-            params=request.match_info, state=runtime.state, local=runtime.local,
-            read_json=request.json))
+        status, body = await route.handler(_admin_request(plane, request))
         return web.json_response(body, status=status)
     return handle
 

@@ -5,12 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opentelemetry import trace
-
-if TYPE_CHECKING:
-    pass
 
 
 class JsonFormatter(logging.Formatter):

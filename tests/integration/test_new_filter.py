@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -78,12 +77,12 @@ def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def config(tmp_path: Path, ort_models: Path) -> Iterator[Path]:
+def config(tmp_path: Path, ort_models: Path) -> Path:
     cfg = ort_config(ort_models)
     cfg["models"][0]["filters"] = [{"hello": {"greeting": "hello there"}}]
     path = tmp_path / "mmguard.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    yield path
+    return path
 
 
 def test_an_uninstalled_filter_is_unknown_and_the_error_names_the_reinstall(
