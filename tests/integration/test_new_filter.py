@@ -100,6 +100,7 @@ def test_an_installed_filter_runs_and_shows_in_status(config: Path, tmp_path: Pa
         [str(site), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     mmguard = MmguardProcess(["--config", str(config)], tmp_path / "mmguard.log")
     try:
+        mmguard.wait_ready()
         admin = f"http://127.0.0.1:{mmguard.ports['admin']}"
         http = f"http://127.0.0.1:{mmguard.ports['http']}"
         body = json.dumps({"inputs": [

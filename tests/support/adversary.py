@@ -116,17 +116,7 @@ def serve(tmp_path: Path, config: dict[str, Any], ready_timeout: float = 90,
     cfg = write_config(tmp_path / "mmguard.yaml", config)
     proc = MmguardProcess(["--config", str(cfg), *args], tmp_path / "mmguard.log")
     try:
-        deadline = time.monotonic() + ready_timeout
-        while True:
-            try:
-                if http_call(proc.ports["http"], "GET", "/v2/health/ready", timeout=5)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or proc.proc.poll() is not None:
-                raise RuntimeError("mmguard never became ready:\n"
-                                   + proc.log_path.read_text()[-3000:])
-            time.sleep(0.1)
+        proc.wait_ready(ready_timeout)
         yield proc
     finally:
         proc.stop()

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 
@@ -31,6 +33,23 @@ class MmguardProcess:
                 break
             time.sleep(0.1)
         raise RuntimeError(f"mmguard did not start:\n{self.log_path.read_text()[-3000:]}")
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        """Poll ``GET /v2/health/ready`` until 200: the ports are logged when the listeners bind,
+        which on a busy machine can be well before the embedded models have loaded."""
+        deadline = time.monotonic() + timeout
+        url = f"http://127.0.0.1:{self.ports['http']}/v2/health/ready"
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as answer:
+                    if answer.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError(f"mmguard never became ready:\n{self.log_path.read_text()[-3000:]}")
 
     def records(self) -> list[dict[str, object]]:
         out = []
