@@ -35,6 +35,7 @@ from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry, Gauge
 from pydantic import Field
 
+from proxy.files import DATA_BYTES, read_bounded
 from proxy.pod.state import POD, Role, Shared, decided
 from proxy.strict import Strict
 
@@ -207,7 +208,7 @@ class DriftMonitor(Shared):
         if not path.exists():
             return {}
         try:
-            doc = json.loads(path.read_text())
+            doc = json.loads(read_bounded(path, DATA_BYTES))  # a regular file, bounded
             if doc.get("format") != _FORMAT:
                 raise ValueError(f"format {doc.get('format')!r}, expected {_FORMAT}")
             out: dict[tuple[str, str], list[float]] = {}

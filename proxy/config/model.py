@@ -36,6 +36,7 @@ from proxy.config.refs import (
     reference_problems,
     unreadable_value,
 )
+from proxy.files import CONFIG_BYTES, read_bounded, regular_file_problem
 from proxy.lifecycle import ConfigReferences
 from proxy.registry import filter_factories
 from proxy.strict import Strict
@@ -347,9 +348,9 @@ def load_config(path: str | Path, *, check_files: bool = False) -> Config:
     ``check_files`` also checks what the config names on this machine (``file_problems``):
     ``serve``, reloads and ``check-config`` do; a config checked elsewhere need not."""
     try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError([f"cannot read: {exc}"], str(path)) from None
+        data = read_bounded(path, CONFIG_BYTES)
+    except ValueError as exc:
+        raise ConfigError([str(exc)], str(path)) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -377,8 +378,8 @@ def file_problems(cfg: Config) -> list[str]:
         if isinstance(b, OnnxRuntimeBackendConfig):
             problems += model_dir_problems(f"backends[{i}] ({b.name})", b.model_dir, b.models)
     for where, refs in _route_references(cfg):
-        problems += [f"{where}.{option}: {path} is not a file"
-                     for option, path in refs.files if not path.is_file()]
+        problems += [f"{where}.{option}: {why}" for option, path in refs.files
+                     if (why := regular_file_problem(path)) is not None]
     return problems
     return cfg
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
+from proxy.files import SECRET_BYTES, read_bounded
 from proxy.lifecycle import ConfigReferences
 
 
@@ -58,9 +59,11 @@ def read_secret(name: str, inline: SecretStr | None, file: Path | None, env: str
         secret, where = inline.get_secret_value(), name
     elif file is not None:
         try:
-            secret = file.read_text().strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{name}_file: cannot read {file}: {exc}") from None
+            secret = read_bounded(file, SECRET_BYTES).decode().strip()
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{name}_file: {file} is not UTF-8 text: {exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"{name}_file: {exc}") from None
         where = f"{name}_file {file}"
     elif env is not None:
         secret = os.environ.get(env, "").strip()

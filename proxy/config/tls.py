@@ -27,6 +27,7 @@ from typing import Any, Literal
 import grpc
 from pydantic import PrivateAttr, field_validator, model_validator
 
+from proxy.files import PEM_BYTES, read_bounded
 from proxy.strict import Strict
 
 log = logging.getLogger("mmguard.tls")
@@ -126,10 +127,7 @@ class TlsClient(Strict):
 
 
 def _pem(path: Path, kind: Literal["CERTIFICATE", "PRIVATE KEY"]) -> bytes:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    data = read_bounded(path, PEM_BYTES)  # ValueError: not a regular file, too big, unreadable
     if not _PEM_BEGIN[kind].search(data):
         raise ValueError(f"{path} is not a PEM {kind.lower()} (no '-----BEGIN ...{kind}-----' "
                          f"block)")
@@ -137,6 +135,15 @@ def _pem(path: Path, kind: Literal["CERTIFICATE", "PRIVATE KEY"]) -> bytes:
         raise ValueError(f"{path} is an encrypted private key; mmguard takes unencrypted keys "
                          f"(protect the file instead)")
     return data
+
+
+def _read(path: Path) -> bytes:
+    """A TLS file, bounded (``PEM_BYTES``, a regular file): an ``OSError`` naming why not, as
+    the SSL loaders raise, so a file that changed since validation fails as they would."""
+    try:
+        return read_bounded(path, PEM_BYTES)
+    except ValueError as exc:
+        raise OSError(str(exc)) from None
 
 
 def _unusable(cert: Path | None, key: Path | None, ca: Path | None, exc: Exception) -> str:
@@ -147,7 +154,7 @@ def _unusable(cert: Path | None, key: Path | None, ca: Path | None, exc: Excepti
 def _digest(*paths: Path | None) -> str:
     h = hashlib.sha256()
     for path in paths:
-        h.update(b"\0" if path is None else hashlib.sha256(path.read_bytes()).digest())
+        h.update(b"\0" if path is None else hashlib.sha256(_read(path)).digest())
     return h.hexdigest()
 
 
@@ -170,9 +177,9 @@ def server_context(tls: TlsServer) -> ssl.SSLContext:
 
 
 def _grpc_certificates(tls: TlsServer) -> Any:
-    root = tls.client_ca_file.read_bytes() if tls.client_ca_file is not None else None
+    root = _read(tls.client_ca_file) if tls.client_ca_file is not None else None
     return grpc.ssl_server_certificate_configuration(
-        [(tls.key_file.read_bytes(), tls.cert_file.read_bytes())], root_certificates=root)
+        [(_read(tls.key_file), _read(tls.cert_file))], root_certificates=root)
 
 
 def restart_needed(old: TlsServer | None, new: TlsServer | None) -> str | None:
@@ -191,22 +198,22 @@ def restart_needed(old: TlsServer | None, new: TlsServer | None) -> str | None:
 class ListenerTls:
     """One listener's TLS, whose certificates can be replaced while it serves.
 
-    aiohttp listeners get ``ssl_context``: its SNI hook (called on every handshake, with or
-    without SNI) hands the connection the newest context. The gRPC listener gets dynamic
+    aiohttp listeners get ``ssl_context``, a ``RotatingContext``: every accepted connection is
+    wrapped by the newest ``server_context``, so it has that context's own session cache and
+    session-ticket keys (OpenSSL draws fresh ticket keys per context). A session or ticket
+    issued under the old certificate or client CA therefore cannot be resumed after an update:
+    the client makes a full handshake, verified against the new CA (a client that resumed its
+    CA1 session still got 200 when the SNI hook swapped only the certificate context, since
+    OpenSSL looks sessions up in the listening context). The gRPC listener gets dynamic
     credentials: gRPC asks ``_fetch`` before each handshake, and it answers the new
-    certificates once after an update.
+    certificates once after an update (gRPC then builds a new ``SSL_CTX``, with new keys).
     """
 
     def __init__(self, tls: TlsServer) -> None:
         self.config = tls
-        self._current = server_context(tls)
-        self.ssl_context = server_context(tls)
-        self.ssl_context.sni_callback = self._pick
+        self.ssl_context = RotatingContext(ssl.PROTOCOL_TLS_SERVER)
+        self.ssl_context.current = server_context(tls)
         self._pending: Any = None
-
-    def _pick(self, conn: ssl.SSLObject | ssl.SSLSocket, server_name: str | None,
-              listening: ssl.SSLContext) -> None:
-        conn.context = self._current
 
     def grpc_credentials(self) -> grpc.ServerCredentials:
         return grpc.dynamic_ssl_server_credentials(
@@ -218,9 +225,23 @@ class ListenerTls:
         return pending
 
     def update(self, tls: TlsServer) -> None:
-        """Serve ``tls``'s files to new connections (``restart_needed`` must have said None)."""
+        """Serve ``tls``'s files to new connections (``restart_needed`` must have said None);
+        sessions of the old context are not resumed."""
         current, pending = server_context(tls), _grpc_certificates(tls)
-        self._current, self._pending, self.config = current, pending, tls
+        self.ssl_context.current, self._pending, self.config = current, pending, tls
+
+
+class RotatingContext(ssl.SSLContext):
+    """The context a listener is started with, standing for ``current``: asyncio wraps each
+    accepted connection with ``wrap_bio``, which hands it to ``current`` whole (certificate,
+    client CA, session cache and ticket keys together)."""
+
+    current: ssl.SSLContext
+
+    def wrap_bio(self, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO,
+                 server_side: bool = False, server_hostname: str | bytes | None = None,
+                 session: ssl.SSLSession | None = None) -> ssl.SSLObject:
+        return self.current.wrap_bio(incoming, outgoing, server_side, server_hostname, session)
 
 
 # --- backends -------------------------------------------------------------------------------
@@ -268,9 +289,9 @@ def grpc_channel_credentials(tls: TlsClient) -> tuple[grpc.ChannelCredentials,
                                                        list[tuple[str, Any]]]:
     """Credentials and the channel options that go with them (the target name override)."""
     creds = grpc.ssl_channel_credentials(
-        root_certificates=tls.ca_file.read_bytes() if tls.ca_file is not None else None,
-        private_key=tls.key_file.read_bytes() if tls.key_file is not None else None,
-        certificate_chain=tls.cert_file.read_bytes() if tls.cert_file is not None else None)
+        root_certificates=_read(tls.ca_file) if tls.ca_file is not None else None,
+        private_key=_read(tls.key_file) if tls.key_file is not None else None,
+        certificate_chain=_read(tls.cert_file) if tls.cert_file is not None else None)
     options: list[tuple[str, Any]] = []
     if tls.server_name is not None:
         options.append(("grpc.ssl_target_name_override", tls.server_name))

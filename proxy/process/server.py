@@ -240,8 +240,8 @@ class Server:
             try:
                 config, new = await asyncio.to_thread(self._load_and_build, self.config_path,
                                                       old)
-            except (ConfigError, Exception) as exc:
-                return self._rejected(str(exc))
+            except (ConfigError, Exception) as exc:  # MemoryError's text is empty: name it
+                return self._rejected(str(exc) or f"{type(exc).__name__} while loading")
             reused = {n for n, b in new.backends.items() if old.backends.get(n) is b}
             new.contracts.update({r: c for r, c in old.contracts.items()
                                   if r in new.routes and new.routes[r].spec.backend in reused})

@@ -583,3 +583,58 @@ def test_listener_settings_that_need_a_restart_are_named_at_reload(
             https_get(f"https://{m.http_url}/v2/health/ready", client_ssl(pki, client=None))
         status, _ = https_get(f"https://{m.http_url}/v2/health/ready", client_ssl(pki))
         assert status == 200
+
+
+def _resumed_get(port: int, ctx: ssl.SSLContext,
+                 session: ssl.SSLSession | None) -> tuple[bool, str, ssl.SSLSession | None]:
+    """One HTTPS GET on a new connection offering ``session``: (resumed?, the status line or
+    the error, the session to offer next time)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+                ctx.wrap_socket(raw, server_hostname="127.0.0.1", session=session) as conn:
+            conn.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while chunk := conn.recv(4096):
+                answer += chunk
+            return bool(conn.session_reused), answer.split(b"\r\n", 1)[0].decode(), conn.session
+    except (ssl.SSLError, OSError) as exc:
+        return False, f"{type(exc).__name__}: {exc}", None
+
+
+@pytest.mark.parametrize("version", ["1.2", "1.3"])
+def test_a_rotated_client_ca_ends_resumption_of_sessions_made_under_the_old_one(
+        pki: Pki, ort_models: Path, tmp_path: Path, version: str) -> None:
+    """Issue 26 item 4: after ``client_ca_file`` rotates from CA1 to another CA, a CA1 client
+    that offers its earlier TLS session (Python's ``session=``, a ticket in 1.3 or a session id
+    in 1.2) must not be served: the new context has its own session cache and ticket keys, so
+    the client falls back to a full handshake, which the new CA refuses. Before the rotation the
+    same client does resume (so the test can tell resumption from a full handshake)."""
+    files = tmp_path / "tls"
+    path = tmp_path / "mmguard.yaml"
+    cfg = {**tls_config(ort_models, pki, files=files), "watch_config_s": 0}
+    path.write_text(yaml.safe_dump(cfg))
+    ctx = client_ssl(pki)
+    ctx.maximum_version = ctx.minimum_version = (ssl.TLSVersion.TLSv1_2 if version == "1.2"
+                                                 else ssl.TLSVersion.TLSv1_3)
+    p = MmguardProcess(["--config", str(path)], tmp_path / "serve.log")
+    try:
+        port = p.ports["http"]
+        reused, status, session = _resumed_get(port, ctx, None)
+        assert (reused, status) == (False, "HTTP/1.1 200 OK") and session is not None
+        reused, status, again = _resumed_get(port, ctx, session)
+        assert (reused, status) == (True, "HTTP/1.1 200 OK"), "the client did not resume"
+        session = again or session
+
+        shutil.copy(pki.cert("other-ca"), files / "clients-ca.pem")
+        p.signal(signal.SIGHUP)
+        p.wait_log("TLS certificates reloaded")
+        reused, status, _ = _resumed_get(port, ctx, session)
+        assert not reused and status != "HTTP/1.1 200 OK", (reused, status)
+        # a fresh handshake of the new CA's client is served, and resumes under the new context
+        other = client_ssl(pki, client="other-client")
+        other.maximum_version = other.minimum_version = ctx.minimum_version
+        reused, status, fresh = _resumed_get(port, other, None)
+        assert (reused, status) == (False, "HTTP/1.1 200 OK")
+        assert _resumed_get(port, other, fresh)[:2] == (True, "HTTP/1.1 200 OK")
+    finally:
+        assert p.stop() == 0

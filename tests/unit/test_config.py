@@ -170,7 +170,7 @@ def test_files_a_config_names_must_exist_where_it_serves(tmp_path: Path) -> None
     assert f"backends[0] (ort).models: no model file for ['mm'] in {repo}" in problems[0]
     assert problems[1] == f"backends[1] (typo).model_dir: {tmp_path / 'rep'} is not a directory"
     assert problems[2] == (f"models[0] (m): models[0].filters[0].shape_guard.inputs.TEXT."
-                           f"tokenizer: {tmp_path / 'tokenizer.json'} is not a file")
+                           f"tokenizer: {tmp_path / 'tokenizer.json'}: No such file or directory")
     r = _check(path)
     assert r.returncode == 1 and "(typo).model_dir" in r.stderr and "Traceback" not in r.stderr
 

@@ -32,7 +32,7 @@ DOCUMENTS = {("proxy/config/model.py", "limits")}
 
 SDK = ("proxy.call", "proxy.tensor", "proxy.errors", "proxy.contract", "proxy.clock",
        "proxy.strict", "proxy.keys", "proxy.lifecycle", "proxy.share", "proxy.chain",
-       "proxy.registry", "proxy.pod", "proxy.telemetry", "proxy.pb", "proxy")
+       "proxy.registry", "proxy.files", "proxy.pod", "proxy.telemetry", "proxy.pb", "proxy")
 """The filter SDK: what a filter is written against. ``proxy.pod`` is the pod's decide-once
 state and ``proxy.telemetry`` the one way a decision becomes visible."""
 LAYERS: list[tuple[str, ...]] = [
