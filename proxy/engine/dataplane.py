@@ -152,6 +152,11 @@ class DataPlane:
         assert name is not None  # the config refuses repository_api without one
         return self.runtime.backends[name]
 
+    def serves(self, model: str) -> bool:
+        """Whether ``model`` is one of the current runtime's routes (shared memory is read only
+        for a call that has one)."""
+        return model in self.runtime.routes
+
     def contract(self, model: str) -> ModelContract:
         """The served contract, under the name clients use (raises NOT_FOUND / UNAVAILABLE)."""
         if model not in self.runtime.routes:

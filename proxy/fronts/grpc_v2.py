@@ -11,7 +11,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -20,11 +21,13 @@ from google.protobuf.message import Message
 from proxy import __version__
 from proxy.backends.base import RepositoryParameter
 from proxy.call import Call, LocalReply, Result, StreamItem
+from proxy.config.listeners import GrpcListener
 from proxy.engine.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.shm import fronts
-from proxy.shm.regions import SharedMemory, uses_shared_memory
+from proxy.shm.peer import Connection
+from proxy.shm.regions import Budget, SharedMemory, uses_shared_memory
 from proxy.wire import kserve_grpc
 
 SERVICE = "inference.GRPCInferenceService"
@@ -66,9 +69,11 @@ async def abort(context: grpc.aio.ServicerContext, reply: LocalReply,
 
 
 class GrpcFront:
-    def __init__(self, plane: DataPlane, shm: SharedMemory | None = None) -> None:
+    def __init__(self, plane: DataPlane, shm: SharedMemory | None = None,
+                 max_request_bytes: int = GrpcListener().max_request_bytes) -> None:
         self.plane = plane
         self.shm = shm or SharedMemory()
+        self.shm_budget = Budget(max_request_bytes, "listeners.grpc.max_request_bytes")
 
     def handler(self) -> grpc.GenericRpcHandler:
         typed: dict[str, tuple[Callable[..., Awaitable[Message]], type[Message]]] = {
@@ -186,7 +191,7 @@ class GrpcFront:
         if remaining is not None:
             call.deadline = time.monotonic() + remaining
         reply = await (self.shm.infer(call, self.shm.grpc_connection(context.peer()),
-                                      self.plane.infer)
+                                      self.plane.infer, self.plane.serves, self.shm_budget)
                        if uses_shared_memory(call) else self.plane.infer(call))
         if isinstance(reply, LocalReply):
             await abort(context, reply, call.decisions)
@@ -208,7 +213,9 @@ class GrpcFront:
         interleaved as they come. Errors are stream messages with ``error_message``, as Triton
         sends them, and the stream stays open."""
         out: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=STREAM_QUEUE)
-        stream = _OrderedStream(self.plane, client_headers(context), out)
+        stream = _OrderedStream(self.plane, client_headers(context), out,
+                                _StreamMemory(self.shm, self.shm.grpc_connection(context.peer()),
+                                              self.plane.serves, self.shm_budget))
         reader = asyncio.create_task(stream.run(requests))
         try:
             while (msg := await out.get()) is not None:
@@ -233,10 +240,11 @@ class _OrderedStream:
     reads. Everything is cancelled (backend calls included) when the client goes."""
 
     def __init__(self, plane: DataPlane, headers: dict[str, str],
-                 out: asyncio.Queue[bytes | None]) -> None:
+                 out: asyncio.Queue[bytes | None], shm: _StreamMemory) -> None:
         self.plane = plane
         self.headers = headers
         self.out = out
+        self.shm = shm
         self.slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
         self.running: set[asyncio.Task[None]] = set()
 
@@ -244,7 +252,7 @@ class _OrderedStream:
         try:
             async for body in requests:
                 try:
-                    call = await decode(body)
+                    call = await decode(body, shared_memory=True)
                 except ProxyError as err:
                     await self.out.put(kserve_grpc.stream_error(err.message))
                     continue
@@ -271,13 +279,30 @@ class _OrderedStream:
         try:
             # Closed here, not by the garbage collector: a cancelled stream cancels its
             # backend call at once.
-            async with contextlib.aclosing(self.plane.stream(call)) as items:
+            items_of = (self.shm.items(call, self.plane.stream) if uses_shared_memory(call)
+                        else self.plane.stream(call))
+            async with contextlib.aclosing(items_of) as items:
                 async for item in items:
                     reached.set()
                     await self.out.put(_stream_item(call, item))
         finally:
             reached.set()
             self.slots.release()
+
+
+@dataclass(frozen=True)
+class _StreamMemory:
+    """What a stream's requests need to use system shared memory: the registry, the stream's
+    connection (one client for all its requests) and the unary calls' bounds."""
+
+    shm: SharedMemory
+    connection: Connection
+    serves: Callable[[str], bool]
+    budget: Budget
+
+    def items(self, call: Call, stream: Callable[[Call], AsyncIterator[StreamItem]]
+              ) -> AsyncGenerator[StreamItem, None]:
+        return self.shm.stream(call, self.connection, stream, self.serves, self.budget)
 
 
 def _stream_item(call: Call, item: StreamItem) -> bytes:

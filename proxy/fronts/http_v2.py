@@ -30,7 +30,7 @@ from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
 from proxy.fronts.body import read_body
 from proxy.fronts.openai import OpenAIFront, drop_connection
 from proxy.shm import fronts
-from proxy.shm.regions import SharedMemory, uses_shared_memory
+from proxy.shm.regions import Budget, SharedMemory, uses_shared_memory
 from proxy.wire import kserve_http
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -78,6 +78,7 @@ class HttpFront:
         self.max_request_bytes = max_request_bytes
         self.max_json_bytes = min(max_json_bytes or max_request_bytes, max_request_bytes)
         self.openai = OpenAIFront(plane, max_request_bytes)
+        self.shm_budget = Budget(max_request_bytes, "listeners.http.max_request_bytes")
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_request_bytes, middlewares=[_errors])
@@ -205,7 +206,7 @@ class HttpFront:
         if timeout_ms is not None:
             call.deadline = time.monotonic() + _positive_ms(timeout_ms) / 1000
         reply = await (self.shm.infer(call, fronts.http_connection(request),
-                                      self.plane.infer)
+                                      self.plane.infer, self.plane.serves, self.shm_budget)
                        if uses_shared_memory(call) else self.plane.infer(call))
         if isinstance(reply, LocalReply):
             if reply.reset:

@@ -29,20 +29,21 @@ of a shrunk file is a short read, answered as a clear error.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import mmap
 import os
 import re
 import stat
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from proxy.call import Call, LocalReply, Reply, Result
+from proxy.call import Call, LocalReply, Reply, Result, StreamItem
 from proxy.config.model import SharedMemoryConfig
 from proxy.errors import ErrorKind, ProxyError
 from proxy.shm.peer import Connection, UidLookup, grpc_peer, peer_uid
@@ -139,6 +140,20 @@ class Lease:
                 region.close()
         self.regions.clear()
         self.outputs.clear()
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one call may read from shared memory: the listener's own request limit, counted
+    with the call's inline inputs (a region is not a way around ``max_request_bytes``)."""
+
+    limit: int
+    setting: str
+    """The key that sets ``limit``, named in the refusal."""
+
+
+READ_INLINE_BYTES = 1024 * 1024
+"""Shared memory read on the event loop at most; a bigger read runs in a worker thread."""
 
 
 def uses_shared_memory(call: Call) -> bool:
@@ -300,12 +315,16 @@ class SharedMemory:
     # --- inference --------------------------------------------------------------------------
 
     async def infer(self, call: Call, connection: Connection,
-                    infer: Callable[[Call], Awaitable[Reply]]) -> Reply:
+                    infer: Callable[[Call], Awaitable[Reply]], serves: Callable[[str], bool],
+                    budget: Budget) -> Reply:
         """Run ``infer`` on a call whose tensors use regions: inputs read from them, outputs
-        written into them. Every refusal is a ``LocalReply`` the front encodes."""
+        written into them. Every refusal is a ``LocalReply`` the front encodes. A model that
+        is not served gets the data plane's own answer, and no region is read for it."""
+        if not serves(call.model):
+            return await infer(call)
         try:
             owner = self.client(connection)
-            lease = self._attach(owner, call)
+            lease = await self._attach(owner, call, budget)
         except ProxyError as err:
             self.refused("infer", err)
             return LocalReply.from_error(err)
@@ -320,6 +339,37 @@ class SharedMemory:
         finally:
             lease.release()
 
+    async def stream(self, call: Call, connection: Connection,
+                     stream: Callable[[Call], AsyncIterator[StreamItem]],
+                     serves: Callable[[str], bool],
+                     budget: Budget) -> AsyncGenerator[StreamItem, None]:
+        """``infer`` for one request of a ``ModelStreamInfer`` stream: its inputs read from
+        regions with the same checks, each response's outputs written into the regions it
+        names (a later response overwrites an earlier one, as Triton's do), the regions
+        pinned until the request's last response."""
+        if not serves(call.model):
+            async for item in stream(call):
+                yield item
+            return
+        try:
+            owner = self.client(connection)
+            lease = await self._attach(owner, call, budget)
+        except ProxyError as err:
+            self.refused("infer", err)
+            yield LocalReply.from_error(err)
+            return
+        try:
+            async for item in stream(call):
+                if isinstance(item, Result) and lease.outputs:
+                    try:
+                        _write_outputs(call, item, lease)
+                    except ProxyError as err:
+                        self.refused("infer", err)
+                        item = LocalReply.from_error(err)
+                yield item
+        finally:
+            lease.release()
+
     def _find(self, owner: int, what: str, params: dict[str, Any]) -> Region:
         name = params[REGION]
         region = self._regions.get((owner, name)) if isinstance(name, str) else None
@@ -329,12 +379,13 @@ class SharedMemory:
                              "that name is registered by this client)")
         return region
 
-    def _attach(self, owner: int, call: Call) -> Lease:
+    async def _attach(self, owner: int, call: Call, budget: Budget) -> Lease:
+        """Pin the call's regions and read its inputs, once every bound is checked and the
+        bytes to read, with the call's own, fit ``budget`` (a big read in a worker thread)."""
         lease = Lease()
         try:
-            for t in call.inputs:
-                if REGION in t.parameters:
-                    self._attach_input(owner, call, t, lease)
+            reads = [self._plan_input(owner, t, lease) for t in call.inputs
+                     if REGION in t.parameters]
             for o in call.outputs:
                 if REGION not in o.parameters:
                     continue
@@ -346,14 +397,28 @@ class SharedMemory:
                 region = self._find(owner, what, o.parameters)
                 lease.outputs[o.name] = (region, *region.span(what, o.parameters))
                 lease.pin(region)
-                o.parameters = {k: v for k, v in o.parameters.items() if k not in SHM_PARAMS}
+            inline = sum(t.nbytes for t in call.inputs if REGION not in t.parameters)
+            total = sum(size for _, _, _, size in reads) + inline
+            if total > budget.limit:
+                raise ProxyError(ErrorKind.TOO_LARGE,
+                                 f"the request's inputs total {total} bytes with those in shared "
+                                 f"memory; this listener accepts at most {budget.limit} bytes "
+                                 f"({budget.setting})")
+            if total - inline > READ_INLINE_BYTES:
+                await asyncio.to_thread(_read_inputs, reads)
+            else:
+                _read_inputs(reads)
         except ProxyError:
             lease.release()
             raise
+        for o in call.outputs:
+            o.parameters = {k: v for k, v in o.parameters.items() if k not in SHM_PARAMS}
         call.wire = None  # the backend gets the tensors inline, never the client's region names
         return lease
 
-    def _attach_input(self, owner: int, call: Call, t: Tensor, lease: Lease) -> None:
+    def _plan_input(self, owner: int, t: Tensor,
+                    lease: Lease) -> tuple[Tensor, Region, int, int]:
+        """The region, offset and size of an input, every bound checked; nothing read yet."""
         what = f"input '{t.name}'"
         region = self._find(owner, what, t.parameters)
         offset, size = region.span(what, t.parameters)
@@ -363,8 +428,13 @@ class SharedMemory:
                              f"{what}: {t.datatype} shape {list(t.shape)} needs "
                              f"{t.elements * width} bytes but shared_memory_byte_size is "
                              f"{size} (region '{region.name}')")
-        t.raw = region.read(what, offset, size)
         lease.pin(region)
+        return t, region, offset, size
+
+
+def _read_inputs(reads: list[tuple[Tensor, Region, int, int]]) -> None:
+    for t, region, offset, size in reads:
+        t.raw = region.read(f"input '{t.name}'", offset, size)
         t.parameters = {k: v for k, v in t.parameters.items() if k not in SHM_PARAMS}
         t.check_payload()
 

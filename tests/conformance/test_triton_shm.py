@@ -9,6 +9,7 @@ Model: ``small_fp32`` (x FP32 [1, 16] → y = 2x). Each test makes its own regio
 from __future__ import annotations
 
 import os
+import queue
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -197,3 +198,70 @@ def test_wrong_offset(shm_client: Shm) -> None:
     fails(s.code("not_found"), s.infer, name, out_region=name + "_unknown")
     # The region is still good after every refusal.
     np.testing.assert_array_equal(s.infer(name).as_numpy("y"), X * 2)
+
+
+@pytest.fixture
+def stream_client(target: Target) -> Iterator[Shm]:
+    """A gRPC client of ``target`` for ``ModelStreamInfer`` (shared memory on streams)."""
+    client = grpcclient.InferenceServerClient(target.grpc_url)
+    s = Shm("grpc", client, grpcclient, f"mmg{os.getpid()}_{secrets.token_hex(3)}", {})
+    try:
+        yield s
+    finally:
+        client.stop_stream()
+        for region in list(s.handles):
+            try:
+                client.unregister_system_shared_memory(region)
+            except InferenceServerException:
+                pass
+        for handle in s.handles.values():
+            shm.destroy_shared_memory_region(handle)
+        client.close()
+
+
+def _stream(s: Shm, requests: list[dict[str, Any]]) -> list[Any]:
+    """Send each request on one stream; the results (or errors) in the order they came."""
+    answers: queue.Queue[Any] = queue.Queue()
+    s.client.start_stream(callback=lambda result, error: answers.put(error or result))
+    for i, r in enumerate(requests):
+        x = grpcclient.InferInput("x", [1, 16], "FP32")
+        if r.get("in") is None:
+            x.set_data_from_numpy(X)
+        else:
+            x.set_shared_memory(r["in"], r.get("in_size", NBYTES), r.get("in_offset", 0))
+        y = grpcclient.InferRequestedOutput("y")
+        if r.get("out") is not None:
+            y.set_shared_memory(r["out"], r.get("out_size", NBYTES), r.get("out_offset", 0))
+        s.client.async_stream_infer("small_fp32", [x], outputs=[y], request_id=str(i))
+    got = [answers.get(timeout=30) for _ in requests]
+    s.client.stop_stream()
+    return got
+
+
+def test_stream_inputs_and_outputs_in_regions(stream_client: Shm) -> None:
+    """Issue 28 item 5: ``ModelStreamInfer`` takes tensors in system shared memory as
+    ``ModelInfer`` does, with the same bounds checks; direct and through mmguard alike."""
+    s = stream_client
+    in_name, in_key, in_handle = s.region("sin", NBYTES)
+    out_name, out_key, out_handle = s.region("sout", 2 * NBYTES)
+    small, small_key, _ = s.region("ssmall", 16)
+    shm.set_shared_memory_region(in_handle, [X])
+    for name, key, size in ((in_name, in_key, NBYTES), (out_name, out_key, 2 * NBYTES),
+                            (small, small_key, 16)):
+        s.client.register_system_shared_memory(name, key, size)
+
+    ok, into, bad_size, past, unknown, too_small, after = _stream(s, [
+        {"in": in_name}, {"in": in_name, "out": out_name, "out_offset": NBYTES},
+        {"in": in_name, "in_size": NBYTES - 4}, {"in": in_name, "in_offset": 32},
+        {"in": in_name + "_unknown"}, {"in": small, "in_size": 16}, {}])
+    np.testing.assert_array_equal(ok.as_numpy("y"), X * 2)
+    assert list(into.get_response().raw_output_contents) == [b""]  # the bytes are in the region
+    got = shm.get_contents_as_numpy(out_handle, np.float32, [2, 16])
+    np.testing.assert_array_equal(got[1], X[0] * 2)
+    np.testing.assert_array_equal(got[0], np.zeros(16, np.float32))
+    for error in (bad_size, past, unknown, too_small):
+        assert isinstance(error, InferenceServerException), error
+    assert "'x'" in bad_size.message() and str(NBYTES) in bad_size.message()
+    assert in_name in past.message()
+    assert in_name + "_unknown" in unknown.message()
+    np.testing.assert_array_equal(after.as_numpy("y"), X * 2)  # the stream went on

@@ -9,7 +9,7 @@ import gc
 import os
 import socket
 import struct
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from proxy.config.model import SharedMemoryConfig
 from proxy.errors import ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.shm.peer import Connection, grpc_peer, peer_uid
-from proxy.shm.regions import SharedMemory, uses_shared_memory
+from proxy.shm.regions import Budget, SharedMemory, uses_shared_memory
 from proxy.telemetry import Telemetry
 from proxy.tensor import Tensor
 from proxy.wire import kserve_grpc, kserve_http
@@ -30,6 +30,11 @@ from proxy.wire.kserve_http import WRITTEN
 ME = os.getuid()
 HERE = Connection(("127.0.0.1", 1), ("127.0.0.1", 2))
 X = np.arange(4, dtype=np.float32)
+BUDGET = Budget(1 << 20, "listeners.grpc.max_request_bytes")
+
+
+def any_model(model: str) -> bool:
+    return True
 
 
 @pytest.fixture
@@ -180,13 +185,13 @@ def test_names_live_in_one_namespace_per_uid(shm_dir: Path) -> None:
     s.unregister(other, "same")
     assert [r.name for r in s.status(ME)] == ["same"]
     call = shm_call([in_region("x", "same", 8, shape=(2,))])
-    reply = asyncio.run(s.infer(call, HERE, doubler))
+    reply = asyncio.run(s.infer(call, HERE, doubler, any_model, BUDGET))
     assert isinstance(reply, Result)
     s2 = SharedMemory(SharedMemoryConfig(system=True), directory=shm_dir,
                       uid_of=lambda peer, local: other)
     s2._regions = s._regions  # the same registry seen by a client of another uid
     reply = asyncio.run(s2.infer(shm_call([in_region("x", "same", 8, shape=(2,))]),
-                                 HERE, doubler))
+                                 HERE, doubler, any_model, BUDGET))
     assert isinstance(reply, LocalReply) and reply.kind is ErrorKind.NOT_FOUND
     assert "'same'" in reply.message
 
@@ -213,7 +218,7 @@ def test_inputs_read_and_outputs_written(shm_dir: Path) -> None:
                                            "shared_memory_byte_size": 16,
                                            "shared_memory_offset": 16})])
     assert uses_shared_memory(call)
-    reply = asyncio.run(s.infer(call, HERE, backend))
+    reply = asyncio.run(s.infer(call, HERE, backend, any_model, BUDGET))
     assert isinstance(reply, Result)
     np.testing.assert_array_equal(seen[0], X)
     assert np.frombuffer(out.read_bytes()[16:], np.float32).tolist() == (X * 2).tolist()
@@ -235,7 +240,8 @@ def test_every_bound_is_checked_before_a_read(shm_dir: Path) -> None:
         return await doubler(call)
 
     def refusal(tensor: Tensor, outputs: list[RequestedOutput] | None = None) -> LocalReply:
-        reply = asyncio.run(s.infer(shm_call([tensor], outputs), HERE, backend))
+        reply = asyncio.run(s.infer(shm_call([tensor], outputs), HERE, backend, any_model,
+                                    BUDGET))
         assert isinstance(reply, LocalReply), reply
         return reply
 
@@ -268,7 +274,8 @@ def test_bytes_framing_in_a_region_is_checked(shm_dir: Path) -> None:
     s = registry(shm_dir)
     s.register(ME, "r", "/k", 0, 7)
     reply = asyncio.run(s.infer(shm_call([in_region("t", "r", 7, datatype="BYTES",
-                                                    shape=(1,))]), HERE, doubler))
+                                                    shape=(1,))]), HERE, doubler,
+                                any_model, BUDGET))
     assert isinstance(reply, LocalReply) and reply.kind is ErrorKind.INVALID_ARGUMENT
     assert "declares 50 bytes" in reply.message
 
@@ -278,7 +285,8 @@ def test_a_file_cut_after_registration_is_an_error_not_a_crash(shm_dir: Path) ->
     s = registry(shm_dir)
     s.register(ME, "r", "/k", 0, 16)
     os.truncate(path, 4)
-    reply = asyncio.run(s.infer(shm_call([in_region("x", "r", 16)]), HERE, doubler))
+    reply = asyncio.run(s.infer(shm_call([in_region("x", "r", 16)]), HERE, doubler, any_model,
+                                BUDGET))
     assert isinstance(reply, LocalReply) and reply.kind is ErrorKind.INVALID_ARGUMENT
     assert "cut after registration" in reply.message
 
@@ -294,7 +302,7 @@ def test_zero_copy_reads_in_place(shm_dir: Path) -> None:
         assert isinstance(raw, memoryview) and raw.obj is region.mapping
         return await doubler(c)
 
-    assert isinstance(asyncio.run(s.infer(call, HERE, backend)), Result)
+    assert isinstance(asyncio.run(s.infer(call, HERE, backend, any_model, BUDGET)), Result)
 
 
 def mapped(path: Path) -> bool:
@@ -315,7 +323,7 @@ def test_unregister_in_use_waits_for_the_call(shm_dir: Path) -> None:
             return await doubler(call)
 
         task = asyncio.create_task(s.infer(shm_call([in_region("x", "r", 16)]),
-                                           HERE, slow))
+                                           HERE, slow, any_model, BUDGET))
         await started.wait()
         s.unregister(ME)
         assert s.status(ME) == [] and mapped(path) and region.mapping is not None
@@ -380,7 +388,7 @@ def test_regions_and_refusals_are_metrics(shm_dir: Path) -> None:
                      uid_of=lambda peer, local: ME, telemetry=telemetry)
     s.register(ME, "r", "/k", 0, 16)
     reply = asyncio.run(s.infer(shm_call([in_region("x", "r", 16, offset=4)]),
-                                HERE, doubler))
+                                HERE, doubler, any_model, BUDGET))
     assert isinstance(reply, LocalReply)
     value = telemetry.registry.get_sample_value
     assert value("mmguard_shm_regions") == 1
@@ -388,3 +396,80 @@ def test_regions_and_refusals_are_metrics(shm_dir: Path) -> None:
                  {"operation": "infer", "kind": "invalid_argument"}) == 1
     s.close()
     assert value("mmguard_shm_regions") == 0
+
+
+# --- after routing, within the listener's limit (issue 26 item 2) -------------------------------
+
+
+def test_no_region_is_read_for_a_model_that_is_not_served(shm_dir: Path) -> None:
+    region_file(shm_dir, "k", X.tobytes())
+    s = registry(shm_dir)
+    region = s.register(ME, "r", "/k", 0, 16)
+    os.close(region.fd)
+    region.fd = -1  # any read now fails with EBADF: the test sees whether one was tried
+    asked: list[Call] = []
+
+    async def plane(call: Call) -> LocalReply:
+        asked.append(call)
+        return LocalReply(ErrorKind.NOT_FOUND, f"model '{call.model}' is not served by mmguard")
+
+    call = shm_call([in_region("x", "r", 16)] * 4)
+    reply = asyncio.run(s.infer(call, HERE, plane, lambda model: False, BUDGET))
+    assert isinstance(reply, LocalReply) and reply.kind is ErrorKind.NOT_FOUND
+    assert asked == [call] and region.leases == 0
+    region.fd = os.open(shm_dir / "k", os.O_RDONLY)  # for close()
+
+
+def test_shared_memory_counts_against_the_listeners_request_limit(shm_dir: Path) -> None:
+    region_file(shm_dir, "k", X.tobytes())
+    s = registry(shm_dir)
+    region = s.register(ME, "r", "/k", 0, 16)
+    reads: list[Call] = []
+
+    async def backend(call: Call) -> Result:
+        reads.append(call)
+        return await doubler(call)
+
+    inline = Tensor.from_numpy("z", np.zeros(8, np.float32))  # 32 bytes sent inline
+    call = shm_call([in_region("x", "r", 16), in_region("w", "r", 16), inline])
+    reply = asyncio.run(s.infer(call, HERE, backend, any_model,
+                                Budget(63, "listeners.http.max_request_bytes")))
+    assert isinstance(reply, LocalReply) and reply.kind is ErrorKind.TOO_LARGE
+    assert reply.message == ("the request's inputs total 64 bytes with those in shared memory; "
+                             "this listener accepts at most 63 bytes "
+                             "(listeners.http.max_request_bytes)")
+    assert reads == [] and region.leases == 0
+    assert call.inputs[0].raw == b""  # nothing was read
+    call = shm_call([in_region("x", "r", 16), in_region("w", "r", 16), inline])
+    reply = asyncio.run(s.infer(call, HERE, backend, any_model,
+                                Budget(64, "listeners.http.max_request_bytes")))
+    assert isinstance(reply, Result) and len(reads) == 1
+
+
+def test_a_streamed_request_reads_and_writes_its_regions_for_every_answer(
+        shm_dir: Path) -> None:
+    region_file(shm_dir, "in", X.tobytes())
+    out = region_file(shm_dir, "out", b"\0" * 16)
+    s = registry(shm_dir)
+    s.register(ME, "in", "/in", 0, 16)
+    s.register(ME, "out", "/out", 0, 16)
+
+    async def two_answers(call: Call) -> AsyncIterator[Result]:
+        for k in (2, 3):
+            yield Result(outputs=[Tensor.from_numpy(
+                "y", (call.inputs[0].numpy() * k).astype(np.float32))])
+
+    async def run(outputs: list[RequestedOutput]) -> list[Any]:
+        call = shm_call([in_region("x", "in", 16)], outputs)
+        items = [item async for item in s.stream(call, HERE, two_answers, any_model, BUDGET)]
+        return [*items, out.read_bytes()]
+
+    first, second, written = asyncio.run(run([RequestedOutput("y", {
+        "shared_memory_region": "out", "shared_memory_byte_size": 16})]))
+    assert isinstance(first, Result) and isinstance(second, Result)
+    assert np.frombuffer(written, np.float32).tolist() == (X * 3).tolist()  # the last answer
+    assert all(r.leases == 0 for r in s.status(ME))
+    (refusal, _) = asyncio.run(run([RequestedOutput("y", {
+        "shared_memory_region": "out", "shared_memory_byte_size": 16,
+        "shared_memory_offset": 8})]))
+    assert isinstance(refusal, LocalReply) and refusal.kind is ErrorKind.INVALID_ARGUMENT
