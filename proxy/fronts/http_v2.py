@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import json
 import logging
 import math
 import time
@@ -27,7 +26,7 @@ from proxy.backends.base import RepositoryParameter
 from proxy.call import Call, LocalReply, Result
 from proxy.engine.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
-from proxy.fronts.body import read_body
+from proxy.fronts.body import read_body, read_json
 from proxy.fronts.openai import OpenAIFront, drop_connection
 from proxy.shm import fronts
 from proxy.shm.regions import Budget, SharedMemory, uses_shared_memory
@@ -143,14 +142,8 @@ class HttpFront:
         return web.Response(status=200)
 
     async def _repository_body(self, request: web.Request) -> dict[str, Any]:
-        body = await read_body(request, self.max_request_bytes)
-        if not body.strip():
-            return {}
-        try:
-            doc = json.loads(body)
-        except ValueError as exc:
-            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                             f"the request body is not JSON: {exc}") from None
+        doc = await read_json(request, self.max_request_bytes,  # bounded, big ones off the loop
+                              "listeners.http.max_request_bytes")
         if not isinstance(doc, dict):
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                              f"the request body must be a JSON object, got "

@@ -34,7 +34,7 @@ from proxy.call import Api, Call, LocalReply, Result, SseEvent
 from proxy.config.model import OpenAIConfig
 from proxy.engine.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
-from proxy.fronts.body import read_body
+from proxy.fronts.body import INLINE_JSON_BYTES, read_body
 from proxy.fronts.media_fetch import ImageFetcher
 from proxy.fronts.openai_refusals import register_refusals
 from proxy.wire import openai
@@ -123,7 +123,9 @@ class OpenAIFront:
     async def _decode(self, request: web.Request, endpoint: str) -> Call:
         """The checked call, its model known and its remote images inlined (fetch mode)."""
         rules = self.rules()
-        call = openai.parse_request(await self._body(request), endpoint)
+        body = await self._body(request)
+        call = (await asyncio.to_thread(openai.parse_request, body, endpoint)  # big JSON off
+                if len(body) > INLINE_JSON_BYTES else openai.parse_request(body, endpoint))
         assert call.document is not None
         try:
             forwarded = openai.apply_url_policy(call.document, rules.policy)

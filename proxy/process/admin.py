@@ -12,7 +12,9 @@ Secrets are never echoed.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import json
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -21,6 +23,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.engine.dataplane import DataPlane
+from proxy.fronts.body import INLINE_JSON_BYTES
 from proxy.lifecycle import Access, AdminRequest, AdminRoute
 from proxy.registry import filter_factories
 
@@ -87,7 +90,16 @@ def _admin_request(plane: DataPlane, request: web.Request) -> AdminRequest:
     """What a filter's admin code sees: the serving runtime's state (a reload is seen at once)."""
     runtime = plane.runtime
     return AdminRequest(params=request.match_info, state=runtime.state, local=runtime.local,
-                        read_json=request.json)
+                        read_json=lambda: _json_body(request))
+
+
+async def _json_body(request: web.Request) -> Any:
+    """An admin body as JSON (``ValueError`` when it is not): bounded by the admin listener's
+    ``max_request_bytes`` (at most 1 MiB), parsed in a worker thread when not small."""
+    body = await request.read()
+    if len(body) > INLINE_JSON_BYTES:
+        return await asyncio.to_thread(json.loads, body)
+    return json.loads(body)
 
 
 def _refused(request: web.Request, token: str | None, access: Access) -> web.Response | None:

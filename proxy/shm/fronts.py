@@ -117,6 +117,7 @@ def add_http_routes(router: web.UrlDispatcher, shm: SharedMemory) -> None:
 
     async def register(request: web.Request) -> web.Response:
         name = request.match_info["name"]
+        owner = shm.client(http_connection(request))  # off, or not this client's: no body read
         doc = await _json_object(request)
         key, offset, size = doc.get("key"), doc.get("offset", 0), doc.get("byte_size")
         if size is None:
@@ -125,7 +126,7 @@ def add_http_routes(router: web.UrlDispatcher, shm: SharedMemory) -> None:
         if not isinstance(key, str):
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                              f"region '{name}': 'key' must be a string, got {key!r}")
-        shm.register(shm.client(http_connection(request)), name, key, offset, size)
+        shm.register(owner, name, key, offset, size)
         return web.Response()
 
     async def status(request: web.Request) -> web.Response:
@@ -160,10 +161,24 @@ def add_http_routes(router: web.UrlDispatcher, shm: SharedMemory) -> None:
     router.add_post("/v2/cudasharedmemory/region/{name}/unregister", _cuda_unregister)
 
 
+CONTROL_BODY_BYTES = 64 * 1024
+"""The most a registration body may have (Triton's is ~100 bytes): read and parsed on the loop
+only up to this, whatever the listener's ``max_request_bytes``."""
+
+
 async def _json_object(request: web.Request) -> dict[str, Any]:
+    too_large = ProxyError(ErrorKind.TOO_LARGE, f"a shared memory registration body is at most "
+                                                f"{CONTROL_BODY_BYTES} bytes")
+    if request.content_length is not None and request.content_length > CONTROL_BODY_BYTES:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.content.iter_chunked(CONTROL_BODY_BYTES):
+        body += chunk
+        if len(body) > CONTROL_BODY_BYTES:  # chunked: stop at the limit, not at the end
+            raise too_large
     try:
-        doc = json.loads(await request.read() or b"{}")
-    except (ValueError, UnicodeDecodeError) as exc:
+        doc = json.loads(body or b"{}")
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                          f"failed to parse the request JSON buffer: {exc}") from None
     if not isinstance(doc, dict):
