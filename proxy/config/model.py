@@ -56,6 +56,16 @@ class RemoteImageFetch(Strict):
     """Redirects followed; each target must itself be allow-listed."""
     max_images: int = Field(8, ge=1)
     """Remote images one request may name (each is a fetch mmguard makes for the client)."""
+    max_request_bytes: int = Field(16 << 20, gt=0)
+    """Bytes fetched for one request, all its images together. Whatever this says, a request's
+    images never make the body sent to the backend larger than the listener's own
+    ``max_request_bytes`` (inlined as base64, an image takes 4/3 of its size)."""
+    max_pod_bytes: int = Field(64 << 20, gt=0)
+    """Fetched image bytes the pod holds at once, across all requests and workers (from the
+    first byte fetched until the request's answer); past it a request is refused with 429 and
+    ``Retry-After`` instead of adding its images."""
+    max_concurrent: int = Field(8, ge=1)
+    """Fetches in flight at once in the pod; more wait (within ``timeout_s``) for a place."""
     content_types: tuple[str, ...] = ("image/png", "image/jpeg", "image/webp", "image/gif",
                                       "image/bmp")
     """Content-Types accepted from the image host (anything else is refused, SVG included)."""

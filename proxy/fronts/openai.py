@@ -35,7 +35,7 @@ from proxy.config.model import OpenAIConfig
 from proxy.engine.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
 from proxy.fronts.body import INLINE_JSON_BYTES, read_body
-from proxy.fronts.media_fetch import ImageFetcher
+from proxy.fronts.media_fetch import FetchBudget, ImageFetcher
 from proxy.fronts.openai_refusals import register_refusals
 from proxy.wire import openai
 from proxy.wire.media_urls import HostAllowList
@@ -120,8 +120,11 @@ class OpenAIFront:
                              f"accepts at most {self.max_request_bytes}")
         return await read_body(request, self.max_request_bytes)  # inflated once, bounded
 
-    async def _decode(self, request: web.Request, endpoint: str) -> Call:
-        """The checked call, its model known and its remote images inlined (fetch mode)."""
+    async def _decode(self, request: web.Request, endpoint: str,
+                      held: list[FetchBudget]) -> Call:
+        """The checked call, its model known and its remote images inlined (fetch mode); what
+        was fetched for it is counted in the budget put in ``held``, which the caller releases
+        once the call is answered."""
         rules = self.rules()
         body = await self._body(request)
         call = (await asyncio.to_thread(openai.parse_request, body, endpoint)  # big JSON off
@@ -135,7 +138,8 @@ class OpenAIFront:
             if call.model not in self.plane.runtime.routes:
                 raise ProxyError(ErrorKind.NOT_FOUND, f"model '{call.model}' is not served by "
                                  "mmguard", param="model")
-            fetched = 0 if rules.fetcher is None else await rules.fetcher.inline(call)
+            fetched = 0 if rules.fetcher is None else await rules.fetcher.inline(
+                call, body, self.max_request_bytes, held)
         except ProxyError as err:
             if err.kind is not ErrorKind.NOT_FOUND:
                 self._media.labels("refused").inc()
@@ -167,10 +171,17 @@ class OpenAIFront:
         return handler
 
     async def _infer(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+        held: list[FetchBudget] = []
         try:
-            call = await self._decode(request, endpoint)
+            call = await self._decode(request, endpoint, held)
+            return await self._answer(request, call)
         except ProxyError as err:
             return openai_error(LocalReply.from_error(err))
+        finally:
+            for budget in held:
+                budget.release()  # the fetched images are no longer held
+
+    async def _answer(self, request: web.Request, call: Call) -> web.StreamResponse:
         if call.streaming:
             return await self._stream(request, call)
         reply = await self.plane.infer(call)
@@ -252,10 +263,16 @@ class OpenAIFront:
     async def tokenize(self, request: web.Request) -> web.Response:
         endpoint = openai.TOKENIZE if request.path == openai.TOKENIZE else \
             openai.DETOKENIZE
+        held: list[FetchBudget] = []
         try:
-            call = await self._decode(request, endpoint)
+            return await self._tokenize(request, await self._decode(request, endpoint, held))
         except ProxyError as err:
             return openai_error(LocalReply.from_error(err))
+        finally:
+            for budget in held:
+                budget.release()
+
+    async def _tokenize(self, request: web.Request, call: Call) -> web.Response:
         runtime = self.plane.runtime
         route = runtime.routes[call.model]
         backend = runtime.backends[route.spec.backend]

@@ -58,17 +58,20 @@ class InFlight:
 
     def enter(self) -> int:
         """Count this request in; the pod's requests in flight on the route, this one included."""
-        self._local += 1
+        return self.add(1)
+
+    def leave(self) -> None:
+        self.add(-1)
+
+    def add(self, n: int) -> int:
+        """Add ``n`` (a count or an amount, e.g. bytes held) to this worker's share; the pod's
+        total after it."""
+        self._local += n
         row = self._row
         if row is None:
             return self._local
         row[self._index] = self._local
         return int(row.sum())
-
-    def leave(self) -> None:
-        self._local -= 1
-        if self._row is not None:
-            self._row[self._index] = self._local
 
 
 _ROWS: dict[int, str] = {}

@@ -8,7 +8,9 @@ on is the URL as mmguard understood it, written out again (``SafeUrl.text``), ne
 (urllib3, which vLLM uses, ends the host at ``\\``; Python's ``urlsplit`` does not.)
 
 An allow-list entry is ``host`` or ``host:port`` (IPv6 as ``[::1]:port``); a bare host allows the
-scheme's default port only (80 for http, 443 for https).
+scheme's default port only (80 for http, 443 for https). One rule for names and literals: an
+entry is a host and a port; an IP literal entry allows that address on that port only, also
+when a name resolves to it (the fetcher checks resolved addresses with their port).
 """
 
 from __future__ import annotations
@@ -155,14 +157,17 @@ class HostAllowList:
         return (url.port == DEFAULT_PORTS[url.scheme]
                 and AllowEntry(url.host, None) in self.entries)
 
-    def literal_addresses(self) -> frozenset[str]:
-        """The entries that are IP addresses: naming one allows connecting to it."""
-        out = set()
+    def literal_endpoints(self) -> frozenset[tuple[str, int]]:
+        """(address, port) of each entry that is an IP address: naming one allows connecting
+        to that address on that port only (a bare address: ports 80 and 443, as for a name)."""
+        out: set[tuple[str, int]] = set()
         for e in self.entries:
             try:
-                out.add(str(ipaddress.ip_address(e.host)))
+                address = str(ipaddress.ip_address(e.host))
             except ValueError:
                 continue
+            ports = DEFAULT_PORTS.values() if e.port is None else (e.port,)
+            out.update((address, port) for port in ports)
         return frozenset(out)
 
     def check(self, raw: str, param: str) -> SafeUrl:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from proxy.errors import ProxyError
+from proxy.fronts.media_fetch import CheckedResolver
 from proxy.wire import openai
 from proxy.wire.media_urls import HostAllowList, parse_allow_entry, parse_url
 
@@ -151,3 +152,16 @@ def test_too_many_remote_urls() -> None:
     with pytest.raises(ProxyError) as exc:
         decode(parts(*[img] * 9))
     assert "more than 8 remote URLs" in exc.value.message
+
+
+def test_a_literal_entry_allows_its_address_on_its_own_port_only() -> None:
+    """Issue 26 item 3: one rule for named and literal entries, a host and a port."""
+    allow = HostAllowList.of(("127.0.0.1:22760", "localhost:22761", "10.0.0.5", "[::1]:81"))
+    assert allow.literal_endpoints() == {("127.0.0.1", 22760), ("10.0.0.5", 80),
+                                         ("10.0.0.5", 443), ("::1", 81)}
+    resolver = CheckedResolver(allow.literal_endpoints(), ())
+    assert resolver.allows("127.0.0.1", 22760)
+    assert not resolver.allows("127.0.0.1", 22761)  # what localhost:22761 resolves to
+    assert not resolver.allows("::ffff:127.0.0.1", 22761)
+    assert resolver.allows("::1", 81) and not resolver.allows("::1", 80)
+    assert resolver.allows("8.8.8.8", 22761)  # a global address, any listed port
