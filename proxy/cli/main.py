@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.config.model import ConfigError, load_config
+from proxy.process.descriptors import raise_open_files_limit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,16 +141,9 @@ CONFIG_ENV = "MMGUARD_CONFIG"
 
 
 def _raise_open_files_limit() -> None:
-    """Up to the hard limit: every client connection is a descriptor, and the listeners' own
-    ``max_connections`` are the limit meant to apply, not a soft default of 1024."""
-    try:
-        import resource
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if hard == resource.RLIM_INFINITY or soft < hard:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY
-                                                        else max(soft, 65536), hard))
-    except (ImportError, ValueError, OSError):
-        pass  # not on this platform, or not allowed: the soft limit stays
+    """Up to the hard limit: every client connection is a descriptor, and the listeners'
+    connection caps are derived from the limit (``proxy.process.descriptors``)."""
+    raise_open_files_limit()
 
 
 if __name__ == "__main__":

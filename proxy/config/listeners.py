@@ -42,10 +42,12 @@ class HttpListener(Strict):
     max_concurrent_requests: int | None = Field(None, gt=0)
     """Requests served at once on this listener (health probes aside); the next ones get 429
     with Retry-After. Unlimited when absent."""
-    max_connections: int = Field(1000, gt=0)
+    max_connections: int | None = Field(None, gt=0)
     """Open client connections at once. At the cap a new connection replaces the oldest one
     that has no request in progress (idle, or still sending its headers); when every one has,
-    the new one gets 503 and is closed. Each refusal or eviction is counted."""
+    the new one gets 503 and is closed. Each refusal or eviction is counted. Absent: derived
+    from the process's open-files limit (``RLIMIT_NOFILE``, raised to the hard limit at start),
+    at most 1000 (docs/security.md, "Budgets")."""
     header_timeout_s: float = Field(10.0, gt=0)
     """From a connection's start, or its previous answer, until the next request's headers are
     complete; a connection idle that long is closed (so also the keep-alive idle time). A TLS
@@ -75,9 +77,10 @@ class GrpcListener(Strict):
     max_concurrent_requests: int | None = Field(None, gt=0)
     """Calls at once on the whole listener, health checks included; the next ones get
     RESOURCE_EXHAUSTED. Unlimited when absent."""
-    max_connections: int = Field(1000, gt=0)
+    max_connections: int | None = Field(None, gt=0)
     """Open client connections at once (gRPC refuses more before their handshake; gRPC does not
-    count them, so they are not in ``mmguard_listener_refusals_total``)."""
+    count them, so they are not in ``mmguard_listener_refusals_total``). Absent: derived from
+    ``RLIMIT_NOFILE`` as for the HTTP listener, at most 1000."""
     handshake_timeout_s: float = Field(10.0, gt=0)
     """A new connection's TLS and HTTP/2 handshake must be done within this."""
     max_connection_idle_s: float = Field(300.0, gt=0)
@@ -109,8 +112,8 @@ class AdminListener(Strict):
     otherwise). At most 1 MiB, aiohttp's own cap on the admin app."""
     max_header_bytes: int = Field(8 * 1024, gt=0)
     """As for the HTTP listener."""
-    max_connections: int = Field(64, gt=0)
-    """As for the HTTP listener (Prometheus, probes and an operator need few)."""
+    max_connections: int | None = Field(None, gt=0)
+    """As for the HTTP listener (Prometheus, probes and an operator need few): at most 64."""
     header_timeout_s: float = Field(10.0, gt=0)
     """As for the HTTP listener."""
     body_timeout_s: float = Field(30.0, gt=0)

@@ -46,6 +46,7 @@ from proxy.pod.link import SOCKET_ENV, WorkerLink
 from proxy.pod.state import POD, Role
 from proxy.process import listeners as guard
 from proxy.process.admin import admin_app
+from proxy.process.descriptors import connection_caps
 from proxy.process.watch import FileWatch, watched_files
 from proxy.registry import filter_factories
 from proxy.shm.regions import SharedMemory
@@ -101,6 +102,7 @@ class Server:
         self._background: set[asyncio.Task[None]] = set()
         self._listeners = config.listeners  # what the listeners really run with
         self._tls: dict[str, ListenerTls] = {}
+        self._caps = connection_caps(config.listeners)
         self._refused = self.telemetry.metric(
             Counter, "mmguard_listener_refusals_total",
             "Requests (and connections) a listener refused at one of its limits.",
@@ -127,6 +129,8 @@ class Server:
         if not POD.is_worker:  # a pod's supervisor says it for every worker
             log_membership(runtime.share_hash)
         lc = self._listeners = self.config.listeners
+        log.info("connection caps: http %d, grpc %d, admin %d (open-files limit %d)",
+                 self._caps.http, self._caps.grpc, self._caps.admin, self._caps.nofile)
         self._tls = {name: ListenerTls(cfg.tls) for name, cfg in _by_name(lc)
                      if cfg.tls is not None}
         if POD.role is Role.SUPERVISOR:
@@ -142,7 +146,7 @@ class Server:
             self.admin_port = await self._serve_http(
                 self._admin_app(lc.admin), "admin", lc.admin,
                 _pick(self._ports.admin, lc.admin.port))
-        self._grpc = grpc.aio.server(options=_grpc_options(lc.grpc),
+        self._grpc = grpc.aio.server(options=_grpc_options(lc.grpc, self._caps.grpc),
                                      maximum_concurrent_rpcs=lc.grpc.max_concurrent_requests)
         front = GrpcFront(self.plane, self.shm, lc.grpc.max_request_bytes)
         self._grpc.add_generic_rpc_handlers((front.handler(),))
@@ -188,7 +192,7 @@ class Server:
 
     async def _serve_http(self, app: web.Application, name: str,
                           cfg: HttpListener | AdminListener, port: int) -> int:
-        cap = guard.ConnectionCap(cfg.max_connections, name, self._refused)
+        cap = guard.ConnectionCap(self._caps.of(name), name, self._refused)
         app.middlewares[:0] = [cap.middleware(),
                                guard.body_deadline(cfg.body_timeout_s, cfg.min_body_bytes_per_s,
                                                    name, self._refused)]
@@ -375,7 +379,7 @@ def _changes(old: Any, fresh: Any, tls_why: str | None) -> str:
     return ", ".join(named) or "the admin token"  # equal fields, other secret: the token's
 
 
-def _grpc_options(cfg: GrpcListener) -> list[tuple[str, Any]]:
+def _grpc_options(cfg: GrpcListener, max_connections: int) -> list[tuple[str, Any]]:
     options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", cfg.max_request_bytes),
         ("grpc.max_send_message_length", 1 << 30),
@@ -386,7 +390,7 @@ def _grpc_options(cfg: GrpcListener) -> list[tuple[str, Any]]:
         ("grpc.max_concurrent_streams", cfg.max_concurrent_streams),
         # Against slow or idle clients holding descriptors (gRPC refuses past the cap before
         # the handshake; a handshake that does not finish in time is dropped).
-        ("grpc.max_allowed_incoming_connections", cfg.max_connections),
+        ("grpc.max_allowed_incoming_connections", max_connections),
         ("grpc.server_handshake_timeout_ms", int(cfg.handshake_timeout_s * 1000)),
         ("grpc.max_connection_idle_ms", int(cfg.max_connection_idle_s * 1000)),
     ]

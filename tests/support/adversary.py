@@ -110,11 +110,11 @@ def write_config(path: Path, config: dict[str, Any]) -> Path:
 
 @contextmanager
 def serve(tmp_path: Path, config: dict[str, Any], ready_timeout: float = 90,
-          args: tuple[str, ...] = ()) -> Iterator[MmguardProcess]:
+          args: tuple[str, ...] = (), nofile: int | None = None) -> Iterator[MmguardProcess]:
     """``mmguard serve --config`` as a real process on free ports, ready before it is yielded.
     The process is stopped (SIGTERM, then SIGKILL) afterwards; its log stays in ``tmp_path``."""
     cfg = write_config(tmp_path / "mmguard.yaml", config)
-    proc = MmguardProcess(["--config", str(cfg), *args], tmp_path / "mmguard.log")
+    proc = MmguardProcess(["--config", str(cfg), *args], tmp_path / "mmguard.log", nofile=nofile)
     try:
         proc.wait_ready(ready_timeout)
         yield proc

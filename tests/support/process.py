@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -14,13 +15,20 @@ from pathlib import Path
 
 
 class MmguardProcess:
-    def __init__(self, args: list[str], log_path: Path) -> None:
+    def __init__(self, args: list[str], log_path: Path, nofile: int | None = None) -> None:
+        """``nofile``: the process's open-files limit, soft and hard (as a container sets it)."""
         self.log_path = log_path
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+        def limit() -> None:
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "proxy.cli", "serve", "--http-port", "0", "--grpc-port", "0",
-             "--admin-port", "0", *args], stdout=self._log, stderr=subprocess.STDOUT, env=env)
+             "--admin-port", "0", *args], stdout=self._log, stderr=subprocess.STDOUT, env=env,
+            preexec_fn=limit if nofile is not None else None)
         self.ports = self._wait_for_ports()
 
     def _wait_for_ports(self, timeout: float = 60) -> dict[str, int]:
