@@ -200,6 +200,7 @@ class SharedMemoryConfig(Strict):
 
 class Config(Strict):
     _chains: dict[str, tuple[FilterSpec, ...]] = PrivateAttr(default_factory=dict)
+    _source: bytes | None = PrivateAttr(None)
     listeners: Listeners = Listeners()
     backends: tuple[BackendConfig, ...]
     models: tuple[ModelRoute, ...]
@@ -269,6 +270,11 @@ class Config(Strict):
 
     def route_filters(self, route: ModelRoute) -> tuple[dict[str, Any], ...]:
         return route.filters if route.filters is not None else self.defaults.filters
+
+    @property
+    def source(self) -> bytes | None:
+        """The file's bytes as read when this config was loaded (None when not from a file)."""
+        return self._source
 
     def chain(self, route: ModelRoute) -> tuple[FilterSpec, ...]:
         """The route's filters with their typed configs, validated once (``parse_config``
@@ -375,6 +381,7 @@ def load_config(path: str | Path, *, check_files: bool = False) -> Config:
         except ValueError as exc:  # int() past Python's digit limit, from the YAML constructor
             raise ConfigError([unreadable_value(exc)], str(path)) from None
         cfg = parse_config(doc, str(path))
+    cfg._source = data  # the bytes this config came from: a pod's workers start from them
     if check_files and (problems := file_problems(cfg)):
         raise ConfigError(problems, str(path))
     return cfg

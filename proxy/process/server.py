@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,6 +141,8 @@ class Server:
             self._watch_config()
             return
         await runtime.start()
+        if POD.is_worker:  # the pod's other workers serve meanwhile: take no call too early
+            await self._wait_backends_ready()
         self.http_port = await self._serve_http(
             self._http_app(lc.http), "http", lc.http, _pick(self._ports.http, lc.http.port))
         if not POD.is_worker:
@@ -167,6 +170,22 @@ class Server:
                                                     "grpc_port": self.grpc_port,
                                                     "admin_port": self.admin_port,
                                                     "tls": sorted(self._tls)}})
+
+    worker_ready_s = 120.0
+    """How long a pod's worker waits for its backends before it listens anyway."""
+
+    async def _wait_backends_ready(self) -> None:
+        """A pod's worker listens once its routes are servable (its backends started and their
+        contracts learned), so a restarted worker answers no call with 503 "still starting"
+        that another worker would have served; after ``worker_ready_s`` it listens anyway
+        (the routes still starting answer UNAVAILABLE, as a single process does)."""
+        deadline = time.monotonic() + self.worker_ready_s
+        while not await self.plane.ready():
+            if time.monotonic() >= deadline:
+                log.warning("worker: backends not ready after %g s; listening anyway",
+                            self.worker_ready_s)
+                return
+            await asyncio.sleep(0.1)
 
     def _watch_config(self) -> None:
         if self.config_path is not None and self.config.watch_config_s > 0:

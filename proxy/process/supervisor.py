@@ -16,7 +16,9 @@ The supervisor is the process that was started. It
   copy first and, once that is applied, every worker; **SIGTERM**: fault experiments end first,
   then every worker drains, then the admin listener closes;
 - restarts a worker that dies (with a growing pause when it keeps dying), which gets the whole
-  control state when it connects: nothing is lost.
+  control state when it connects: nothing is lost. Every worker, first or restarted, starts
+  from the config the supervisor serves (the bytes it applied, kept in its private run
+  directory), never from the file as it is now; it listens once its backends are ready.
 
 Workers are ``python -m proxy.cli serve`` with ``MMGUARD_POD_SOCKET`` set: they die with the
 supervisor (``PR_SET_PDEATHSIG``) and stop by themselves when its socket closes.
@@ -134,6 +136,7 @@ class Supervisor:
         self.rundir = Path(tempfile.mkdtemp(prefix="mmguard-pod-"))
         os.chmod(self.rundir, 0o700)
         self.socket_path = self.rundir / "control.sock"
+        self.applied_path = self.rundir / "applied-config.yaml"
         self.telemetry = telemetry
         self.server = Server(config, config_path, ports, telemetry=telemetry)
         self.server.pod_reload = self._reload_workers
@@ -173,6 +176,7 @@ class Supervisor:
             self._held.append(_held_socket(host, port))
         self.http_port = self._held[0].getsockname()[1]
         self.grpc_port = self._held[1].getsockname()[1]
+        self._write_applied()
         control = await asyncio.start_unix_server(self._serve_worker, path=str(self.socket_path))
         self._control = control
         await self.server.start()  # the control runtime and the admin listener
@@ -197,11 +201,25 @@ class Supervisor:
     def metrics_dir(self) -> Path:
         return Path(os.environ[METRICS_ENV])
 
+    def _write_applied(self) -> None:
+        """The config the supervisor serves, as the bytes it was loaded from, where workers
+        read theirs (written whole, then renamed: a worker never reads half of it)."""
+        source = self.server.config.source
+        if source is None:
+            return
+        tmp = self.applied_path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(source)
+        os.replace(tmp, self.applied_path)
+
     async def _spawn(self, w: Worker) -> None:
         argv = [sys.executable, "-m", "proxy.cli", "serve", "--http-port", str(self.http_port),
                 "--grpc-port", str(self.grpc_port)]
         if self.server.config_path is not None:
-            argv += ["--config", str(self.server.config_path)]
+            # The supervisor's current config, never the file's: an edited file that was not
+            # reloaded (watch_config_s: 0) must not reach a restarted worker only.
+            argv += ["--config", str(self.applied_path)]
         w.process = await asyncio.create_subprocess_exec(*argv, env=self._worker_env(w))
         w.pid = w.process.pid
         w.started_at = time.monotonic()
@@ -309,7 +327,9 @@ class Supervisor:
                  "exit_codes": w.history[-5:]} for w in self.workers]
 
     async def _reload_workers(self) -> str:
-        """After the supervisor's own reload applied: every connected worker reloads."""
+        """After the supervisor's own reload applied: every connected worker reloads, from the
+        bytes the supervisor applied (so is every worker started from now on)."""
+        self._write_applied()
         loop = asyncio.get_running_loop()
         waiting = []
         for w in self.workers:
