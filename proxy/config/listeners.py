@@ -24,8 +24,9 @@ class HttpListener(Strict):
     """Bodies above this are refused with 413 before they are read; a compressed body is
     refused as soon as it inflates past it (it is never held whole)."""
     max_json_bytes: int = Field(16 * MiB, gt=0)
-    """Pure-JSON request bodies (no binary tensor part), and the JSON header of binary ones,
-    above this get 413. A quarter of ``max_request_bytes`` on purpose: a JSON tensor costs
+    """Pure-JSON request bodies (no binary tensor part), the JSON header of binary ones, and
+    OpenAI request bodies (and what they become with fetched images inlined), above this get
+    413. A quarter of ``max_request_bytes`` on purpose: a JSON tensor costs
     about ten times its size in memory to parse (57 MiB of JSON held +700 MB), and parsing it
     (and writing a JSON answer) holds the interpreter lock, worker thread or not, so one big
     JSON body stalls every other request on the listener (about 0.15 s per MiB on two busy

@@ -76,7 +76,7 @@ class HttpFront:
         self.shm = shm or SharedMemory()
         self.max_request_bytes = max_request_bytes
         self.max_json_bytes = min(max_json_bytes or max_request_bytes, max_request_bytes)
-        self.openai = OpenAIFront(plane, max_request_bytes)
+        self.openai = OpenAIFront(plane, self.max_json_bytes)  # its bodies are JSON
         self.shm_budget = Budget(max_request_bytes, "listeners.http.max_request_bytes")
 
     def app(self) -> web.Application:

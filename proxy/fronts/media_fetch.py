@@ -20,7 +20,7 @@ DNS rebinding — is fetched). Here every hop is checked:
 - a budget for the amplifier (four 756-byte chats naming eight 7.9 MiB images each once cost
   +1080 MiB and sent 84 MiB bodies to a backend whose clients are held to 16 MiB):
   ``fetch.max_request_bytes`` per request, and never more than keeps the body sent on within the
-  listener's ``max_request_bytes``; ``fetch.max_pod_bytes`` held by the whole pod until the
+  listener's own limit on OpenAI bodies (``max_json_bytes``); ``fetch.max_pod_bytes`` held by the whole pod until the
   requests are answered (429 and ``Retry-After`` past it); ``fetch.max_concurrent`` fetches in
   flight in the pod (more wait for a place within ``fetch.timeout_s``). Each byte is counted as
   it arrives, so a refusal costs at most one read chunk beyond the limit.
@@ -178,7 +178,8 @@ class ImageFetcher:
         room = max(0, listener_limit - size - _DATA_PREFIX * images) * 3 // 4
         if room < self.cfg.max_request_bytes:
             return FetchBudget(self.cfg, room, "the body sent on would pass the listener's "
-                                               f"max_request_bytes, {listener_limit}")
+                                               f"limit, {listener_limit} bytes: "
+                                               "listeners.http.max_json_bytes")
         return FetchBudget(self.cfg, self.cfg.max_request_bytes, "openai.fetch.max_request_bytes")
 
     async def inline(self, call: Call, body: bytes, listener_limit: int,

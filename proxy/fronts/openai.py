@@ -72,8 +72,10 @@ class MediaRules:
 
 class OpenAIFront:
     def __init__(self, plane: DataPlane, max_request_bytes: int) -> None:
-        """The ``openai`` config (allow-list, remote images) is read from the live runtime on
-        every request, so a reload applies it."""
+        """``max_request_bytes``: the listener's JSON limit (``max_json_bytes``), for bodies
+        read and for bodies sent on with fetched images inlined. The ``openai`` config
+        (allow-list, remote images) is read from the live runtime on every request, so a
+        reload applies it."""
         self.plane = plane
         self.max_request_bytes = max_request_bytes
         self._rules: MediaRules | None = None
@@ -117,8 +119,12 @@ class OpenAIFront:
         if request.content_length is not None and request.content_length > self.max_request_bytes:
             raise ProxyError(ErrorKind.TOO_LARGE,
                              f"request body is {request.content_length} bytes; this listener "
-                             f"accepts at most {self.max_request_bytes}")
-        return await read_body(request, self.max_request_bytes)  # inflated once, bounded
+                             f"accepts at most {self.max_request_bytes} "
+                             "(listeners.http.max_json_bytes)")
+        # inflated once, bounded; an OpenAI body is JSON, held to the JSON limit: parsing it
+        # holds the interpreter lock, worker thread or not (a 19 MiB body of small messages:
+        # 1.4 s), so the 64 MiB body limit would let one request stall every client
+        return await read_body(request, self.max_request_bytes, "listeners.http.max_json_bytes")
 
     async def _decode(self, request: web.Request, endpoint: str,
                       held: list[FetchBudget]) -> Call:

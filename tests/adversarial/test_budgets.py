@@ -105,6 +105,14 @@ def test_a_57_mib_body_to_an_endpoint_that_is_off_is_refused_unread(
     assert rss.peak - before < 64, (before, rss.peak)
 
 
+def test_an_openai_body_is_held_to_the_json_limit(served: MmguardProcess) -> None:
+    """A sibling: OpenAI bodies were held to the 64 MiB body limit, and JSON that size holds
+    the interpreter lock for seconds however it is parsed; now the 16 MiB JSON limit."""
+    status, body = declared_post(served.ports["http"], "/v1/chat/completions", BIG_JSON, MiB)
+    assert status == 413, body[:300]
+    assert "listeners.http.max_json_bytes" in json.loads(body)["error"]["message"]
+
+
 def test_the_admin_api_reads_no_body_past_its_limit(served: MmguardProcess) -> None:
     port = served.ports["admin"]
     status, body = declared_post(port, "/admin/experiments", BIG_JSON, MiB)

@@ -167,7 +167,8 @@ def test_four_small_chats_naming_eight_big_images_each_stay_within_the_budget(
         assert status in (413, 429), (status, doc)
         message = doc["error"]["message"]
         assert doc["error"]["param"].startswith("messages[0].content["), doc
-        assert ("max_request_bytes" in message or "max_pod_bytes" in message), message
+        assert ("max_json_bytes" in message or "max_request_bytes" in message
+            or "max_pod_bytes" in message), message
     assert len(backend.sizes) == sent_before  # none of the four reached the backend
     assert max(backend.sizes) <= LISTENER_LIMIT, backend.sizes
     probes.assert_served()
