@@ -19,11 +19,12 @@ DNS rebinding — is fetched). Here every hop is checked:
   ``fetch.content_types``. No client header, cookie or proxy setting travels with the fetch.
 - a budget for the amplifier (four 756-byte chats naming eight 7.9 MiB images each once cost
   +1080 MiB and sent 84 MiB bodies to a backend whose clients are held to 16 MiB):
-  ``fetch.max_request_bytes`` per request, and never more than keeps the body sent on within the
-  listener's own limit on OpenAI bodies (``max_json_bytes``); ``fetch.max_pod_bytes`` held by the whole pod until the
-  requests are answered (429 and ``Retry-After`` past it); ``fetch.max_concurrent`` fetches in
-  flight in the pod (more wait for a place within ``fetch.timeout_s``). Each byte is counted as
-  it arrives, so a refusal costs at most one read chunk beyond the limit.
+  ``fetch.max_request_bytes`` per request, and never more than keeps the body sent on within
+  the listener's own limit on OpenAI bodies (``max_json_bytes``); ``fetch.max_pod_bytes`` held
+  by the whole pod until the requests are answered (429 and ``Retry-After`` past it);
+  ``fetch.max_concurrent`` fetches in flight in the pod (more wait for a place within
+  ``fetch.timeout_s``). Each byte is counted as it arrives, so a refusal costs at most one
+  read chunk beyond the limit.
 """
 
 from __future__ import annotations
