@@ -638,3 +638,47 @@ def test_a_rotated_client_ca_ends_resumption_of_sessions_made_under_the_old_one(
         assert _resumed_get(port, other, fresh)[:2] == (True, "HTTP/1.1 200 OK")
     finally:
         assert p.stop() == 0
+
+
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def _resumed_h2(port: int, ctx: ssl.SSLContext,
+                session: ssl.SSLSession | None) -> tuple[bool, int, ssl.SSLSession | None]:
+    """A TLS connection to the gRPC port offering ``session``, the HTTP/2 preface sent: (resumed?,
+    bytes of the server's answer (its SETTINGS; 0: it closed), the session)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+                ctx.wrap_socket(raw, server_hostname="127.0.0.1", session=session) as conn:
+            conn.sendall(_H2_PREFACE)
+            return bool(conn.session_reused), len(conn.recv(100)), conn.session
+    except (ssl.SSLError, OSError):
+        return False, 0, None
+
+
+@pytest.mark.parametrize("version", ["1.2", "1.3"])
+def test_a_rotated_client_ca_ends_resumption_on_the_grpc_listener_too(
+        pki: Pki, ort_models: Path, tmp_path: Path, version: str) -> None:
+    """The gRPC listener's dynamic credentials build a new SSL context on rotation (gRPC core):
+    the old sessions are not resumed there either."""
+    files = tmp_path / "tls"
+    path = tmp_path / "mmguard.yaml"
+    path.write_text(yaml.safe_dump({**tls_config(ort_models, pki, files=files),
+                                    "watch_config_s": 0}))
+    ctx = client_ssl(pki, alpn=["h2"])
+    ctx.maximum_version = ctx.minimum_version = (ssl.TLSVersion.TLSv1_2 if version == "1.2"
+                                                 else ssl.TLSVersion.TLSv1_3)
+    p = MmguardProcess(["--config", str(path)], tmp_path / "serve.log")
+    try:
+        port = p.ports["grpc"]
+        reused, answered, session = _resumed_h2(port, ctx, None)
+        assert not reused and answered > 0 and session is not None
+        reused, answered, again = _resumed_h2(port, ctx, session)
+        assert reused and answered > 0, "the client did not resume"
+        shutil.copy(pki.cert("other-ca"), files / "clients-ca.pem")
+        p.signal(signal.SIGHUP)
+        p.wait_log("TLS certificates reloaded")
+        reused, answered, _ = _resumed_h2(port, ctx, again or session)
+        assert not reused and answered == 0, (reused, answered)
+    finally:
+        assert p.stop() == 0
