@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import secrets
 import socket
 import subprocess
@@ -29,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tritonclient.grpc as grpcclient
 import yaml
+from tritonclient.utils import InferenceServerException
 
 from tests.adversarial.test_images import PeakRss
 from tests.conftest import ort_config
@@ -171,6 +174,38 @@ def test_a_big_region_named_four_times_is_never_read(
         got, _, answer = http_call(port, "POST", f"/v2/models/{model}/infer", body)
         time.sleep(0.3)
     assert got == status and words in json.loads(answer)["error"], answer
+    probes.assert_served(minimum=1)
+    assert rss.peak - before < 64, (before, rss.peak)
+
+
+@pytest.mark.parametrize(("model", "code", "words"), [
+    ("no_such_model", "StatusCode.NOT_FOUND", "no_such_model"),
+    ("identity_fp32", "StatusCode.RESOURCE_EXHAUSTED", "listeners.grpc.max_request_bytes"),
+])
+def test_the_same_over_grpc_unary_and_stream(shm_limited: MmguardProcess, big_region: str,
+                                             model: str, code: str, words: str) -> None:
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{shm_limited.ports['grpc']}")
+    inputs = []
+    for i in range(4):
+        x = grpcclient.InferInput(f"INPUT{i}", [64 * MiB], "FP32")
+        x.set_shared_memory(big_region, 256 * MiB)
+        inputs.append(x)
+    before = rss_mib(shm_limited.proc.pid)
+    errors: queue.Queue[Any] = queue.Queue()
+    try:
+        with Prober(shm_limited.ports["http"]) as probes, \
+                PeakRss(shm_limited.proc.pid) as rss:
+            with pytest.raises(InferenceServerException) as unary:
+                client.infer(model, inputs, client_timeout=30)
+            client.start_stream(callback=lambda result, error: errors.put(error or result))
+            client.async_stream_infer(model, inputs)
+            streamed = errors.get(timeout=30)
+            client.stop_stream()
+            time.sleep(0.3)
+    finally:
+        client.close()
+    assert unary.value.status() == code and words in unary.value.message(), unary.value
+    assert isinstance(streamed, InferenceServerException) and words in streamed.message()
     probes.assert_served(minimum=1)
     assert rss.peak - before < 64, (before, rss.peak)
 
