@@ -21,6 +21,7 @@ from proxy.tensor import (
     MAX_TENSORS,
     Payload,
     Tensor,
+    itemsize,
 )
 from proxy.wire import pbwire, typed_contents
 from proxy.wire.answers import answer_error, output_problem
@@ -58,23 +59,44 @@ def decode_request(body: bytes, shared_memory: bool = False) -> Call:
             continue
         t = Tensor(inp.name, inp.datatype, shape, parameters=params)
         if raws:
+            if i in contents:
+                raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                                 f"contents field must not be specified when using "
+                                 f"raw_input_contents for '{inp.name}' for model "
+                                 f"'{req.model_name}'")
             t.raw = raws[next_raw]
             next_raw += 1
+            _check_raw_size(t, req.model_name, req.id)
             t.check_payload()
         elif i in contents:
             t.check_shape()  # the element count the contents are held to must be a real one
             # Counted against the shape while converted: the raw form fits it by construction.
-            t.raw = typed_contents.contents_to_raw(t.name, t.datatype, t.shape, contents[i])
+            t.raw = typed_contents.contents_to_raw(t.name, t.datatype, t.shape, contents[i],
+                                                   req.model_name, req.id)
         else:
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                             f"input '{inp.name}' has no data (neither raw_input_contents nor "
-                             "contents)")
+                             f"unable to find data for input tensor '{inp.name}' for model "
+                             f"'{req.model_name}' in request. (It has neither "
+                             "raw_input_contents nor contents.)")
         inputs.append(t)
     return Call(
         model=req.model_name, version=req.model_version, id=req.id, inputs=inputs,
         outputs=[RequestedOutput(o.name, params_from_pb(o.parameters)) for o in req.outputs],
         parameters=params_from_pb(req.parameters), front="grpc", wire=Wire("grpc", body),
     )
+
+
+def _check_raw_size(t: Tensor, model: str, request_id: str) -> None:
+    """A fixed-size datatype's raw bytes against its shape, refused in Triton's words."""
+    t.check_shape()
+    size = itemsize(t.datatype)
+    assert t.raw is not None
+    if size is not None and len(t.raw) != t.elements * size:
+        raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                         f"[request id: {request_id or '<id_unknown>'}] input byte size mismatch "
+                         f"for input '{t.name}' for model '{model}'. Expected "
+                         f"{t.elements * size}, got {len(t.raw)} ({t.datatype} shape "
+                         f"{list(t.shape)})")
 
 
 # ModelInferRequest fields, and those of its InferInputTensor / InferRequestedOutputTensor.
