@@ -160,8 +160,9 @@ def test_json_int64_data_far_past_the_shape(served: MmguardProcess) -> None:
                                    "data": [0] * 1_000_000}]}).encode()
     out = attack(served, http_infer("identity_int64", body))
     assert out.answer.code == 400
-    assert out.answer.message == ("input 'INPUT0': INT64 shape [1] needs 8 bytes, got more than "
-                                  "8208 (more than 1026 elements in 'data')")
+    assert out.answer.message == ("Unable to parse 'data': Shape does not match true shape of "
+                                  "'data' field (input 'INPUT0': INT64 shape [1] needs 8 bytes, "
+                                  "got more than 8208: more than 1026 elements in 'data')")
 
 
 def test_a_hundred_thousand_inputs_over_grpc(served: MmguardProcess) -> None:
