@@ -50,7 +50,12 @@ def error_response(reply: LocalReply, decisions: dict[str, str] | None = None) -
     if reply.retry_after_s is not None:
         headers["Retry-After"] = retry_after(reply.retry_after_s)
     return web.json_response({"error": reply.message}, status=STATUS[reply.kind].http,
-                             headers=headers)
+                             headers=headers, dumps=_compact)
+
+
+def _compact(doc: Any) -> str:
+    """JSON as Triton writes its error bodies: no spaces (``{"error":"..."}``)."""
+    return json.dumps(doc, separators=(",", ":"))
 
 
 @web.middleware
