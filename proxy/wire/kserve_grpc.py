@@ -21,10 +21,10 @@ from proxy.tensor import (
     MAX_TENSORS,
     Payload,
     Tensor,
-    itemsize,
 )
 from proxy.wire import pbwire, typed_contents
 from proxy.wire.answers import answer_error, output_problem
+from proxy.wire.kserve_raw import check_byte_size
 
 _RAW_INPUTS = 7  # ModelInferRequest.raw_input_contents
 _RAW_OUTPUTS = 6  # ModelInferResponse.raw_output_contents
@@ -66,7 +66,7 @@ def decode_request(body: bytes, shared_memory: bool = False) -> Call:
                                  f"'{req.model_name}'")
             t.raw = raws[next_raw]
             next_raw += 1
-            _check_raw_size(t, req.model_name, req.id)
+            check_byte_size(t, req.model_name, req.id)
             t.check_payload()
         elif i in contents:
             t.check_shape()  # the element count the contents are held to must be a real one
@@ -84,19 +84,6 @@ def decode_request(body: bytes, shared_memory: bool = False) -> Call:
         outputs=[RequestedOutput(o.name, params_from_pb(o.parameters)) for o in req.outputs],
         parameters=params_from_pb(req.parameters), front="grpc", wire=Wire("grpc", body),
     )
-
-
-def _check_raw_size(t: Tensor, model: str, request_id: str) -> None:
-    """A fixed-size datatype's raw bytes against its shape, refused in Triton's words."""
-    t.check_shape()
-    size = itemsize(t.datatype)
-    assert t.raw is not None
-    if size is not None and len(t.raw) != t.elements * size:
-        raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                         f"[request id: {request_id or '<id_unknown>'}] input byte size mismatch "
-                         f"for input '{t.name}' for model '{model}'. Expected "
-                         f"{t.elements * size}, got {len(t.raw)} ({t.datatype} shape "
-                         f"{list(t.shape)})")
 
 
 # ModelInferRequest fields, and those of its InferInputTensor / InferRequestedOutputTensor.

@@ -25,7 +25,7 @@ from proxy.tensor import (
     itemsize,
 )
 from proxy.wire.answers import answer_error, output_problem
-from proxy.wire.kserve_raw import header_length_value
+from proxy.wire.kserve_raw import check_byte_size, header_length_value
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_TYPE = "application/json"
@@ -68,6 +68,7 @@ def decode_request(body: bytes, header_length: str | None, model: str, version: 
     ``proxy.shm.regions`` fills (otherwise it is refused)."""
     doc, hlen = split_body(body, header_length)
     raw_inputs = doc.get("inputs")
+    request_id = str(doc.get("id", ""))
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise bad("Unable to parse 'inputs': the request needs a non-empty 'inputs' list")
     _check_count("'inputs'", len(raw_inputs), MAX_TENSORS, "inputs")
@@ -76,7 +77,7 @@ def decode_request(body: bytes, header_length: str | None, model: str, version: 
     inputs = []
     for i, item in enumerate(raw_inputs):
         t, offset = _decode_input(i, item, view, offset, hlen is not None, model,
-                                  shared_memory)
+                                  request_id, shared_memory)
         inputs.append(t)
     if hlen is not None and offset != len(body):
         raise bad(f"the binary part has {len(body) - hlen} bytes but the inputs declare "
@@ -100,7 +101,6 @@ def decode_request(body: bytes, header_length: str | None, model: str, version: 
     if not isinstance(params, dict):
         raise bad("'parameters' must be an object")
     _check_params("the request", params)
-    request_id = str(doc.get("id", ""))
     _check_text(request_id, "'id'")
     return Call(model=model, version=version, id=request_id, inputs=inputs,
                 outputs=outputs, parameters=params, front="http",
@@ -108,7 +108,8 @@ def decode_request(body: bytes, header_length: str | None, model: str, version: 
 
 
 def _decode_input(i: int, item: Any, view: memoryview, offset: int, has_binary: bool,
-                  model: str, shared_memory: bool = False) -> tuple[Tensor, int]:
+                  model: str, request_id: str,
+                  shared_memory: bool = False) -> tuple[Tensor, int]:
     if not isinstance(item, dict):
         raise bad(f"inputs[{i}] must be an object")
     name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
@@ -148,6 +149,7 @@ def _decode_input(i: int, item: Any, view: memoryview, offset: int, has_binary: 
                       f"bytes for model '{model}' ({where})")
         t = Tensor(name, datatype, tuple(shape), raw=view[offset:offset + size],
                    parameters=params)
+        check_byte_size(t, model, request_id)
         offset += size
     else:  # 'data', the one field _check_content_fields leaves
         if not isinstance(item["data"], list):

@@ -86,3 +86,14 @@ def decode_raw_request(body: bytes, model: str, version: str, contract: ModelCon
 
 _NO_ID = "[request id: <id_unknown>] "
 """How Triton begins a request's error when the request has no id (a raw one never has)."""
+
+
+def check_byte_size(t: Tensor, model: str, request_id: str = "") -> None:
+    """A fixed-size datatype's bytes against its shape, refused as Triton's core refuses them
+    (raw_input_contents, binary_data_size, and the raw form alike)."""
+    t.check_shape()
+    size = itemsize(t.datatype)
+    if t.raw is not None and size is not None and len(t.raw) != t.elements * size:
+        raise bad(f"[request id: {request_id or '<id_unknown>'}] input byte size mismatch for "
+                  f"input '{t.name}' for model '{model}'. Expected {t.elements * size}, got "
+                  f"{len(t.raw)} ({t.datatype} shape {list(t.shape)})")

@@ -89,6 +89,13 @@ HTTP_CASES: dict[str, Http] = {
         "POST", "/v2/models/small_fp32/infer", 400,
         "unexpected size for input 'x', expecting 64 additional bytes for model 'small_fp32'",
         _doc(parameters={"binary_data_size": 64})),
+    "binary-short": Http(
+        "POST", "/v2/models/small_fp32/infer", 400,
+        "[request id: r7] input byte size mismatch for input 'x' for model 'small_fp32'. "
+        "Expected 64, got 60",
+        json.dumps({"id": "r7", "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16],
+                                            "parameters": {"binary_data_size": 60}}]}).encode()
+        + bytes(60), (("Inference-Header-Content-Length", "117"),)),
     "unknown-datatype": Http("POST", "/v2/models/small_fp32/infer", 400,
                              "invalid datatype for input x",
                              json.dumps({"inputs": [{"name": "x", "datatype": "FP99",

@@ -68,11 +68,13 @@ def test_raw_size_mismatch_names_input_expected_and_got(proxy: RunningMmguard) -
     short = ("INPUT0", "FP32", [4], b"\0" * 12)
     err = _grpc_error(proxy, grpc_request("identity_fp32", [short]))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert err.details() == "input 'INPUT0': FP32 shape [4] needs 16 bytes, got 12"
+    said = ("[request id: <id_unknown>] input byte size mismatch for input 'INPUT0' for model "
+            "'identity_fp32'. Expected 16, got 12 (FP32 shape [4])")  # Triton's words first
+    assert err.details() == said
     status, headers, body = http_post(proxy.http_url, "/v2/models/identity_fp32/infer",
                                       *_binary_args([short]))
     assert status == 400
-    assert json.loads(body) == {"error": "input 'INPUT0': FP32 shape [4] needs 16 bytes, got 12"}
+    assert json.loads(body) == {"error": said}
     assert headers["mmguard-error-origin"] == "mmguard"  # found before the backend
     still_serving(proxy)
 
