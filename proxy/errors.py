@@ -9,6 +9,7 @@ server has exactly that bug).
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -146,6 +147,40 @@ class ProxyError(Exception):
         self.status = status
         self.body = body
         self.param = param
+
+
+def unknown_model(model: str, version: str = "") -> ProxyError:
+    """Triton's own refusal of a model (or a version of it) that is not served, word for word:
+    clients and Triton's tests match on it. Like Triton's, it lists no models."""
+    which = f"'{model}'" + (f" version {version}" if version else "")
+    return ProxyError(ErrorKind.NOT_FOUND, f"Request for unknown model: {which} is not found")
+
+
+def unknown_model_statistics(model: str) -> ProxyError:
+    """Triton's answer to statistics of a model it does not serve (400, not 404)."""
+    return ProxyError(ErrorKind.INVALID_ARGUMENT, f"requested model '{model}' is not available")
+
+
+def model_version(version: str) -> str:
+    """A client's model version checked as Triton checks it (``std::stol``, then >= 0): ""
+    (the latest) or a whole number, given back as its canonical digits; refused with Triton's
+    texts otherwise, whichever protocol the backend speaks."""
+    if not version:
+        return ""
+    match = _VERSION.match(version)
+    if match is None or not -2**63 <= int(match.group(1)) < 2**63:
+        raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                         f"failed to get model version from specified version string "
+                         f"'{version}' (details: stol), version should be an integral value > 0")
+    number = int(match.group(1))
+    if number < 0:
+        raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                         f"invalid model version specified '{version}' , version should be an "
+                         "integral value > 0")
+    return str(number)
+
+
+_VERSION = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
 
 
 def retry_after(seconds: float) -> str:

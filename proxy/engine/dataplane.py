@@ -24,7 +24,14 @@ from proxy.backends.base import Backend
 from proxy.call import CANARY, Call, LocalReply, Reply, Result, StreamItem
 from proxy.contract import ModelContract
 from proxy.engine.runtime import Route, Runtime
-from proxy.errors import STATUS, ErrorKind, ProxyError
+from proxy.errors import (
+    STATUS,
+    ErrorKind,
+    ProxyError,
+    model_version,
+    unknown_model,
+    unknown_model_statistics,
+)
 from proxy.lifecycle import StateKey
 from proxy.telemetry import Telemetry, end_server_span, server_span, tracing_on
 
@@ -33,15 +40,25 @@ MMGUARD_EXTENSION = "mmguard"
 """Announces mmguard in a backend's server metadata (``v2.server_metadata: backend``)."""
 _REFUSED_EXTENSIONS = frozenset({"cuda_shared_memory", "trace", "logging"})
 """Backend extensions mmguard answers with a refusal: not announced on its behalf."""
+_REFUSALS = {
+    "trace": "trace settings are mmguard's own config (telemetry.otlp_endpoint), and a "
+             "backend's are the backend's operator's: mmguard neither serves nor forwards them",
+    "logging": "log settings are mmguard's own config (telemetry.log_level), and a backend's "
+               "are the backend's operator's: mmguard neither serves nor forwards them",
+}
+
+
+def refused_extension(extension: str) -> ProxyError:
+    """The one refusal of a v2 extension mmguard does not serve (``trace``, ``logging``), the
+    same text on both fronts; the server metadata does not announce these extensions."""
+    return ProxyError(ErrorKind.UNIMPLEMENTED,
+                      f"the '{extension}' extension is not served by mmguard: "
+                      f"{_REFUSALS[extension]}")
 _REPOSITORY_EXTENSIONS = frozenset({"model_repository", "model_repository(unload_dependents)"})
 _tracer = trace.get_tracer("mmguard")
 log = logging.getLogger("mmguard.dataplane")
 _CONTRACTS_CHECKED: StateKey[set[tuple[str, str]]] = StateKey("v2_contracts_checked")
 """(route, contract fingerprint) already checked for servability (said once per process)."""
-
-
-def unknown_model(model: str) -> ProxyError:
-    return ProxyError(ErrorKind.NOT_FOUND, f"model '{model}' is not served by mmguard")
 
 
 @dataclass
@@ -76,6 +93,7 @@ class DataPlane:
         return not self.draining and await self.runtime.ready()
 
     async def model_ready(self, model: str, version: str = "") -> bool:
+        version = model_version(version)
         if self._unservable(model) is not None:
             return False
         return not self.draining and await self.runtime.model_ready(model, version)
@@ -157,16 +175,23 @@ class DataPlane:
         for a call that has one)."""
         return model in self.runtime.routes
 
-    def contract(self, model: str) -> ModelContract:
-        """The served contract, under the name clients use (raises NOT_FOUND / UNAVAILABLE)."""
+    def contract(self, model: str, version: str = "") -> ModelContract:
+        """The served contract, under the name clients use (raises NOT_FOUND / UNAVAILABLE,
+        and INVALID_ARGUMENT for a version Triton would not read), for a version the backend
+        has when the client names one."""
+        version = model_version(version)
         if model not in self.runtime.routes:
             raise unknown_model(model)
-        return self.runtime.contract(model)
+        contract = self.runtime.contract(model)
+        if version and contract.versions and version not in contract.versions:
+            raise unknown_model(model, version)
+        return contract
 
-    def model_stats(self, model: str = "") -> dict[str, ModelStats]:
+    def model_stats(self, model: str = "", version: str = "") -> dict[str, ModelStats]:
+        model_version(version)
         if model:
             if model not in self.runtime.routes:
-                raise unknown_model(model)
+                raise unknown_model_statistics(model)
             return {model: self.stats.get(model, ModelStats())}
         return {name: self.stats.get(name, ModelStats()) for name in self.runtime.routes}
 
@@ -229,6 +254,10 @@ class DataPlane:
 
     async def _handle(self, call: Call, route: Route | None) -> Reply:
         """The call's route, found once by ``_infer``, runs it (None: no such model)."""
+        try:  # first, as Triton does: a version it cannot read is refused for every model
+            call.version = model_version(call.version)
+        except ProxyError as err:
+            return LocalReply.from_error(err)
         if route is None:
             return LocalReply.from_error(unknown_model(call.model))
         why = self._route_unservable(route)

@@ -25,7 +25,7 @@ from proxy.config.model import Config, ModelRoute
 from proxy.contract import ModelContract
 from proxy.engine.canary import CanaryMatcher, share_hash_for
 from proxy.engine.terminal import Terminal
-from proxy.errors import ErrorKind, ProxyError
+from proxy.errors import ErrorKind, ProxyError, unknown_model
 from proxy.keys import Store
 from proxy.lifecycle import Observer
 from proxy.registry import filter_factories
@@ -189,9 +189,10 @@ class Runtime:
                               f"'{route.spec.backend}'; call it through the {front} front",
                               param="model")
         if call.version and route.spec.version and call.version != route.spec.version:
+            refusal = unknown_model(call.model, call.version)
             return LocalReply(ErrorKind.NOT_FOUND,
-                              f"model '{call.model}' version '{call.version}' is not served "
-                              f"(serving version '{route.spec.version}')")
+                              f"{refusal.message} (mmguard serves version "
+                              f"'{route.spec.version}' of it)")
         target = route.target
         if call.version and not route.spec.version:
             target.version = call.version
@@ -284,7 +285,7 @@ class Runtime:
 
     def contract(self, model: str) -> ModelContract:
         if model not in self.routes:  # never the served names: clients may not list them
-            raise ProxyError(ErrorKind.NOT_FOUND, f"model '{model}' is not served by mmguard")
+            raise unknown_model(model)
         contract = self.contracts.get(model)
         if contract is None:
             raise ProxyError(ErrorKind.UNAVAILABLE,

@@ -22,8 +22,8 @@ from proxy import __version__
 from proxy.backends.base import RepositoryParameter
 from proxy.call import Call, LocalReply, Result, StreamItem
 from proxy.config.listeners import GrpcListener
-from proxy.engine.dataplane import DataPlane
-from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
+from proxy.engine.dataplane import DataPlane, refused_extension
+from proxy.errors import STATUS, ProxyError, retry_after
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.shm import fronts
 from proxy.shm.peer import Connection
@@ -36,10 +36,8 @@ STREAM_QUEUE = 8
 """Answers of one ModelStreamInfer stream that may wait for a client that does not read."""
 STREAM_IN_FLIGHT = 8
 """Requests of one ModelStreamInfer stream at the backend at once (decoupled ones stream on)."""
-_UNIMPLEMENTED = {
-    "TraceSetting": "trace settings are mmguard config (telemetry.otlp_endpoint), not an RPC",
-    "LogSettings": "log settings are mmguard config (telemetry.log_level), not an RPC",
-}
+_REFUSED = {"TraceSetting": "trace", "LogSettings": "logging"}
+"""RPCs of the v2 extensions mmguard refuses (the HTTP front refuses them with the same text)."""
 
 
 DECODE_INLINE_BYTES = 1024 * 1024
@@ -98,8 +96,8 @@ class GrpcFront:
         methods["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
             self.model_stream_infer)
         methods.update(fronts.grpc_methods(self.shm))
-        for name, why in _UNIMPLEMENTED.items():
-            methods[name] = grpc.unary_unary_rpc_method_handler(_unimplemented(name, why))
+        for name, extension in _REFUSED.items():
+            methods[name] = grpc.unary_unary_rpc_method_handler(_refused(extension))
         return grpc.method_handlers_generic_handler(SERVICE, methods)
 
     # --- health and metadata ----------------------------------------------------------------
@@ -148,7 +146,7 @@ class GrpcFront:
 
     async def model_metadata(self, req: pb.ModelMetadataRequest,
                              ctx: Any) -> pb.ModelMetadataResponse:
-        c = self.plane.contract(req.name)
+        c = self.plane.contract(req.name, req.version)
         resp = pb.ModelMetadataResponse(name=req.name, versions=list(c.versions),
                                         platform=c.platform)
         for spec, out in ((c.inputs, resp.inputs), (c.outputs, resp.outputs)):
@@ -160,14 +158,14 @@ class GrpcFront:
         # The whole config as Triton's ModelConfig bytes: fields proxy/pb does not declare stay
         # unknown fields and go out intact.
         resp = pb.ModelConfigResponse()
-        resp.config.MergeFromString(self.plane.contract(req.name).config_bytes())
+        resp.config.MergeFromString(self.plane.contract(req.name, req.version).config_bytes())
         resp.config.name = req.name
         return resp
 
     async def model_statistics(self, req: pb.ModelStatisticsRequest,
                                ctx: Any) -> pb.ModelStatisticsResponse:
         resp = pb.ModelStatisticsResponse()
-        for name, st in self.plane.model_stats(req.name).items():
+        for name, st in self.plane.model_stats(req.name, req.version).items():
             s = resp.model_stats.add(name=name, version=req.version,
                                      last_inference=st.last_inference_ms,
                                      inference_count=st.inference_count,
@@ -340,9 +338,9 @@ def _typed(fn: Callable[[Any, Any], Awaitable[Message]]) -> Callable[..., Awaita
     return handler
 
 
-def _unimplemented(name: str, why: str) -> Callable[[bytes, Any], Awaitable[bytes]]:
+def _refused(extension: str) -> Callable[[bytes, Any], Awaitable[bytes]]:
     async def handler(body: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        await abort(context, LocalReply(ErrorKind.UNIMPLEMENTED, f"{name}: {why}"), {})
+        await abort(context, LocalReply.from_error(refused_extension(extension)), {})
         return b""
 
     return handler

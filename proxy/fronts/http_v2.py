@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import json
 import logging
 import math
 import time
@@ -24,13 +25,13 @@ from aiohttp import web
 from proxy import __version__
 from proxy.backends.base import RepositoryParameter
 from proxy.call import Call, LocalReply, Result
-from proxy.engine.dataplane import DataPlane
+from proxy.engine.dataplane import DataPlane, refused_extension
 from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
 from proxy.fronts.body import read_body, read_json
 from proxy.fronts.openai import OpenAIFront, drop_connection
 from proxy.shm import fronts
 from proxy.shm.regions import Budget, SharedMemory, uses_shared_memory
-from proxy.wire import kserve_http
+from proxy.wire import kserve_http, kserve_raw
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TIMEOUT_HEADER = "mmguard-timeout-ms"
@@ -49,7 +50,12 @@ def error_response(reply: LocalReply, decisions: dict[str, str] | None = None) -
     if reply.retry_after_s is not None:
         headers["Retry-After"] = retry_after(reply.retry_after_s)
     return web.json_response({"error": reply.message}, status=STATUS[reply.kind].http,
-                             headers=headers)
+                             headers=headers, dumps=_compact)
+
+
+def _compact(doc: Any) -> str:
+    """JSON as Triton writes its error bodies: no spaces (``{"error":"..."}``)."""
+    return json.dumps(doc, separators=(",", ":"))
 
 
 @web.middleware
@@ -61,8 +67,9 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPRequestEntityTooLarge as exc:
         return error_response(LocalReply(ErrorKind.TOO_LARGE, f"request body too large: {exc}"))
     except web.HTTPNotFound:
-        return error_response(LocalReply(ErrorKind.NOT_FOUND,
-                                         f"no such endpoint: {request.method} {request.path}"))
+        return error_response(LocalReply(ErrorKind.NOT_FOUND,  # Triton's words first
+                                         f"Not Found: no such endpoint: {request.method} "
+                                         f"{request.path}"))
     except web.HTTPMethodNotAllowed:
         return web.json_response({"error": f"method {request.method} not allowed on "
                                            f"{request.path}"}, status=405)
@@ -90,13 +97,19 @@ class HttpFront:
         r.add_post("/v2/repository/index", self.repository_index)
         r.add_post("/v2/repository/models/{model}/load", self.repository_load)
         r.add_post("/v2/repository/models/{model}/unload", self.repository_unload)
-        for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        # Triton's router takes only digits as a version: anything else is its 404 Not Found.
+        for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version:[0-9]+}"):
             r.add_get(base, self.model_metadata)
             r.add_get(base + "/ready", self.model_ready)
             r.add_get(base + "/config", self.model_config)
             r.add_get(base + "/stats", self.stats)
             r.add_post(base + "/infer", self.infer)
         fronts.add_http_routes(r, self.shm)
+        for path, extension in (("/v2/trace/setting", "trace"),
+                                ("/v2/models/{model}/trace/setting", "trace"),
+                                ("/v2/models/{model}/versions/{version:[0-9]+}/trace/setting",
+                                 "trace"), ("/v2/logging", "logging")):
+            r.add_route("*", path, _refused(extension))
         return app
 
     async def live(self, request: web.Request) -> web.Response:
@@ -152,7 +165,7 @@ class HttpFront:
 
     async def model_metadata(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
-        meta = self.plane.contract(model).metadata_json()
+        meta = self.plane.contract(model, request.match_info.get("version", "")).metadata_json()
         meta["name"] = model
         return web.json_response(meta)
 
@@ -163,14 +176,16 @@ class HttpFront:
 
     async def model_config(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
-        cfg = dict(self.plane.contract(model).config_json())
+        cfg = dict(self.plane.contract(model, request.match_info.get("version", ""))
+                   .config_json())
         cfg["name"] = model
         return web.json_response(cfg)
 
     async def stats(self, request: web.Request) -> web.Response:
         version = request.match_info.get("version", "")
         out = []
-        for name, st in self.plane.model_stats(request.match_info.get("model", "")).items():
+        for name, st in self.plane.model_stats(request.match_info.get("model", ""),
+                                               version).items():
             out.append({
                 "name": name, "version": version, "last_inference": st.last_inference_ms,
                 "inference_count": st.inference_count, "execution_count": st.execution_count,
@@ -184,10 +199,14 @@ class HttpFront:
     async def infer(self, request: web.Request) -> web.Response:
         header_length = request.headers.get(kserve_http.HEADER_LENGTH)
         body = await self._read_infer_body(request, header_length)
-        decode_args = (body, header_length, request.match_info["model"],
-                       request.match_info.get("version", ""), request.content_type, True)
+        model, version = request.match_info["model"], request.match_info.get("version", "")
+        decode_args = (body, header_length, model, version, request.content_type, True)
         json_part = int(header_length) if header_length and header_length.isdigit() else None
-        if ((len(body) if json_part is None else json_part) > DECODE_INLINE_BYTES
+        if kserve_raw.is_raw(body, header_length):  # the body is the only input's bytes
+            call = kserve_raw.decode_raw_request(body, model, version,
+                                                  self.plane.contract(model, version),
+                                                  request.content_type)
+        elif ((len(body) if json_part is None else json_part) > DECODE_INLINE_BYTES
                 or len(body) > BINARY_DECODE_INLINE_BYTES):
             # Big JSON off the loop; binary tensors are views of the body, decoded in place
             # unless the body is big enough to hold millions of BYTES elements to walk.
@@ -234,6 +253,14 @@ class HttpFront:
                              f"({kserve_http.HEADER_LENGTH}); this listener accepts at most "
                              f"{self.max_json_bytes} (listeners.http.max_json_bytes)")
         return await read_body(request, self.max_request_bytes)
+
+
+def _refused(extension: str) -> Handler:
+    """A v2 extension mmguard refuses, with the reason its gRPC front gives too."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        raise refused_extension(extension)
+
+    return handler
 
 
 def _json_answer_bytes(call: Call, reply: Result) -> int:

@@ -45,6 +45,12 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _RESPONSE_ID = re.compile(r"[A-Za-z0-9_-]{1,200}")  # nothing that could change the path
 
 
+def unknown_model_text(model: str) -> str:
+    """vLLM's own words for a model it does not serve (its clients match on them), without the
+    list of served models that vLLM adds."""
+    return f"The model `{model}` does not exist. (mmguard serves no model of that name)"
+
+
 def openai_error(reply: LocalReply, decisions: dict[str, str] | None = None) -> web.Response:
     headers = {**(decisions or {}), "mmguard-error-origin": reply.origin}
     if reply.retry_after_s is not None:
@@ -142,8 +148,8 @@ class OpenAIFront:
                 call.wire = None  # the URLs as mmguard wrote them, not the client's bytes
                 self._media.labels("forwarded").inc(forwarded)
             if call.model not in self.plane.runtime.routes:
-                raise ProxyError(ErrorKind.NOT_FOUND, f"model '{call.model}' is not served by "
-                                 "mmguard", param="model")
+                raise ProxyError(ErrorKind.NOT_FOUND, unknown_model_text(call.model),
+                                 param="model")
             fetched = 0 if rules.fetcher is None else await rules.fetcher.inline(
                 call, body, self.max_request_bytes, held)
         except ProxyError as err:
@@ -317,8 +323,7 @@ class OpenAIFront:
         if model is not None:
             route = runtime.routes.get(model)
             if route is None:
-                return _refuse(ErrorKind.NOT_FOUND, f"model '{model}' is not served by mmguard",
-                               "model")
+                return _refuse(ErrorKind.NOT_FOUND, unknown_model_text(model), "model")
             backend = runtime.backends[route.spec.backend]
             if backend.protocol != "openai":
                 return _refuse(ErrorKind.INVALID_ARGUMENT, f"model '{model}' is not served "

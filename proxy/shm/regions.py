@@ -86,11 +86,18 @@ class Region:
                 raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                                  f"{what}: {key} must be a non-negative integer, got {value!r}")
         assert isinstance(size, int) and isinstance(offset, int)
+        # Triton's words and order first: an offset at or past the end, then the span.
+        if offset >= self.byte_size:
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             f"Invalid offset for shared memory region: '{self.name}' ({what}: "
+                             f"shared_memory_offset {offset}, the region has {self.byte_size} "
+                             "bytes)")
         if offset + size > self.byte_size:
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                             f"{what}: shared_memory_offset {offset} + shared_memory_byte_size "
-                             f"{size} runs past the end of region '{self.name}' "
-                             f"({self.byte_size} bytes)")
+                             f"Invalid offset + byte size for shared memory region: "
+                             f"'{self.name}' ({what}: shared_memory_offset {offset} + "
+                             f"shared_memory_byte_size {size} runs past its end, "
+                             f"{self.byte_size} bytes)")
         return offset, size
 
     def read(self, what: str, offset: int, size: int) -> Payload:
@@ -375,7 +382,7 @@ class SharedMemory:
         region = self._regions.get((owner, name)) if isinstance(name, str) else None
         if region is None:
             raise ProxyError(ErrorKind.NOT_FOUND,
-                             f"{what}: Unable to find shared memory region: '{name}' (none of "
+                             f"Unable to find shared memory region: '{name}' ({what}: none of "
                              "that name is registered by this client)")
         return region
 
@@ -384,7 +391,7 @@ class SharedMemory:
         bytes to read, with the call's own, fit ``budget`` (a big read in a worker thread)."""
         lease = Lease()
         try:
-            reads = [self._plan_input(owner, t, lease) for t in call.inputs
+            reads = [self._plan_input(owner, call, t, lease) for t in call.inputs
                      if REGION in t.parameters]
             for o in call.outputs:
                 if REGION not in o.parameters:
@@ -416,7 +423,7 @@ class SharedMemory:
         call.wire = None  # the backend gets the tensors inline, never the client's region names
         return lease
 
-    def _plan_input(self, owner: int, t: Tensor,
+    def _plan_input(self, owner: int, call: Call, t: Tensor,
                     lease: Lease) -> tuple[Tensor, Region, int, int]:
         """The region, offset and size of an input, every bound checked; nothing read yet."""
         what = f"input '{t.name}'"
@@ -425,9 +432,11 @@ class SharedMemory:
         width = itemsize(t.datatype)
         if width is not None and t.elements * width != size:
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                             f"{what}: {t.datatype} shape {list(t.shape)} needs "
-                             f"{t.elements * width} bytes but shared_memory_byte_size is "
-                             f"{size} (region '{region.name}')")
+                             f"[request id: {call.id or '<id_unknown>'}] input byte size "
+                             f"mismatch for input '{t.name}' for model "
+                             f"'{call.model}'. Expected {t.elements * width}, got {size} "
+                             f"({t.datatype} shape {list(t.shape)}; shared_memory_byte_size "
+                             f"in region '{region.name}')")
         lease.pin(region)
         return t, region, offset, size
 
@@ -473,8 +482,9 @@ def _check_file(st: os.stat_result, name: str, key: str, owner: int, end: int) -
                          "memory")
     if end > st.st_size:
         raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                         f"failed to register shared memory region '{name}': offset + "
-                         f"byte_size ({end}) is past the end of {key} ({st.st_size} bytes)")
+                         f"failed to register shared memory region '{name}': invalid args "
+                         f"(offset + byte_size, {end}, is past the end of {key}, "
+                         f"{st.st_size} bytes)")
 
 
 def _loopback(host: str) -> bool:

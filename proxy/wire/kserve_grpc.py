@@ -24,6 +24,7 @@ from proxy.tensor import (
 )
 from proxy.wire import pbwire, typed_contents
 from proxy.wire.answers import answer_error, output_problem
+from proxy.wire.kserve_raw import check_byte_size
 
 _RAW_INPUTS = 7  # ModelInferRequest.raw_input_contents
 _RAW_OUTPUTS = 6  # ModelInferResponse.raw_output_contents
@@ -58,17 +59,25 @@ def decode_request(body: bytes, shared_memory: bool = False) -> Call:
             continue
         t = Tensor(inp.name, inp.datatype, shape, parameters=params)
         if raws:
+            if i in contents:
+                raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                                 f"contents field must not be specified when using "
+                                 f"raw_input_contents for '{inp.name}' for model "
+                                 f"'{req.model_name}'")
             t.raw = raws[next_raw]
             next_raw += 1
+            check_byte_size(t, req.model_name, req.id)
             t.check_payload()
         elif i in contents:
             t.check_shape()  # the element count the contents are held to must be a real one
             # Counted against the shape while converted: the raw form fits it by construction.
-            t.raw = typed_contents.contents_to_raw(t.name, t.datatype, t.shape, contents[i])
+            t.raw = typed_contents.contents_to_raw(t.name, t.datatype, t.shape, contents[i],
+                                                   req.model_name, req.id)
         else:
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                             f"input '{inp.name}' has no data (neither raw_input_contents nor "
-                             "contents)")
+                             f"unable to find data for input tensor '{inp.name}' for model "
+                             f"'{req.model_name}' in request. (It has neither "
+                             "raw_input_contents nor contents.)")
         inputs.append(t)
     return Call(
         model=req.model_name, version=req.model_version, id=req.id, inputs=inputs,

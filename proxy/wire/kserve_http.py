@@ -25,6 +25,7 @@ from proxy.tensor import (
     itemsize,
 )
 from proxy.wire.answers import answer_error, output_problem
+from proxy.wire.kserve_raw import check_byte_size, header_length_value
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_TYPE = "application/json"
@@ -45,21 +46,19 @@ def split_body(body: bytes, header_length: str | None,
     """Parse the JSON part of a v2 body; returns it and the binary offset (None: JSON only)."""
     hlen: int | None = None
     if header_length is not None:
-        try:
-            hlen = int(header_length)
-        except ValueError:
-            raise bad(f"{HEADER_LENGTH} must be an integer, got {header_length!r}") from None
-        if not 0 <= hlen <= len(body):
-            raise bad(f"{HEADER_LENGTH} is {hlen} but the body has {len(body)} bytes")
+        hlen = header_length_value(header_length, len(body))
     head = body if hlen is None else body[:hlen]
     try:
         doc = json.loads(head)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise bad(f"malformed JSON in the {what} body: {exc}") from None
+        raise bad(f"failed to parse the {what} JSON buffer: malformed JSON in the {what} body: "
+                  f"{exc}") from None
     except RecursionError:
-        raise bad(f"the JSON in the {what} body is nested too deeply") from None
+        raise bad(f"failed to parse the {what} JSON buffer: the JSON in the {what} body is "
+                  "nested too deeply") from None
     if not isinstance(doc, dict):
-        raise bad(f"the {what} body must be a JSON object, got {type(doc).__name__}")
+        raise bad(f"failed to parse the {what} JSON buffer: the {what} body must be a JSON "
+                  f"object, got {type(doc).__name__}")
     return doc, hlen
 
 
@@ -69,14 +68,16 @@ def decode_request(body: bytes, header_length: str | None, model: str, version: 
     ``proxy.shm.regions`` fills (otherwise it is refused)."""
     doc, hlen = split_body(body, header_length)
     raw_inputs = doc.get("inputs")
+    request_id = str(doc.get("id", ""))
     if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise bad("the request needs a non-empty 'inputs' list")
+        raise bad("Unable to parse 'inputs': the request needs a non-empty 'inputs' list")
     _check_count("'inputs'", len(raw_inputs), MAX_TENSORS, "inputs")
     view = memoryview(body)
     offset = hlen or 0
     inputs = []
     for i, item in enumerate(raw_inputs):
-        t, offset = _decode_input(i, item, view, offset, hlen is not None, shared_memory)
+        t, offset = _decode_input(i, item, view, offset, hlen is not None, model,
+                                  request_id, shared_memory)
         inputs.append(t)
     if hlen is not None and offset != len(body):
         raise bad(f"the binary part has {len(body) - hlen} bytes but the inputs declare "
@@ -100,15 +101,15 @@ def decode_request(body: bytes, header_length: str | None, model: str, version: 
     if not isinstance(params, dict):
         raise bad("'parameters' must be an object")
     _check_params("the request", params)
-    request_id = str(doc.get("id", ""))
     _check_text(request_id, "'id'")
     return Call(model=model, version=version, id=request_id, inputs=inputs,
                 outputs=outputs, parameters=params, front="http",
                 wire=Wire("http", body, hlen, content_type))
 
 
-def _decode_input(i: int, item: Any, view: memoryview, offset: int,
-                  has_binary: bool, shared_memory: bool = False) -> tuple[Tensor, int]:
+def _decode_input(i: int, item: Any, view: memoryview, offset: int, has_binary: bool,
+                  model: str, request_id: str,
+                  shared_memory: bool = False) -> tuple[Tensor, int]:
     if not isinstance(item, dict):
         raise bad(f"inputs[{i}] must be an object")
     name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
@@ -116,8 +117,8 @@ def _decode_input(i: int, item: Any, view: memoryview, offset: int,
         raise bad(f"inputs[{i}] needs a string 'name'")
     _check_text(name, f"inputs[{i}].name")
     if not isinstance(datatype, str) or datatype not in DATATYPES:
-        raise bad(f"input '{name}': unknown datatype {bounded(repr(datatype), 64)} (v2 "
-                  f"datatypes: {', '.join(sorted(DATATYPES))})")
+        raise bad(f"invalid datatype for input {name}: unknown datatype "
+                  f"{bounded(repr(datatype), 64)} (v2 datatypes: {', '.join(sorted(DATATYPES))})")
     if isinstance(shape, list):
         _check_count(f"input '{name}': 'shape'", len(shape), MAX_RANK, "dims")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
@@ -128,27 +129,29 @@ def _decode_input(i: int, item: Any, view: memoryview, offset: int,
         raise bad(f"input '{name}': 'parameters' must be an object")
     _check_params(f"input '{name}'", {k: v for k, v in params.items()
                                       if k != "binary_data_size"})
+    if "shared_memory_region" in params and not shared_memory:
+        raise ProxyError(ErrorKind.UNIMPLEMENTED,
+                         f"input '{name}' uses shared memory, which this endpoint does not serve")
+    _check_content_fields(name, item, params)
     if "shared_memory_region" in params:
-        if not shared_memory:
-            raise ProxyError(ErrorKind.UNIMPLEMENTED,
-                             f"input '{name}' uses shared memory, which this endpoint does not "
-                             "serve")
-        if "binary_data_size" in params or "data" in item:
-            raise bad(f"input '{name}' has shared_memory_region and also data in the body; "
-                      "send it one way")
         return Tensor(name, datatype, tuple(shape), raw=b"", parameters=params), offset
-    size = params.get("binary_data_size")
-    if size is not None:
-        if not has_binary:
-            raise bad(f"input '{name}' has binary_data_size but the request has no "
-                      f"{HEADER_LENGTH} header")
-        if not isinstance(size, int) or size < 0 or offset + size > len(view):
-            raise bad(f"input '{name}': binary_data_size {size!r} runs past the end of the "
-                      f"body ({len(view) - offset} bytes left)")
+    if "binary_data_size" in params:
+        size = params["binary_data_size"]
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise bad(f"input '{name}': binary_data_size must be a non-negative integer, got "
+                      f"{bounded(repr(size), 64)}")
+        if not has_binary or offset + size > len(view):
+            missing = size if not has_binary else offset + size - len(view)
+            where = (f"the request has no {HEADER_LENGTH} header" if not has_binary else
+                     f"binary_data_size {size} runs past the end of the body "
+                     f"({len(view) - offset} bytes left)")
+            raise bad(f"unexpected size for input '{name}', expecting {missing} additional "
+                      f"bytes for model '{model}' ({where})")
         t = Tensor(name, datatype, tuple(shape), raw=view[offset:offset + size],
                    parameters=params)
+        check_byte_size(t, model, request_id)
         offset += size
-    elif "data" in item:
+    else:  # 'data', the one field _check_content_fields leaves
         if not isinstance(item["data"], list):
             raise bad(f"input '{name}': 'data' must be a list, got "
                       f"{type(item['data']).__name__}")
@@ -156,10 +159,25 @@ def _decode_input(i: int, item: Any, view: memoryview, offset: int,
         t.check_shape()
         _check_json_count(t)
         _check_json_data(t)
-    else:
-        raise bad(f"input '{name}' has neither 'data' nor a binary_data_size parameter")
     t.check_payload()
     return t, offset
+
+
+_CONTENT_FIELDS = (("data", False), ("binary_data_size", True), ("shared_memory_region", True))
+
+
+def _check_content_fields(name: str, item: dict[str, Any], params: dict[str, Any]) -> None:
+    """Exactly one of 'data', binary_data_size, shared_memory_region, refused in Triton's
+    words otherwise."""
+    present = [f for f, in_params in _CONTENT_FIELDS if f in (params if in_params else item)]
+    if len(present) == 1:
+        return
+    found = " no field is set" if not present else " set" + "".join(f" '{f}'" for f in present)
+    reason = ("it has no data" if not present else "it has its data more than one way; send "
+              "it one way")
+    raise bad("Input must set only one of the following fields: 'data', 'binary_data_size' in "
+              f"'parameters', 'shared_memory_region' in 'parameters'. But{found} (input "
+              f"'{name}': {reason})")
 
 
 def _check_count(where: str, count: int, limit: int, what: str) -> None:
@@ -180,10 +198,15 @@ def _check_json_count(t: Tensor) -> None:
     got = f"{held}" if exact else f"more than {limit}"
     size = itemsize(t.datatype)
     if size is None:
-        raise bad(f"input '{t.name}': shape needs {count} BYTES elements, got {got} in 'data'")
+        raise bad(f"{_SHAPE_MISMATCH} (input '{t.name}': shape needs {count} BYTES elements, "
+                  f"got {got} in 'data')")
     got_bytes = f"{held * size}" if exact else f"more than {limit * size}"
-    raise bad(f"input '{t.name}': {t.datatype} shape {list(t.shape)} needs {count * size} bytes, "
-              f"got {got_bytes} ({got} elements in 'data')")
+    raise bad(f"{_SHAPE_MISMATCH} (input '{t.name}': {t.datatype} shape {list(t.shape)} needs "
+              f"{count * size} bytes, got {got_bytes}: {got} elements in 'data')")
+
+
+_SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'data' field"
+"""Triton's words (with HTTP 500 there; a client's mistake is 400 here, as on Triton's gRPC)."""
 
 
 def _count_json_elements(data: list[Any], limit: int) -> int:

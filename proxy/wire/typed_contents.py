@@ -44,17 +44,22 @@ FIELD_OF = {
     "FP32": _FP32, "FP64": _FP64, "BYTES": _BYTES,
 }
 _WIDTH = {"fixed32": 4, "fixed64": 8}
+_TYPE_OF = {1: "BOOL", 2: "INT32", 3: "INT64", 4: "UINT32", 5: "UINT64", 6: "FP32", 7: "FP64",
+            8: "BYTES"}
+"""The datatype Triton names for each typed-contents field when it is the wrong one."""
 _SINGLE_WIRE = {"varint": pbwire.VARINT, "fixed32": pbwire.I32, "fixed64": pbwire.I64}
 _SLACK = 64
 """Other fields (unknown ones, empty packed ones) a walk passes before refusing."""
 
 
 def contents_to_raw(name: str, datatype: str, shape: tuple[int, ...],
-                    pieces: list[memoryview]) -> Payload:
+                    pieces: list[memoryview], model: str | None = None,
+                    request_id: str = "") -> Payload:
     """The raw bytes of one input's typed contents (``pieces``: each ``contents`` value as it
     came, in order; protobuf merges them into one message). Refuses, naming the input, any
     count other than the shape's, a value outside the datatype, and contents in another
-    datatype's field."""
+    datatype's field; with ``model`` (a client's request), a wrong field or count begins with
+    Triton's own words for it."""
     field = FIELD_OF.get(datatype)
     if field is None:
         raise _refuse(name, f"datatype {datatype} cannot be sent in typed contents; use "
@@ -66,6 +71,7 @@ def contents_to_raw(name: str, datatype: str, shape: tuple[int, ...],
             return uniform
     data = pieces[0].tobytes() if len(pieces) == 1 else b"".join(p.tobytes() for p in pieces)
     found = _Found(name, datatype, shape, field, count)
+    found.model, found.request_id = model, request_id
     offset = 0
     try:
         for i, piece in enumerate(pieces):
@@ -114,6 +120,8 @@ class _Found:
         self.starts = array("q")
         self.ends = array("q")
         self.single_tag = (field.number << 3) | _SINGLE_WIRE.get(field.encoding, pbwire.LEN)
+        self.model: str | None = None
+        self.request_id = ""
 
     def walk(self, data: bytes, pos: int, limit: int, last: bool) -> None:
         field, single_tag = self.field, self.single_tag
@@ -142,8 +150,7 @@ class _Found:
                     exact = last and end == limit
                     raise self.mismatch(str(self.held) if exact else f"more than {self.count}")
             elif number in _BY_NUMBER and (wire != pbwire.LEN or end > value):
-                raise _refuse(self.name, f"a {self.datatype} tensor's typed contents go in "
-                                         f"{field.name}, not {_BY_NUMBER[number].name}")
+                raise self.wrong_field(_BY_NUMBER[number])
             else:
                 self.others += 1
                 if self.others > _SLACK:
@@ -172,9 +179,27 @@ class _Found:
                                      f"multiple of {width}")
         return (end - value) // width
 
+    def wrong_field(self, other: _Field) -> ProxyError:
+        detail = (f"a {self.datatype} tensor's typed contents go in {self.field.name}, not "
+                  f"{other.name}")
+        if self.model is None:
+            return _refuse(self.name, detail)
+        return ProxyError(ErrorKind.INVALID_ARGUMENT,
+                          f"unexpected explicit tensor data for input tensor '{self.name}' for "
+                          f"model '{self.model}' of type '{_TYPE_OF[other.number]}', expected "
+                          f"datatype '{self.datatype}' ({detail})")
+
     def mismatch(self, held: str) -> ProxyError:
-        return _refuse(self.name, f"shape {list(self.shape)} needs {self.count} "
-                                  f"{self.datatype} elements, {self.field.name} holds {held}")
+        detail = (f"shape {list(self.shape)} needs {self.count} {self.datatype} elements, "
+                  f"{self.field.name} holds {held}")
+        width = None if self.field is _BYTES else numpy_dtype(self.datatype).itemsize
+        if self.model is None or width is None:
+            return _refuse(self.name, detail)
+        got = str(int(held) * width) if held.isdigit() else f"more than {self.count * width}"
+        return ProxyError(ErrorKind.INVALID_ARGUMENT,
+                          f"[request id: {self.request_id or '<id_unknown>'}] input byte size "
+                          f"mismatch for input '{self.name}' for model '{self.model}'. Expected "
+                          f"{self.count * width}, got {got} ({detail})")
 
     def convert(self, data: bytes) -> Payload:
         begin = np.frombuffer(self.starts, dtype=np.int64)

@@ -130,8 +130,9 @@ def test_bytes_json_data_past_the_shape(served: MmguardProcess) -> None:
                                    "data": [""] * 1_000_000}]}).encode()
     out = attack(served, http_infer("identity_bytes", body))
     assert out.answer.code == 400
-    assert out.answer.message == ("input 'INPUT0': shape needs 1 BYTES elements, got more than "
-                                  "1026 in 'data'")
+    assert out.answer.message == ("Unable to parse 'data': Shape does not match true shape of "
+                                  "'data' field (input 'INPUT0': shape needs 1 BYTES elements, "
+                                  "got more than 1026 in 'data')")
 
 
 # --- item 4: typed contents and every repeated field ----------------------------------------------
@@ -142,8 +143,10 @@ def test_int64_contents_far_past_the_shape(served: MmguardProcess) -> None:
                      int64_contents=[0] * CONTENTS_BYTES)
     out = attack(served, grpc_infer(body))
     assert out.answer.code == grpc.StatusCode.INVALID_ARGUMENT
-    assert out.answer.message == (f"input 'INPUT0': shape [1] needs 1 INT64 elements, "
-                                  f"int64_contents holds {CONTENTS_BYTES}")
+    assert out.answer.message == (f"[request id: <id_unknown>] input byte size mismatch for "
+                                  f"input 'INPUT0' for model 'identity_int64'. Expected 8, got "
+                                  f"{8 * CONTENTS_BYTES} (shape [1] needs 1 INT64 elements, "
+                                  f"int64_contents holds {CONTENTS_BYTES})")
 
 
 def test_bytes_contents_far_past_the_shape(served: MmguardProcess) -> None:
@@ -160,8 +163,9 @@ def test_json_int64_data_far_past_the_shape(served: MmguardProcess) -> None:
                                    "data": [0] * 1_000_000}]}).encode()
     out = attack(served, http_infer("identity_int64", body))
     assert out.answer.code == 400
-    assert out.answer.message == ("input 'INPUT0': INT64 shape [1] needs 8 bytes, got more than "
-                                  "8208 (more than 1026 elements in 'data')")
+    assert out.answer.message == ("Unable to parse 'data': Shape does not match true shape of "
+                                  "'data' field (input 'INPUT0': INT64 shape [1] needs 8 bytes, "
+                                  "got more than 8208: more than 1026 elements in 'data')")
 
 
 def test_a_hundred_thousand_inputs_over_grpc(served: MmguardProcess) -> None:
@@ -252,7 +256,7 @@ def test_a_megabyte_model_name_is_not_sent_back_whole(served: MmguardProcess) ->
     out = attack(served, grpc_infer(grpc_body("INPUT0", "FP32", [1], b"\0" * 4, model=name)))
     assert out.answer.code == grpc.StatusCode.NOT_FOUND, out.answer
     assert len(out.answer.message) <= MAX_MESSAGE_CHARS
-    assert out.answer.message.startswith("model 'mmmm")
+    assert out.answer.message.startswith("Request for unknown model: 'mmmm")
     assert out.answer.message.endswith(" more characters]")
 
 

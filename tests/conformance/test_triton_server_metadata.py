@@ -123,29 +123,30 @@ def test_unreachable_backend_falls_back_and_says_so(triton: TritonServer) -> Non
 
 
 def test_unknown_model_is_clear_and_lists_nothing(target: Target) -> None:
-    """Both fronts refuse an unknown model as Triton does (not found), in mmguard's own words,
-    without listing the models it serves to whoever asks."""
+    """Both fronts refuse an unknown model as Triton does (not found; statistics: invalid
+    argument), in Triton's words, without listing the models served to whoever asks."""
     http = httpclient.InferenceServerClient(target.http_url)
     grpc_client = grpcclient.InferenceServerClient(target.grpc_url)
     t_http = httpclient.InferInput("INPUT0", [1], "FP32")
     t_http.set_data_from_numpy(np.zeros(1, dtype=np.float32))
     t_grpc = grpcclient.InferInput("INPUT0", [1], "FP32")
     t_grpc.set_data_from_numpy(np.zeros(1, dtype=np.float32))
-    calls: list[Callable[[], Any]] = [
-        lambda: http.infer("no_such_model", [t_http]),
-        lambda: grpc_client.infer("no_such_model", [t_grpc]),
-        lambda: http.get_model_metadata("no_such_model"),
-        lambda: grpc_client.get_model_metadata("no_such_model"),
-        lambda: grpc_client.get_inference_statistics("no_such_model")]
+    unknown = "Request for unknown model: 'no_such_model' is not found"
+    calls: list[tuple[Callable[[], Any], str, str]] = [
+        (lambda: http.infer("no_such_model", [t_http]), "404", unknown),
+        (lambda: grpc_client.infer("no_such_model", [t_grpc]), "StatusCode.NOT_FOUND", unknown),
+        (lambda: http.get_model_metadata("no_such_model"), "404", unknown),
+        (lambda: grpc_client.get_model_metadata("no_such_model"), "StatusCode.NOT_FOUND",
+         unknown),
+        (lambda: grpc_client.get_inference_statistics("no_such_model"),
+         "StatusCode.INVALID_ARGUMENT", "requested model 'no_such_model' is not available")]
     try:
-        for call in calls:
+        for call, status, says in calls:
             with pytest.raises(InferenceServerException) as err:
                 call()
             message = err.value.message()
-            assert "no_such_model" in message
+            assert err.value.status() == status and says in message, message
             assert "identity_fp32" not in message and "serving" not in message
-            if target.via_mmguard:
-                assert err.value.status() in ("404", "StatusCode.NOT_FOUND")
     finally:
         http.close()
         grpc_client.close()

@@ -67,7 +67,8 @@ def test_deeply_nested_v2_json_is_400() -> None:
 def test_unhashable_datatype_is_400(datatype: object) -> None:
     # _decode_input: `datatype not in DATATYPES` raises TypeError for a list or an object.
     _http_refuses(_v2(input={"datatype": datatype}),
-                  f"input 'INPUT0': unknown datatype {datatype!r} (v2 datatypes: BF16, BOOL, ")
+                  f"invalid datatype for input INPUT0: unknown datatype {datatype!r} (v2 "
+                  "datatypes: BF16, BOOL, ")
 
 
 @pytest.mark.parametrize("params", [5, "ab", [1]])

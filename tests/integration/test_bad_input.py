@@ -55,11 +55,11 @@ def _grpc_error(proxy: RunningMmguard, body: bytes) -> grpc.RpcError:
 def test_unknown_model_is_not_found(proxy: RunningMmguard) -> None:
     err = _grpc_error(proxy, grpc_request("no_such_model", [SMALL]))
     assert err.code() == grpc.StatusCode.NOT_FOUND
-    assert "model 'no_such_model' is not served by mmguard" in err.details()
+    assert err.details() == "Request for unknown model: 'no_such_model' is not found"
     status, _, body = http_post(proxy.http_url, "/v2/models/no_such_model/infer",
                                 *_binary_args([SMALL]))
     assert status == 404 and "no_such_model" in json.loads(body)["error"]
-    with pytest.raises(InferenceServerException, match="not served"):
+    with pytest.raises(InferenceServerException, match="Request for unknown model"):
         httpclient.InferenceServerClient(proxy.http_url).get_model_metadata("no_such_model")
     still_serving(proxy)
 
@@ -68,11 +68,13 @@ def test_raw_size_mismatch_names_input_expected_and_got(proxy: RunningMmguard) -
     short = ("INPUT0", "FP32", [4], b"\0" * 12)
     err = _grpc_error(proxy, grpc_request("identity_fp32", [short]))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert err.details() == "input 'INPUT0': FP32 shape [4] needs 16 bytes, got 12"
+    said = ("[request id: <id_unknown>] input byte size mismatch for input 'INPUT0' for model "
+            "'identity_fp32'. Expected 16, got 12 (FP32 shape [4])")  # Triton's words first
+    assert err.details() == said
     status, headers, body = http_post(proxy.http_url, "/v2/models/identity_fp32/infer",
                                       *_binary_args([short]))
     assert status == 400
-    assert json.loads(body) == {"error": "input 'INPUT0': FP32 shape [4] needs 16 bytes, got 12"}
+    assert json.loads(body) == {"error": said}
     assert headers["mmguard-error-origin"] == "mmguard"  # found before the backend
     still_serving(proxy)
 
@@ -92,7 +94,10 @@ def test_malformed_protobuf_json_and_header_length(proxy: RunningMmguard) -> Non
     status, _, body = http_post(proxy.http_url, "/v2/models/identity_fp32/infer", b"{not json")
     assert status == 400 and "malformed JSON" in json.loads(body)["error"]
     good, hlen = http_binary_body([SMALL])
-    for bad_len, expect in (("999999", "but the body has"), ("abc", "must be an integer"),
+    # Triton's words: a header length past the body; one that reads as 0 (as C atoi reads
+    # "abc") is the raw form, whose one input here gets bytes that do not fit it.
+    for bad_len, expect in (("999999", "inference header size should be in range (0, "),
+                            ("abc", "input byte size mismatch for input 'raw_input'"),
                             (str(hlen - 3), "malformed JSON")):
         status, _, body = http_post(proxy.http_url, "/v2/models/identity_fp32/infer", good,
                                     {"Inference-Header-Content-Length": bad_len})

@@ -148,7 +148,7 @@ def test_backend_errors_keep_status_and_body(proxy: RunningMmguard, vllm_llama: 
     with pytest.raises(openai.NotFoundError) as nf:
         sdk(proxy.http_url).chat.completions.create(
             model="gpt-9", messages=[{"role": "user", "content": "x"}])
-    assert "model 'gpt-9' is not served by mmguard" in nf.value.message
+    assert "The model `gpt-9` does not exist." in nf.value.message
 
 
 def test_remote_image_urls_are_refused_by_default(proxy: RunningMmguard) -> None:

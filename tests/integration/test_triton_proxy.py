@@ -152,7 +152,7 @@ def test_stream_errors_are_stream_messages_and_the_stream_goes_on(proxy: Running
         client.async_stream_infer("no_such_model", [bad])
         first = got.get(timeout=10)
         assert isinstance(first, InferenceServerException)
-        assert "not served by mmguard" in str(first)
+        assert "Request for unknown model: 'no_such_model' is not found" in str(first)
         client.async_stream_infer("g_decoupled_counter", [bad])
         second = got.get(timeout=10)
         assert isinstance(second, grpcclient.InferResult)

@@ -28,9 +28,12 @@ async def test_an_unknown_model_or_version_is_refused() -> None:
         unknown = await h.infer("zzz")
         wrong_version = await h.plane.infer(Call("a", "7", []))
     assert isinstance(unknown, LocalReply) and unknown.kind is ErrorKind.NOT_FOUND
-    assert unknown.message == "model 'zzz' is not served by mmguard"  # no model list to callers
+    # Triton's words, with no model list to callers
+    assert unknown.message == "Request for unknown model: 'zzz' is not found"
     assert isinstance(wrong_version, LocalReply)
-    assert "version '7' is not served (serving version '2')" in wrong_version.message
+    assert wrong_version.message.startswith("Request for unknown model: 'a' version 7 is not "
+                                            "found")
+    assert "mmguard serves version '2'" in wrong_version.message
 
 
 async def test_a_routes_timeout_becomes_the_calls_deadline() -> None:

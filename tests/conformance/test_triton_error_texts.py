@@ -1,0 +1,289 @@
+"""Every refusal a KServe v2 client can trigger, direct and through mmguard (both Triton
+backends): the same status (HTTP) or code (gRPC), and a message that starts with Triton's own
+words (mmguard may add its reason after them). docs/triton-compat.md states the rule.
+
+The leading texts are Triton 2.51's, as its clients and its own tests (qa/L0_http,
+qa/L0_infer, qa/L0_shared_memory) match on them. Where mmguard answers with another status on
+purpose, the case says so (``mmguard_status``) and docs/triton-compat.md gives the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from proxy.pb import grpc_service_pb2 as pb
+from tests.conformance.conftest import Target
+from tests.conformance.test_triton_shm import NBYTES, Shm, X, fails
+from tests.conformance.test_triton_shm import shm_client as shm_client  # the fixture
+from tests.support.wire import http_post
+
+X16 = np.arange(16, dtype=np.float32).tobytes()
+UNKNOWN = "Request for unknown model: 'nope' is not found"
+VERSION_7 = "Request for unknown model: 'small_fp32' version 7 is not found"
+STOL = ("failed to get model version from specified version string 'wrong_specification' "
+        "(details: stol), version should be an integral value > 0")
+NEGATIVE = "invalid model version specified '-1' , version should be an integral value > 0"
+CONTENT_FIELDS = ("Input must set only one of the following fields: 'data', 'binary_data_size' "
+                  "in 'parameters', 'shared_memory_region' in 'parameters'. But")
+
+
+def _doc(**tensor: object) -> bytes:
+    return json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16],
+                                   **tensor}]}).encode()
+
+
+@dataclass(frozen=True)
+class Http:
+    method: str
+    path: str
+    status: int
+    lead: str
+    body: bytes | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    mmguard_status: int | None = None  # an intended difference (docs/triton-compat.md)
+
+
+HTTP_CASES: dict[str, Http] = {
+    "unknown-model-infer": Http("POST", "/v2/models/nope/infer", 404, UNKNOWN,
+                                _doc(data=[0] * 16)),
+    "unknown-model-metadata": Http("GET", "/v2/models/nope", 404, UNKNOWN),
+    "unknown-model-config": Http("GET", "/v2/models/nope/config", 404, UNKNOWN),
+    "unknown-model-stats": Http("GET", "/v2/models/nope/stats", 400,
+                                "requested model 'nope' is not available"),
+    "version-not-a-number-infer": Http(
+        "POST", "/v2/models/small_fp32/versions/wrong_specification/infer", 404, "Not Found",
+        _doc(data=[0] * 16)),
+    "version-not-a-number-metadata": Http(
+        "GET", "/v2/models/small_fp32/versions/wrong_specification", 404, "Not Found"),
+    "version-negative": Http("POST", "/v2/models/small_fp32/versions/-1/infer", 404,
+                             "Not Found", _doc(data=[0] * 16)),
+    "version-unknown-infer": Http("POST", "/v2/models/small_fp32/versions/7/infer", 404,
+                                  VERSION_7, _doc(data=[0] * 16)),
+    "version-unknown-metadata": Http("GET", "/v2/models/small_fp32/versions/7", 404,
+                                     VERSION_7),
+    "version-unknown-config": Http("GET", "/v2/models/small_fp32/versions/7/config", 404,
+                                   VERSION_7),
+    "header-length-past-the-body": Http(
+        "POST", "/v2/models/small_fp32/infer", 400,
+        "inference header size should be in range (0, 2), got: 50", b"{}",
+        (("Inference-Header-Content-Length", "50"),)),
+    "header-length-negative": Http(
+        "POST", "/v2/models/small_fp32/infer", 400,
+        "inference header size should be in range (0, 2), got: -1", b"{}",
+        (("Inference-Header-Content-Length", "-1"),)),
+    "no-data": Http("POST", "/v2/models/small_fp32/infer", 400,
+                    CONTENT_FIELDS + " no field is set", _doc()),
+    "data-and-binary": Http("POST", "/v2/models/small_fp32/infer", 400,
+                            CONTENT_FIELDS + " set 'data' 'binary_data_size'",
+                            _doc(data=[0] * 16, parameters={"binary_data_size": 64})),
+    "binary-without-header": Http(
+        "POST", "/v2/models/small_fp32/infer", 400,
+        "unexpected size for input 'x', expecting 64 additional bytes for model 'small_fp32'",
+        _doc(parameters={"binary_data_size": 64})),
+    "binary-short": Http(
+        "POST", "/v2/models/small_fp32/infer", 400,
+        "[request id: r7] input byte size mismatch for input 'x' for model 'small_fp32'. "
+        "Expected 64, got 60",
+        json.dumps({"id": "r7", "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16],
+                                            "parameters": {"binary_data_size": 60}}]}).encode()
+        + bytes(60), (("Inference-Header-Content-Length", "117"),)),
+    "unknown-datatype": Http("POST", "/v2/models/small_fp32/infer", 400,
+                             "invalid datatype for input x",
+                             json.dumps({"inputs": [{"name": "x", "datatype": "FP99",
+                                                     "shape": [1, 16],
+                                                     "data": [0] * 16}]}).encode()),
+    "wrong-shape": Http("POST", "/v2/models/small_fp32/infer", 400,
+                        "[request id: <id_unknown>] unexpected shape for input 'x' for model "
+                        "'small_fp32'. Expected [-1,16], got [1,8]",
+                        json.dumps({"inputs": [{"name": "x", "datatype": "FP32",
+                                                "shape": [1, 8], "data": [0] * 8}]}).encode()),
+    "unknown-shm-region": Http(
+        "POST", "/v2/models/small_fp32/infer", 404,
+        "Unable to find shared memory region: 'nope'",
+        _doc(parameters={"shared_memory_region": "nope", "shared_memory_byte_size": 64})),
+    "shm-status-unknown": Http("GET", "/v2/systemsharedmemory/region/nope/status", 404,
+                               "Unable to find system shared memory region: 'nope'"),
+    "shm-register-no-key": Http(
+        "POST", "/v2/systemsharedmemory/region/r1/register", 500,
+        "Unable to open shared memory region: '/mmguard_i28_no_such_key'",
+        json.dumps({"key": "/mmguard_i28_no_such_key", "offset": 0,
+                    "byte_size": 64}).encode()),
+    # Triton answers these client mistakes with 500 (its JSON parser's errors are INTERNAL);
+    # mmguard answers 400, as Triton's own gRPC front does for the same mistakes.
+    "malformed-json": Http("POST", "/v2/models/small_fp32/infer", 500,
+                           "failed to parse the request JSON buffer: ", b"{nope",
+                           mmguard_status=400),
+    "no-inputs": Http("POST", "/v2/models/small_fp32/infer", 500, "Unable to parse 'inputs'",
+                      b"{}", mmguard_status=400),
+    "data-shorter-than-shape": Http(
+        "POST", "/v2/models/small_fp32/infer", 500,
+        "Unable to parse 'data': Shape does not match true shape of 'data' field",
+        _doc(data=[0] * 15), mmguard_status=400),
+}
+
+
+@pytest.mark.parametrize("case", list(HTTP_CASES))
+def test_http_refusal_text(target: Target, case: str) -> None:
+    c = HTTP_CASES[case]
+    if c.method == "GET":
+        status, _, body = _http_get(target.http_url, c.path)
+    else:
+        assert c.body is not None
+        status, _, body = http_post(target.http_url, c.path, c.body, dict(c.headers))
+    want = c.mmguard_status if target.via_mmguard and c.mmguard_status else c.status
+    assert status == want, body
+    message = json.loads(body)["error"]
+    assert message.startswith(c.lead), message
+
+
+def _http_get(url: str, path: str) -> tuple[int, dict[str, str], bytes]:
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://{url}{path}", timeout=30) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, dict(e.headers), e.read()
+
+
+def _infer(version: str = "", model: str = "small_fp32", raw: bytes | None = X16,
+           contents: str | None = None, count: int = 16) -> pb.ModelInferRequest:
+    req = pb.ModelInferRequest(model_name=model, model_version=version)
+    inp = req.inputs.add(name="x", datatype="FP32", shape=[1, 16])
+    if contents is not None:
+        getattr(inp.contents, contents).extend([0] * count)
+    if raw is not None:
+        req.raw_input_contents.append(raw)
+    return req
+
+
+GRPC_CASES: dict[str, tuple[str, object, grpc.StatusCode, str]] = {
+    "unknown-model-infer": ("ModelInfer", _infer(model="nope"), grpc.StatusCode.NOT_FOUND,
+                            UNKNOWN),
+    "unknown-model-metadata": ("ModelMetadata", pb.ModelMetadataRequest(name="nope"),
+                               grpc.StatusCode.NOT_FOUND, UNKNOWN),
+    "unknown-model-config": ("ModelConfig", pb.ModelConfigRequest(name="nope"),
+                             grpc.StatusCode.NOT_FOUND, UNKNOWN),
+    "unknown-model-stats": ("ModelStatistics", pb.ModelStatisticsRequest(name="nope"),
+                            grpc.StatusCode.INVALID_ARGUMENT,
+                            "requested model 'nope' is not available"),
+    "version-not-a-number-infer": ("ModelInfer", _infer("wrong_specification"),
+                                   grpc.StatusCode.INVALID_ARGUMENT, STOL),
+    "version-not-a-number-metadata": (
+        "ModelMetadata", pb.ModelMetadataRequest(name="small_fp32",
+                                                 version="wrong_specification"),
+        grpc.StatusCode.INVALID_ARGUMENT, STOL),
+    "version-not-a-number-config": (
+        "ModelConfig", pb.ModelConfigRequest(name="small_fp32", version="wrong_specification"),
+        grpc.StatusCode.INVALID_ARGUMENT, STOL),
+    "version-not-a-number-ready": (
+        "ModelReady", pb.ModelReadyRequest(name="small_fp32", version="wrong_specification"),
+        grpc.StatusCode.INVALID_ARGUMENT, STOL),
+    "version-not-a-number-stats": (
+        "ModelStatistics", pb.ModelStatisticsRequest(name="small_fp32",
+                                                     version="wrong_specification"),
+        grpc.StatusCode.INVALID_ARGUMENT, STOL),
+    "version-negative": ("ModelInfer", _infer("-1"), grpc.StatusCode.INVALID_ARGUMENT,
+                         NEGATIVE),
+    "version-unknown-infer": ("ModelInfer", _infer("7"), grpc.StatusCode.NOT_FOUND, VERSION_7),
+    "version-unknown-metadata": ("ModelMetadata",
+                                 pb.ModelMetadataRequest(name="small_fp32", version="7"),
+                                 grpc.StatusCode.NOT_FOUND, VERSION_7),
+    "contents-and-raw": ("ModelInfer", _infer(contents="fp32_contents"),
+                         grpc.StatusCode.INVALID_ARGUMENT,
+                         "contents field must not be specified when using raw_input_contents "
+                         "for 'x' for model 'small_fp32'"),
+    "contents-short": ("ModelInfer", _infer(raw=None, contents="fp32_contents", count=15),
+                       grpc.StatusCode.INVALID_ARGUMENT,
+                       "[request id: <id_unknown>] input byte size mismatch for input 'x' for "
+                       "model 'small_fp32'. Expected 64, got 60"),
+    "contents-wrong-field": ("ModelInfer", _infer(raw=None, contents="int_contents"),
+                             grpc.StatusCode.INVALID_ARGUMENT,
+                             "unexpected explicit tensor data for input tensor 'x' for model "
+                             "'small_fp32' of type 'INT32', expected datatype 'FP32'"),
+    "raw-short": ("ModelInfer", _infer(raw=X16[:60]), grpc.StatusCode.INVALID_ARGUMENT,
+                  "[request id: <id_unknown>] input byte size mismatch for input 'x' for "
+                  "model 'small_fp32'. Expected 64, got 60"),
+    "no-data": ("ModelInfer", _infer(raw=None), grpc.StatusCode.INVALID_ARGUMENT,
+                "unable to find data for input tensor 'x' for model 'small_fp32' in request."),
+    "shm-status-unknown": ("SystemSharedMemoryStatus",
+                           pb.SystemSharedMemoryStatusRequest(name="nope"),
+                           grpc.StatusCode.NOT_FOUND,
+                           "Unable to find system shared memory region: 'nope'"),
+    "shm-register-no-key": ("SystemSharedMemoryRegister", pb.SystemSharedMemoryRegisterRequest(
+        name="r1", key="/mmguard_i28_no_such_key", offset=0, byte_size=64),
+        grpc.StatusCode.INTERNAL,
+        "Unable to open shared memory region: '/mmguard_i28_no_such_key'"),
+}
+
+
+@pytest.mark.parametrize("case", list(GRPC_CASES))
+def test_grpc_refusal_text(target: Target, case: str) -> None:
+    method, request, code, lead = GRPC_CASES[case]
+    with grpc.insecure_channel(target.grpc_url) as channel:
+        call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+        with pytest.raises(grpc.RpcError) as err:
+            call(request.SerializeToString(), timeout=30)  # type: ignore[attr-defined]
+    assert err.value.code() == code, err.value.details()
+    assert (err.value.details() or "").startswith(lead), err.value.details()
+
+
+def test_shared_memory_bounds_in_tritons_words(shm_client: Shm) -> None:
+    """Upstream's test_register_out_of_bound, test_too_big_shm, test_infer_offset_out_of_bound
+    and test_infer_byte_size_out_of_bound, over both protocols."""
+    s = shm_client
+    name, key, handle = s.region("words", NBYTES)
+    shm.set_shared_memory_region(handle, [X])
+    s.client.register_system_shared_memory(name, key, NBYTES)
+    _, free_key, _ = s.region("words_free", NBYTES)
+    assert fails(s.code("invalid"), s.client.register_system_shared_memory, name + "_big",
+                 free_key, NBYTES + 1).startswith(
+        f"failed to register shared memory region '{name}_big'")
+    assert fails(s.code("invalid"), s.infer, name, in_offset=32).startswith(
+        f"Invalid offset + byte size for shared memory region: '{name}'")
+    assert fails(s.code("invalid"), s.infer, name, in_offset=NBYTES, in_size=0).startswith(
+        f"Invalid offset for shared memory region: '{name}'")
+    assert "input byte size mismatch for input 'x' for model 'small_fp32'. Expected 64, got " \
+           "60" in fails(s.code("invalid"), s.infer, name, in_size=NBYTES - 4)
+    assert fails(s.code("not_found"), s.infer, name + "_gone").startswith(
+        f"Unable to find shared memory region: '{name}_gone'")
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_trace_and_logging_refused_alike_and_not_announced(target: Target,
+                                                           protocol: str) -> None:
+    """mmguard refuses the trace and logging extensions with one reason on both fronts and
+    does not list them in its server metadata; Triton serves them (a documented difference)."""
+    if protocol == "grpc":
+        client = grpcclient.InferenceServerClient(target.grpc_url)
+        extensions = list(client.get_server_metadata().extensions)
+        calls = [client.get_trace_settings, client.get_log_settings]
+    else:
+        client = httpclient.InferenceServerClient(target.http_url)
+        extensions = list(client.get_server_metadata()["extensions"])
+        calls = [client.get_trace_settings, client.get_log_settings]
+    try:
+        if not target.via_mmguard:
+            assert {"trace", "logging"} <= set(extensions)
+            for call in calls:
+                call()
+            return
+        assert "trace" not in extensions and "logging" not in extensions
+        for call, extension in zip(calls, ("trace", "logging"), strict=True):
+            with pytest.raises(InferenceServerException) as err:
+                call()
+            assert err.value.status() in ("501", "StatusCode.UNIMPLEMENTED")
+            assert err.value.message().startswith(
+                f"the '{extension}' extension is not served by mmguard: ")
+    finally:
+        client.close()
