@@ -73,8 +73,8 @@ def perspective(plane: F32) -> Signal:
     flat margin (pixels within 0.03 of the border's median, or 3 × its deviation) in every
     row, and whether that depth follows a straight line (``_straight_edge``). With two or
     more straight margin edges, the value is the number that lean (slope ≥ 0.01): 0 scores 1
-    (a letterboxed frame, a screen shot straight on), 2 or more score 0. A photograph has no flat margin on two sides ending on
-    straight lines, so it reads 0.
+    (a letterboxed frame, a screen shot straight on), 2 or more score 0. A photograph has no
+    flat margin on two sides ending on straight lines, so it reads 0.
 
     Known confusions: a screen that fills the frame (no surround) or moiré alone is not seen;
     a bezel with reflections or strong noise breaks the flat margin, a surround brighter than
