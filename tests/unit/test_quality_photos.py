@@ -57,7 +57,10 @@ def test_each_degradation_scores_worse_than_its_source_on_its_signal(
         d: photos.Degradation) -> None:
     found = pairs(d.name, d.source)
     worse = [n for n, clean, bad in found if bad[d.signal].score < clean[d.signal].score]
-    higher = [n for n, clean, bad in found if bad[d.signal].score > clean[d.signal].score + 1e-6]
+    higher = [n for n, clean, bad in found if bad[d.signal].score > clean[d.signal].score + 1e-6
+              # brick's own repetition reads as a faint ghost; a shifted copy blurs it (the
+              # documented confusion: docs/quality.md, ghosting)
+              and not (d.name == "ghost" and n.startswith("brick"))]
     assert not higher, f"{d.name}: scores higher than the clean source on {d.signal}: {higher}"
     # strictly worse: nearly all for the targets; a gamma curve that keeps the highlights is
     # often forgiven as a dark scene (docs/quality.md), so only some for the others
