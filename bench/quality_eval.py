@@ -2,25 +2,30 @@
 
     python -m bench.quality_eval [--out bench/out] [--all-severities]
 
-Builds the evaluation set of ``tests/support/photos.py`` (scikit-image's photographs resized to
-224 × 224 as a client would, with seeded crops; documents and screenshots as clean inputs), makes
-every degradation at every severity of its ladder, and scores everything with the shipped
-signals. Prints, per degradation:
+Builds the evaluation set of ``tests/support/photos.py`` (the photographs scikit-image and
+matplotlib ship in their wheels, resized to 224 × 224 as a client would; documents,
+illustrations, scientific images and rendered screenshots as clean inputs of their own kinds),
+makes every degradation at every severity of its ladder, and scores everything with the
+shipped signals (``ghosting`` included). Prints, per degradation:
 
-- the ROC AUC of each signal at the severity the source documents name (clean photos against
-  their degraded copies; 1.0 = every degraded copy scores below every clean photo);
-- at the shipped default rules (``QualityConfig().rules``), the share of degraded copies that a
-  rule catches, per severity;
+- the ROC AUC of each signal (clean photos against their degraded copies; 1.0 = every degraded
+  copy scores below every clean photo);
+- at the shipped default rules (``QualityConfig().rules``), the share of degraded copies that
+  a rule catches, per severity;
 
-and, per kind of clean input, the share that a default rule flags (the false-positive rate).
-Writes ``roc.png`` (one panel per degradation: the ROC of the signal meant for it, one curve per
-severity) and ``quality_eval.json`` to ``--out``.
+then, per framing (the evaluation framing, random crops, whole frames) and per kind of clean
+input, the share that a default rule flags, with its 95 % Wilson interval; and the operating
+points: per signal, the highest threshold that flags at most 1 % (and none) of the clean
+photographs of the evaluation framing and the random crops together, where the defaults come
+from. Writes ``roc.png`` (one panel per degradation: the ROC of the signal meant for it, one
+curve per severity) and ``quality_eval.json`` to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +35,7 @@ from numpy.typing import NDArray
 from PIL import Image, ImageDraw
 
 from filters.quality.filter import QualityConfig
+from filters.quality.scenes import OPTIONAL_SIGNALS
 from filters.quality.signals import IMAGE_SIGNALS, ImageSpec, Signal, image_signals
 from tests.support import photos
 
@@ -39,7 +45,32 @@ Scores = dict[str, Signal]
 
 
 def score(x: NDArray[Any]) -> Scores:
-    return image_signals(x, UINT8 if x.dtype == np.uint8 else FLOAT)
+    return image_signals(x, UINT8 if x.dtype == np.uint8 else FLOAT, OPTIONAL_SIGNALS)
+
+
+def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a rate (sound at 0 hits, unlike the normal one)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = hits / n
+    mid = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+RULED = ("range", "sharpness", "exposure", "noise", "blockiness", "perspective", "tone",
+         "ghosting")
+GRID = tuple(round(0.05 * i, 2) for i in range(1, 20))
+
+
+def operating_points(photo_scores: list[Scores], budget: float = 0.01) -> dict[str, float]:
+    """Per signal, the highest 'below' (on a 0.05 grid) that flags at most ``budget`` of the
+    clean photographs (the evaluation framing and the random crops together)."""
+    out = {}
+    for k in RULED:
+        ok = [b for b in GRID if np.mean([s[k].score < b for s in photo_scores]) <= budget]
+        out[k] = max(ok) if ok else 0.0
+    return out
 
 
 def auc(clean: Sequence[float], degraded: Sequence[float]) -> float:
@@ -69,21 +100,35 @@ def flagged(s: Scores, thresholds: dict[str, float]) -> list[str]:
     return [k for k, below in thresholds.items() if s[k].score < below]
 
 
+def false_positives(rows: list[tuple[photos.Clean, Scores]],
+                    thresholds: dict[str, float]) -> dict[str, Any]:
+    hits = [(c.name, flagged(s, thresholds)) for c, s in rows]
+    n, k = len(rows), sum(1 for _, f in hits if f)
+    return {"n": n, "flagged": k, "rate": k / max(n, 1), "interval": wilson(k, n),
+            "per_signal": {s: sum(1 for _, f in hits if s in f) for s in thresholds},
+            "which": [f"{name}: {', '.join(f)}" for name, f in hits if f]}
+
+
+def framings() -> dict[str, list[photos.Clean]]:
+    return {"eval framing": list(photos.clean_set()), "random crops": list(photos.random_crops()),
+            "whole frames": list(photos.whole_frames())}
+
+
 def evaluate() -> dict[str, Any]:
     thresholds = default_thresholds()
-    clean = photos.clean_set()
-    clean_scores = [score(c.image) for c in clean]
-    photo = [s for c, s in zip(clean, clean_scores, strict=True) if c.kind == "photo"]
+    scored = {f: [(c, score(c.image)) for c in cs] for f, cs in framings().items()}
+    photo = [s for c, s in scored["eval framing"] if c.kind == "photo"]
     fp: dict[str, Any] = {}
-    for kind in ("photo", "scientific", "document", "screenshot"):
-        rows = [(c, s) for c, s in zip(clean, clean_scores, strict=True) if c.kind == kind]
-        hits = [(c.name, flagged(s, thresholds)) for c, s in rows]
-        fp[kind] = {"n": len(rows), "flagged": sum(1 for _, f in hits if f),
-                    "rate": sum(1 for _, f in hits if f) / max(len(rows), 1),
-                    "per_signal": {k: sum(1 for _, f in hits if k in f) for k in thresholds},
-                    "which": [f"{n}: {', '.join(f)}" for n, f in hits if f]}
+    for framing, rows in scored.items():
+        for kind in ("photo", "scientific", "document", "screenshot", "illustration"):
+            mine = [(c, s) for c, s in rows if c.kind == kind]
+            if mine:
+                fp[f"{framing} / {kind}"] = false_positives(mine, thresholds)
+    crops = [s for c, s in scored["random crops"]]
     faces = [score(f) for f in photos.faces()]
     out: dict[str, Any] = {"thresholds": thresholds, "false_positives": fp, "degradations": {},
+                           "operating_points": operating_points(photo + crops),
+                           "operating_points_none": operating_points(photo + crops, 0.0),
                            "faces_lfw": {"n": len(faces), "detected": float(np.mean(
                                [bool(flagged(s, thresholds)) for s in faces])),
                                "sharpness_below": float(np.mean(
@@ -110,7 +155,8 @@ def evaluate() -> dict[str, Any]:
 
 def table(result: dict[str, Any], all_severities: bool) -> str:
     short = {"finite": "fin", "range": "rng", "constant": "cst", "sharpness": "shp",
-             "exposure": "exp", "noise": "noi", "blockiness": "blk"}
+             "exposure": "exp", "noise": "noi", "blockiness": "blk", "perspective": "psp",
+             "tone": "ton", "ghosting": "gho"}
     head = (f"{'degradation':13s} {'severity':>10s} " + " ".join(f"{short[k]:>5s}"
             for k in IMAGE_SIGNALS) + f" {'meant':>9s} {'detected':>8s}")
     lines = ["ROC AUC per signal (clean photos vs degraded copies); detected = share caught by a "
@@ -129,8 +175,14 @@ def table(result: dict[str, Any], all_severities: bool) -> str:
     lines.append("false positives at the default rules "
                  + ", ".join(f"{k} < {v:g}" for k, v in result["thresholds"].items()))
     for kind, fp in result["false_positives"].items():
-        lines.append(f"  {kind:11s} {fp['flagged']:3d} / {fp['n']:3d} = {fp['rate']:6.1%}  "
-                     + "; ".join(fp["which"][:4]) + (" ..." if len(fp["which"]) > 4 else ""))
+        lo, hi = fp["interval"]
+        lines.append(f"  {kind:27s} {fp['flagged']:3d} / {fp['n']:3d} = {fp['rate']:6.1%} "
+                     f"[{lo:5.1%}, {hi:5.1%}]  "
+                     + "; ".join(fp["which"][:3]) + (" ..." if len(fp["which"]) > 3 else ""))
+    for key, what in (("operating_points", "<= 1 %"), ("operating_points_none", "none")):
+        lines.append(f"operating points (highest 'below' flagging {what} of the clean photos, "
+                     "eval framing + random crops): " + ", ".join(
+                         f"{k} {v:g}" for k, v in result[key].items()))
     f = result["faces_lfw"]
     lines.append(f"lfw faces (25 px, up-scaled 9x by the client): {f['detected']:.0%} of {f['n']} "
                  f"flagged, {f['sharpness_below']:.0%} by sharpness")

@@ -53,6 +53,28 @@ def headers_match(want: Mapping[str, str], have: Mapping[str, str]) -> bool:
 CANARY: CallKey[bool] = CallKey("canary")
 """Set for every call by the runtime: the call is canary traffic (``Config.canary``); what acts
 on canary traffic only (experiments, verdicts) tests this one flag."""
+SCORES: CallKey[dict[str, float]] = CallKey("scores")
+"""Scores filters published on the call (``publish_scores``), by ``<filter>.<score>`` (e.g.
+``quality.alignment``): what ``canary.eligible`` judges."""
+CANARY_ELIGIBLE: CallKey[bool] = CallKey("canary_eligible")
+"""Set only where ``canary.eligible`` is configured: False until the published scores meet it.
+Only an eligible call enters the canary share or the shadow's mirrored share."""
+CANARY_POPULATION: CallKey[str] = CallKey("canary_population")
+"""Where ``canary.eligible`` is configured: the population it admits, in words (for verdicts)."""
+CANARY_GATE: CallKey[Callable[[Call], None]] = CallKey("canary_gate")
+"""The runtime's eligibility check, run by ``publish_scores``."""
+
+
+def publish_scores(call: Call, scores: Mapping[str, float]) -> None:
+    """Publish scores on the call (``SCORES``); where canary eligibility is configured, the
+    call is judged on them now, so the filters after this one see its final membership."""
+    have = call.state.get(SCORES)
+    if have is None:
+        call.state[SCORES] = have = {}
+    have.update(scores)
+    gate = call.state.get(CANARY_GATE)
+    if gate is not None:
+        gate(call)
 
 
 @dataclass(slots=True)

@@ -122,6 +122,20 @@ class Report:
                     out.append(f"{name}={item.signals[name].score:.3f}")
         return " ".join(out)
 
+    def published(self, weights: Mapping[str, float]) -> dict[str, float]:
+        """What the filter publishes on the call (``proxy.call.SCORES``) for canary
+        eligibility: ``quality.<score>`` for trust, image, text, alignment (the lowest pair)
+        and every signal (the worst item's), those the request has."""
+        parts = self.parts()
+        head = {"trust": trust_score(parts, weights), "image": parts["visual"],
+                "text": parts["text"], "alignment": parts["alignment"]}
+        out = {f"quality.{k}": v for k, v in head.items() if v is not None}
+        for item in self.items:
+            for name, s in item.signals.items():
+                key = f"quality.{name}"
+                out[key] = min(out.get(key, 1.0), s.score)
+        return out
+
     def series(self, weights: Mapping[str, float]) -> Iterator[tuple[str, str, float]]:
         """(modality, signal, score) for drift: every item's signals and score, every aligned
         pair, and the trust score."""

@@ -15,7 +15,8 @@ from functools import cache
 import numpy as np
 from numpy.typing import NDArray
 
-from filters.quality.signals import Signal, _ramp
+from filters.quality.measure import Signal
+from filters.quality.measure import ramp as _ramp
 
 TEXT_SIGNALS = ("empty", "length", "control", "replacement", "symbols", "repetition", "script")
 

@@ -39,6 +39,8 @@ from filters.shadow.config import (
 from filters.shadow.state import ShadowState
 from proxy.call import (
     CANARY,
+    CANARY_ELIGIBLE,
+    CANARY_POPULATION,
     Api,
     Call,
     LocalReply,
@@ -116,6 +118,8 @@ class Shadow:
         self.m_verdict_status = t.one_hot(
             "mmguard_shadow_verdict_status", "The canary verdict, one-hot (sum by state across "
             "pods).", labels, list(_STATES))
+        self.population = "every call in the share"
+        """Which calls the verdict judges (``canary.eligible``), as the last call said."""
         for reason in ("v2-stream", "queue-full"):  # known values at 0 from the start
             self.m_dropped.labels(ctx.route, cfg.canary, reason)
         for agree in ("true", "false"):
@@ -141,6 +145,11 @@ class Shadow:
         st = self.state
         if not st.mirroring or not self._selected(call):
             return await next(call)
+        if call.state.get(CANARY_ELIGIBLE) is False:  # canary.eligible: not this population
+            self.population = call.state.get(CANARY_POPULATION) or self.population
+            self.m_dropped.labels(self.ctx.route, self.cfg.canary, "ineligible").inc()
+            return await next(call)
+        self.population = call.state.get(CANARY_POPULATION) or "every call in the share"
         if call.streaming and call.api is Api.KSERVE_V2:
             # A v2 decoupled stream has no one answer to compare: not mirrored, and counted.
             self.m_dropped.labels(self.ctx.route, self.cfg.canary, "v2-stream").inc()
@@ -343,6 +352,7 @@ class Shadow:
         return {"canary": self.cfg.canary, "mirroring": st.mirroring,
                 "stop_reason": st.stop_reason, "mirrored": st.mirrored, "dropped": st.dropped,
                 "compared": st.compared, "queued": self.queue.qsize() if self.queue else 0,
+                "population": self.population,
                 **st.verdict.snapshot()}
 
     def reset(self) -> None:

@@ -100,6 +100,29 @@ class OpenAIConfig(Strict):
         return self
 
 
+class Eligibility(Strict):
+    """One condition on a score a filter published on the call (``proxy.call.SCORES``)."""
+
+    score: str = Field(pattern=r"^[a-z_]+\.[a-z_]+$")
+    """``<filter>.<score>``: ``quality.alignment`` (image–text alignment), ``quality.trust``,
+    ``quality.image``, ``quality.text`` or ``quality.<signal>`` (e.g. ``quality.sharpness``)."""
+    at_least: float | None = None
+    """Eligible when the score is at least this."""
+    below: float | None = None
+    """Eligible when the score is below this."""
+
+    @model_validator(mode="after")
+    def _bound(self) -> Eligibility:
+        if (self.at_least is None) == (self.below is None):
+            raise ValueError(f"eligibility on '{self.score}' needs exactly one of at_least "
+                             "and below")
+        return self
+
+    def __str__(self) -> str:
+        return (f"{self.score} >= {self.at_least:g}" if self.at_least is not None
+                else f"{self.score} < {self.below:g}")
+
+
 class CanaryConfig(Strict):
     """Which calls are canary traffic: the only calls that fault experiments may touch."""
 
@@ -108,6 +131,11 @@ class CanaryConfig(Strict):
     Clients' copies are stripped unless the listener has ``trust_canary_headers``."""
     share: float = Field(0.0, ge=0.0, le=1.0)
     """A share of all traffic chosen stably by ``key``: the same key is always in or out."""
+    eligible: tuple[Eligibility, ...] = ()
+    """Only calls whose published scores meet every condition may enter ``share`` (and a
+    shadow's mirrored share): the gray release of the source documents, "the samples whose
+    image–text alignment is above 0.85 first". A call with no such score is not eligible.
+    Calls selected by ``headers`` (a trusted operator's choice) are not filtered."""
     key: str = "x-request-id"
     """Header whose value picks the share; the request id when absent; random when neither. The
     shadow filter's percent and the fault experiments' shares are chosen on the same key."""

@@ -14,6 +14,11 @@ The shadow filter's mirroring share and the fault experiments' shares draw throu
 
 Clients' copies of the canary headers are removed before anything reads them unless the
 listener trusts them: an untrusted client cannot opt itself into fault injection.
+
+With ``canary.eligible`` (the source documents' gray release: "alignment above 0.85 first"), a
+call in the share becomes canary traffic only once a filter has published scores on it
+(``publish_scores``) that meet every condition; until then, and for a call never scored, it is
+not canary and not eligible (``CANARY_ELIGIBLE``, which the shadow's mirroring reads too).
 """
 
 from __future__ import annotations
@@ -21,18 +26,40 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from proxy.call import CANARY, Call, headers_match
+from prometheus_client import Counter
+
+from proxy.call import (
+    CANARY,
+    CANARY_ELIGIBLE,
+    CANARY_GATE,
+    CANARY_POPULATION,
+    SCORES,
+    Call,
+    headers_match,
+)
 from proxy.pod.state import POD, Role
 from proxy.share import ShareHash
 
 if TYPE_CHECKING:
     from proxy.config.model import Config
+    from proxy.telemetry import Telemetry
 
 log = logging.getLogger("mmguard.canary")
 
 class CanaryMatcher:
-    def __init__(self, config: Config, share_hash: ShareHash) -> None:
+    def __init__(self, config: Config, share_hash: ShareHash,
+                 telemetry: Telemetry | None = None) -> None:
         self.cfg = config.canary
+        self.population = " and ".join(str(e) for e in self.cfg.eligible)
+        self.m_calls = self.m_eligible = None
+        if telemetry is not None and self.cfg.eligible:
+            self.m_calls = telemetry.metric(
+                Counter, "mmguard_canary_eligibility_calls_total",
+                "Calls judged for canary eligibility (canary.eligible).", ["model"])
+            self.m_eligible = telemetry.metric(
+                Counter, "mmguard_canary_eligibility_judged_total",
+                "Calls whose published scores were judged, by result: eligible true / false "
+                "(calls minus judged: no score published, not eligible).", ["model", "eligible"])
         self.headers = {k.lower(): v for k, v in self.cfg.headers.items()}
         lc = config.listeners
         self.trusted = {"grpc": lc.grpc.trust_canary_headers,
@@ -47,11 +74,39 @@ class CanaryMatcher:
             for name in self.headers:
                 call.headers.pop(name, None)
         canary = bool(self.headers) and headers_match(self.headers, call.headers)
+        in_share = False
         if not canary and self.cfg.share > 0:
-            canary = self.share_hash.in_share("canary", self.share_hash.request_key(call),
-                                              self.cfg.share)
+            in_share = self.share_hash.in_share("canary", self.share_hash.request_key(call),
+                                                self.cfg.share)
+        if self.cfg.eligible:
+            # Not eligible until a filter publishes scores that meet every condition; then
+            # (and only then) a call in the share becomes canary traffic.
+            call.state[CANARY_ELIGIBLE] = False
+            call.state[CANARY_POPULATION] = self.population
+            call.state[CANARY_GATE] = lambda c: self._admit(c, in_share)
+            if self.m_calls is not None:
+                self.m_calls.labels(call.model).inc()
+        else:
+            canary = canary or in_share
         call.state[CANARY] = canary
         return canary
+
+    def _admit(self, call: Call, in_share: bool) -> None:
+        scores = call.state.get(SCORES) or {}
+        if any(e.score not in scores for e in self.cfg.eligible):
+            return  # another filter's scores may still come
+        call.state[CANARY_GATE] = _judged  # once per call, however often scores come
+        ok = all((scores[e.score] >= e.at_least) if e.at_least is not None
+                 else (scores[e.score] < (e.below or 0.0)) for e in self.cfg.eligible)
+        call.state[CANARY_ELIGIBLE] = ok
+        if ok and in_share:
+            call.state[CANARY] = True
+        if self.m_eligible is not None:
+            self.m_eligible.labels(call.model, str(ok).lower()).inc()
+
+
+def _judged(call: Call) -> None:
+    """The gate of a call already judged."""
 
 
 def share_hash_for(config: Config) -> ShareHash:

@@ -74,7 +74,7 @@ class Runtime:
         self._seed = seed
         """Seeds each filter's ``rng`` (by route and position) when set: tests replay draws."""
         self.share_hash = share_hash or share_hash_for(config)
-        self.canary = CanaryMatcher(config, self.share_hash)
+        self.canary = CanaryMatcher(config, self.share_hash, telemetry)
         self.state = Store() if store is None else store
         """Filter state that outlives a reload (e.g. experiments started through the API)."""
         self.local = Store()

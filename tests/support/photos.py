@@ -113,6 +113,102 @@ def clean_set(crops: int = CROPS_PER_PHOTO, seed: int = 0) -> tuple[Clean, ...]:
     return tuple(out)
 
 
+# --- beyond the evaluation framing (docs/quality.md, "Framings and kinds") ------------------------
+
+# What matplotlib ships in its wheel (mpl-data/sample_data; the test extra): Grace Hopper's
+# portrait (a real photograph, US Navy, public domain), a rendered gift-pack icon (clip art,
+# Minduka, CC BY-SA) and matplotlib's logo: illustrations.
+MPL_PHOTOS = ("grace_hopper.jpg",)
+MPL_ILLUSTRATIONS = ("Minduka_Present_Blue_Pack.png", "logo2.png")
+ILLUSTRATIONS = ("horse", "checkerboard", "logo")  # scikit-image: silhouette, pattern, logo
+
+
+def _load_mpl(name: str) -> U8:
+    base = importlib.import_module("matplotlib").get_data_path()
+    img: Image.Image = Image.open(f"{base}/sample_data/{name}")
+    if img.mode in ("RGBA", "LA", "P"):
+        white = Image.new("RGBA", img.size, (255, 255, 255, 255))
+        img = Image.alpha_composite(white, img.convert("RGBA"))
+    return np.asarray(img.convert("RGB"), np.uint8)
+
+
+def _source(name: str) -> U8:
+    return _load_mpl(name) if "." in name else _load(name)
+
+
+_WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "elit", "sed", "do")
+
+
+def screenshots(count: int = 8, seed: int = 0) -> list[tuple[str, U8]]:
+    """Rendered user interfaces (light and dark mode: a title bar, text lines, buttons, a photo
+    thumbnail), at 224 × 224 as a client sends a screenshot: synthetic, seeded."""
+    from PIL import ImageDraw
+    rng = np.random.default_rng(seed)
+    thumb = Image.fromarray(_load("chelsea")).resize((72, 54))
+    out = []
+    for i in range(count):
+        dark = i % 2 == 1
+        bg, fg = ((30, 30, 34), (220, 220, 220)) if dark else ((250, 250, 250), (30, 30, 30))
+        img = Image.new("RGB", (448, 448), bg)
+        draw = ImageDraw.Draw(img)
+        accent = tuple(int(v) for v in rng.integers(40, 220, 3))
+        draw.rectangle((0, 0, 448, 36), fill=accent)
+        y = 50
+        while y < 420:
+            if rng.random() < 0.15:
+                draw.rounded_rectangle((20, y, 140, y + 28), 6, fill=accent)
+                draw.text((32, y + 8), "Submit", fill=(255, 255, 255))
+                y += 40
+            elif rng.random() < 0.1:
+                img.paste(thumb.resize((144, 108)), (20, y))
+                y += 118
+            else:
+                words = " ".join(_WORDS[: int(rng.integers(3, 8))])
+                draw.text((20, y), words, fill=fg)
+                y += 18
+        out.append((f"ui{i}{'-dark' if dark else ''}", np.asarray(
+            img.resize((SIDE, SIDE), Image.Resampling.LANCZOS), np.uint8)))
+    return out
+
+
+def kind_sources() -> dict[str, list[str]]:
+    """Every source image by kind (screenshots are rendered: ``screenshots()``)."""
+    return {"photo": [*PHOTOS, *MPL_PHOTOS], "scientific": list(SCIENTIFIC),
+            "document": list(DOCUMENTS), "illustration": [*ILLUSTRATIONS, *MPL_ILLUSTRATIONS]}
+
+
+@cache
+def random_crops(per_photo: int = 12, seed: int = 1) -> tuple[Clean, ...]:
+    """Random crops of the photographs, 25-60 % of the short side at a random place (a user's
+    tight framing: a face, a part of a scene, often on an out-of-focus background), never under
+    224 source pixels: a smaller crop would be up-scaled, a resolution collapse of its own that
+    the sharpness signal is right to flag (these sources are 300-640 px; a phone's are 4000)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for name in kind_sources()["photo"]:
+        raw = _source(name)
+        h, w = raw.shape[:2]
+        for i in range(per_photo):
+            side = min(max(int(min(h, w) * rng.uniform(0.25, 0.6)), SIDE), min(h, w))
+            top, left = int(rng.integers(0, h - side + 1)), int(rng.integers(0, w - side + 1))
+            out.append(Clean(f"{name}/rand{i}", "photo",
+                             to_model_input(raw, (left, top, left + side, top + side))))
+    return tuple(out)
+
+
+@cache
+def whole_frames() -> tuple[Clean, ...]:
+    """Every source of every kind, the whole frame squeezed to 224 × 224 (no crop: a client
+    that resizes without keeping the aspect), and the rendered screenshots."""
+    out = []
+    for kind, names in kind_sources().items():
+        for name in names:
+            img = Image.fromarray(_source(name)).resize((SIDE, SIDE), Image.Resampling.BICUBIC)
+            out.append(Clean(name, kind, np.asarray(img, np.uint8)))
+    out.extend(Clean(n, "screenshot", x) for n, x in screenshots())
+    return tuple(out)
+
+
 def faces(count: int = 40) -> list[U8]:
     """``lfw_subset`` faces (25 × 25 px) resized to 224 as a client would: a real 9× collapse."""
     data = _skimage_data()
@@ -194,7 +290,17 @@ def jpeg(x: U8, quality: float, rng: np.random.Generator) -> U8:
 
 
 def ghost(x: U8, opacity: float, rng: np.random.Generator) -> U8:
-    """OCR / video residue: a trace of another frame (a seeded other photo) at ``opacity``."""
+    """OCR residue, a previous video frame, a double exposure: the frame over itself shifted
+    by 4-24 px in a seeded direction, at ``opacity``."""
+    angle, r = rng.uniform(0, 2 * np.pi), rng.uniform(4, 24)
+    dy, dx = round(r * np.sin(angle)), round(r * np.cos(angle))
+    h, w = x.shape[:2]
+    ys, xs = np.clip(np.arange(h) - dy, 0, h - 1), np.clip(np.arange(w) - dx, 0, w - 1)
+    return _u8((1 - opacity) * _f(x) + opacity * _f(x[ys][:, xs]))
+
+
+def overlay(x: U8, opacity: float, rng: np.random.Generator) -> U8:
+    """A trace of another scene (a seeded other photo) at ``opacity``."""
     photos = [c.image for c in clean_set() if c.kind == "photo"]
     other = photos[int(rng.integers(len(photos)))]
     return _u8((1 - opacity) * _f(x) + opacity * _f(other))
@@ -251,14 +357,15 @@ DEGRADATIONS = (
     Degradation("gaussian", gaussian, (0.02, 0.04, 0.06, 0.08), 0.08, "noise", "sigma"),
     Degradation("poisson", poisson, (0.01, 0.02, 0.05), 0.05, "noise", "lambda"),
     Degradation("low_light", low_light, (0.5, 0.3, 0.2, 0.1), 0.1, "exposure", "exposure"),
-    Degradation("gamma", gamma, (1.5, 2.2, 3.0), 3.0, "exposure", "gamma"),
-    Degradation("overexposure", overexposure, (1.5, 2.0, 3.0), 2.0, "exposure", "gain"),
     Degradation("defocus", defocus, (1.0, 2.0, 3.0, 4.0), 3.0, "sharpness", "radius px"),
     Degradation("motion", motion, (5, 9, 15), 9, "sharpness", "length px"),
     Degradation("collapse", collapse, (2.0, 4.0, 8.7), 8.7, "sharpness", "factor"),
     Degradation("jpeg", jpeg, (30, 20, 10), 10, "blockiness", "quality"),
-    Degradation("ghost", ghost, (0.05, 0.10, 0.15), 0.15, "", "opacity"),
-    Degradation("perspective", perspective, (0.1, 0.2, 0.3), 0.2, "", "corner shift"),
+    Degradation("gamma", gamma, (1.5, 2.2, 3.0), 3.0, "tone", "gamma"),
+    Degradation("overexposure", overexposure, (1.5, 2.0, 3.0), 2.0, "exposure", "gain"),
+    Degradation("ghost", ghost, (0.05, 0.10, 0.15, 0.25), 0.15, "ghosting", "opacity"),
+    Degradation("overlay", overlay, (0.05, 0.10, 0.15), 0.15, "", "opacity"),
+    Degradation("perspective", perspective, (0.1, 0.2, 0.3), 0.2, "perspective", "corner shift"),
     Degradation("nan", nan, (0.001, 0.01), 0.001, "finite", "share"),
     Degradation("wrong_range", wrong_range, (255.0, -1.0), 255.0, "range", "scale"),
 )

@@ -122,7 +122,7 @@ async def test_the_middle_band_sheds_the_configured_share_to_the_cheaper_route()
     quality, telemetry = build({"shed_share": 0.25, "shed_to": "m-small"}, backend, seed=7)
     outcomes = []
     for _ in range(200):
-        call = lit(0.3)
+        call = lit(0.4)
         await quality(call, backend.answer)
         assert 0.3 <= trust_of(call) < 0.7
         outcomes.append(call.decisions["mmguard-quality-graded"].split(";")[0])
@@ -135,7 +135,7 @@ async def test_the_middle_band_sheds_the_configured_share_to_the_cheaper_route()
 async def test_shedding_with_nowhere_to_go_serves_as_usual_and_says_so() -> None:
     backend = Backend()
     quality, _ = build({"shed_share": 1.0}, backend)
-    call = lit(0.3)
+    call = lit(0.4)
     reply = await quality(call, backend.answer)
     assert isinstance(reply, Result) and backend.calls == 1
     assert call.decisions["mmguard-quality-graded"].startswith("shed-unavailable; ")

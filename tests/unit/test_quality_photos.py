@@ -2,9 +2,9 @@
 resized as a client would, with seeded degradations at the source documents' severities).
 
 What must hold: each degradation scores worse than its clean source on the signal meant for it;
-the targets (ROC AUC >= 0.95 for noise, blur, low light and resolution collapse; at most 2 % of
-clean photos flagged by the default rules); and the behaviour docs/quality.md states for
-documents, dark photos and textures."""
+the targets (ROC AUC >= 0.95 for noise, blur, low light and resolution collapse; at most 1 % of
+clean photos and random crops of them flagged by the default rules); and the behaviour
+docs/quality.md states for documents, dark photos and textures."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 from numpy.typing import NDArray
 
 from filters.quality.filter import QualityConfig
+from filters.quality.scenes import OPTIONAL_SIGNALS
 from filters.quality.signals import IMAGE_SIGNALS, ImageSpec, Signal, image_signals
 from tests.support import photos
 
@@ -26,7 +27,7 @@ TARGETS = ("gaussian", "poisson", "low_light", "defocus", "motion", "collapse")
 
 
 def score(x: NDArray[Any]) -> dict[str, Signal]:
-    return image_signals(x, UINT8 if x.dtype == np.uint8 else FLOAT)
+    return image_signals(x, UINT8 if x.dtype == np.uint8 else FLOAT, OPTIONAL_SIGNALS)
 
 
 @cache
@@ -56,7 +57,10 @@ def test_each_degradation_scores_worse_than_its_source_on_its_signal(
         d: photos.Degradation) -> None:
     found = pairs(d.name, d.source)
     worse = [n for n, clean, bad in found if bad[d.signal].score < clean[d.signal].score]
-    higher = [n for n, clean, bad in found if bad[d.signal].score > clean[d.signal].score + 1e-6]
+    higher = [n for n, clean, bad in found if bad[d.signal].score > clean[d.signal].score + 1e-6
+              # brick's own repetition reads as a faint ghost; a shifted copy blurs it (the
+              # documented confusion: docs/quality.md, ghosting)
+              and not (d.name == "ghost" and n.startswith("brick"))]
     assert not higher, f"{d.name}: scores higher than the clean source on {d.signal}: {higher}"
     # strictly worse: nearly all for the targets; a gamma curve that keeps the highlights is
     # often forgiven as a dark scene (docs/quality.md), so only some for the others
@@ -82,10 +86,12 @@ def test_severity_ladders_detect_more_as_they_get_worse() -> None:
         assert rates[-1] >= 0.95 and rates[0] < rates[-1], (name, rates)
 
 
-def test_at_most_2_percent_of_clean_photos_are_flagged_by_the_default_rules() -> None:
-    clean = [c for c in photos.clean_set() if c.kind == "photo"]
+def test_at_most_1_percent_of_clean_photos_and_random_crops_are_flagged_by_default() -> None:
+    clean = [c for c in (*photos.clean_set(), *photos.random_crops()) if c.kind == "photo"]
     hits = [c.name for c in clean if flagged(score(c.image))]
-    assert len(clean) >= 90 and len(hits) <= 0.02 * len(clean), hits
+    assert len(clean) >= 240 and len(hits) <= 0.01 * len(clean), hits
+    whole = [c for c in photos.whole_frames() if c.kind == "photo"]
+    assert not [c.name for c in whole if flagged(score(c.image))]
 
 
 def test_documents_and_white_pages_are_not_read_as_over_exposed() -> None:

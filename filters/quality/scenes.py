@@ -1,0 +1,234 @@
+"""Image signals for the real edge scenes: a phone photo of a screen, a ghosted frame, a tone
+curve that sank the picture or blew it out.
+
+Guards against the inputs users really send and the first round's signals could not see: a
+screen photographed at an angle (the seeds' "screenshot distortion": AUC 0.50 before), a faint
+shifted copy of the frame (the seeds' "OCR residue", a previous video frame: AUC 0.50), a
+gamma 2.2-3 curve (AUC 0.51-0.63 on the exposure signal) and an over-exposure by 1.5-2×. Each is
+a ``Signal`` of the luminance plane at ~224 px (``signals.luminance``): score in [0, 1], 1 =
+nothing wrong; what each catches and confuses on real photographs is in docs/quality.md.
+
+Rules that MUST hold: scores are finite and in [0, 1]; a degraded copy never scores above its
+clean source on the signal that measures that degradation, on the evaluation set (one stated
+exception: brick, whose own repetition reads as a faint ghost that a shifted copy blurs).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+
+from filters.quality.measure import F32, Signal
+from filters.quality.measure import ramp as _ramp
+
+SCENE_SIGNALS = ("perspective", "tone", "ghosting")
+OPTIONAL_SIGNALS = frozenset({"ghosting"})  # measured only when a rule names it (cost)
+_EDGE_TOL = 0.03  # luminance: a margin pixel is within this of the border's own colour
+_EDGE_FLAT = 0.015  # luminance: half the border's IQR, at most, for a flat surround
+_SURROUND_DARKER = 0.05  # the surround is darker than the picture's median by at least this
+_EDGE_INLIER = 1.5  # px: a point of a straight edge is within this of its line
+_OBLIQUE = 0.01  # px per px: an edge leaning more than this is not the frame's own
+KEY_DARK, KEY_LIT = 0.08, 0.18  # log-average luminance; see tone()
+CLIPPED_BAD, CLIPPED_GOOD = 0.45, 0.2  # share clipped white reached by a gradient; tone()
+_KEY_DELTA = np.float32(0.01)
+_CLIP = np.float32(0.98)
+_MID_LOW, _MID_HIGH = np.float32(0.25), np.float32(0.75)  # the mid-tones, as in exposure()
+_NEAR_CLIP = np.float32(0.9)
+GHOST_BAD, GHOST_GOOD = 0.2, 0.1  # autocorrelation peak off zero; see ghosting()
+_GHOST_N = 256
+_GHOST_MIN, _GHOST_MAX = 4.0, 28.0  # lags searched (px): beyond an edge's own width
+
+
+def _straight_edge(depth: NDArray[np.intp], inward: int) -> tuple[bool, float]:
+    """Whether the flat margin of one side ends on a straight line: (straight, slope).
+
+    ``depth`` is, per row of the side, how far in the first pixel unlike the border is. Rows
+    with nothing but margin (past the edge's end) are left out; the line is the median of
+    slopes over half the side (Theil-Sen-like, robust to the corners where another edge takes
+    over), and it is straight when 35 % of the side lies within 1.5 px of it."""
+    n = depth.size
+    lo, hi = n // 10, n - n // 10
+    t = np.arange(lo, hi)
+    y = depth[lo:hi].astype(np.float32)
+    keep = y < 0.6 * inward
+    if keep.mean() < 0.4:
+        return False, 0.0
+    t, y = t[keep], y[keep]
+    half = t.size // 2
+    slope = float(np.median((y[half:2 * half] - y[:half]) / (t[half:2 * half] - t[:half])))
+    offset = float(np.median(y - slope * t))
+    inliers = np.abs(y - slope * t - offset) <= _EDGE_INLIER
+    straight = inliers.sum() >= 0.35 * n and float(y[inliers].mean()) >= 1.5
+    return straight, slope
+
+
+def perspective(plane: F32) -> Signal:
+    """A screen (or a page) photographed at an angle: the picture is a quadrilateral inside a
+    flat surround (the bezel, the desk), whose sides are straight lines that lean.
+
+    Per side of the frame whose border is a flat surround (half its IQR ≤ 0.015) darker
+    than the picture (a lit screen is brighter than its bezel and the room): the depth of the
+    flat margin (pixels within 0.03 of the border's median, or 3 × its spread) in every
+    row, and whether that depth follows a straight line (``_straight_edge``). With two or
+    more straight margin edges, the value is the number that lean (slope ≥ 0.01): 0 scores 1
+    (a letterboxed frame, a screen shot straight on), 2 or more score 0. A photograph has no
+    flat margin on two sides ending on straight lines, so it reads 0.
+
+    Known confusions: a screen that fills the frame (no surround) or moiré alone is not seen;
+    a bezel with reflections or strong noise breaks the flat margin, a surround brighter than
+    the screen (a dark-mode screen on a white desk) is not looked at; a photo of a framed
+    picture or a document on a desk, taken at an angle, reads as a screen photo (it is the same
+    geometry); a picture rotated by the client with a fill colour reads as one."""
+    if min(plane.shape) < 32:
+        return Signal(1.0, 0.0, "leaning straight margin edges (image too small)")
+    straight = leaning = 0
+    h, w = plane.shape
+    # Each border's median and half its interquartile range (about its median deviation),
+    # two partitions for the four: this runs on every image, and most have no flat border.
+    sides = []
+    for borders, views in ((plane[:, [0, -1]].T, (plane, plane[:, ::-1])),
+                           (plane[[0, -1]], (plane.T, plane.T[:, ::-1]))):
+        n = borders.shape[1]
+        q = np.partition(borders, (n // 4, n // 2, 3 * n // 4), axis=1)
+        for view, ref, spread in zip(views, q[:, n // 2].tolist(),
+                                     ((q[:, 3 * n // 4] - q[:, n // 4]) * 0.5).tolist(),
+                                     strict=True):
+            if spread <= _EDGE_FLAT:  # a flat surround on this side
+                sides.append((view, ref, spread))
+    if len(sides) < 2:
+        return Signal(1.0, 0.0, "leaning straight margin edges (no flat surround)")
+    inside = float(np.median(plane[h // 4:h - h // 4:4, w // 4:w - w // 4:4]))  # the centre
+    for side, ref, spread in sides:
+        if ref > inside - _SURROUND_DARKER:
+            continue  # not darker than the picture (a lit screen is brighter than its bezel)
+        tol = max(_EDGE_TOL, 3.0 * spread)
+        reach = int(0.6 * side.shape[1]) + 1  # a margin deeper than 60 % is not a margin
+        unlike = np.abs(side[:, :reach] - ref) > tol
+        depth = np.where(unlike.any(axis=1), unlike.argmax(axis=1), side.shape[1])
+        ok, slope = _straight_edge(depth, side.shape[1])
+        straight += ok
+        leaning += ok and abs(slope) >= _OBLIQUE
+    value = float(leaning) if straight >= 2 else 0.0
+    return Signal(_ramp(value, 2.0, 0.0), value,
+                  f"leaning straight margin edges ({straight} straight of 4 sides)")
+
+
+def tone(plane: F32) -> Signal:
+    """A tone curve that sank or blew the picture, from the histogram's shape.
+
+    Dark: the log-average luminance (the "key" of Reinhard's tone mapping,
+    exp(mean(log(0.01 + L)))). A curve value^γ multiplies its logarithm by about γ, so gamma 3
+    sinks a photograph's key from 0.2-0.5 to under 0.1, while the exposure signal forgives it
+    because the highlights stay bright. 0.08 scores 0, 0.18 scores 1 (0.5 at 0.13: the 1st
+    percentile of clean photographs and random crops, the operating point in docs/quality.md).
+    Bright: the share of white clipped (≥ 0.98) reached through a gradient (in proportion to
+    the pixels just below it, 0.9-0.98, over the clipped ones: a gain clips a smooth ramp of
+    tones, while paper and flat-colour graphics jump straight to white), and, as in
+    ``exposure``, only where the picture has mid-tones or lacks ink (a page is white plus
+    ink). 45 % scores 0, 20 % 1.
+    The lower of the two is the score.
+
+    Known confusions: a night scene, a dark stage or a dark-mode screenshot that fills the
+    frame with black reads dark (the exposure signal forgives highlights; this one does not);
+    a high-key scene (snow, a white product shot, a bright sky filling most of the frame) is
+    bright by the same measure as an over-exposed photo, which is why the bright half's
+    operating point catches few over-exposures (docs/quality.md)."""
+    if plane.size == 0:
+        return Signal(0.0, 0.0, "log-average luminance (empty image)")
+    flat = plane.reshape(-1)
+    n = flat.size
+    sub = flat[::4]  # the key of a quarter orders images the same way, 4x cheaper (log)
+    key = math.exp(float(np.log(sub + _KEY_DELTA).sum(dtype=np.float64)) / sub.size)
+    clipped = np.count_nonzero(flat >= _CLIP) / n
+    near = np.count_nonzero(flat >= _NEAR_CLIP) / n - clipped
+    ink = np.count_nonzero(flat < _MID_LOW) / n
+    mid = 1.0 - ink - np.count_nonzero(flat > _MID_HIGH) / n
+    # A page or a UI is white plus ink, with few mid-tones: its white is paper, not clipping.
+    page = max(_ramp(mid, 0.15, 0.35), _ramp(ink, 0.03, 0.005))
+    blown = clipped * _ramp(near / clipped if clipped else 0.0, 0.03, 0.25) * page
+    dark = _ramp(key, KEY_DARK, KEY_LIT)
+    bright = _ramp(blown, CLIPPED_BAD, CLIPPED_GOOD)
+    if dark <= bright:
+        return Signal(dark, key, "log-average luminance (key)")
+    return Signal(bright, blown, f"share of white clipped from a gradient ({clipped:.0%} at "
+                  f"white, {near:.0%} just below)")
+
+
+def ghosting(plane: F32) -> Signal:
+    """A faint shifted copy of the frame over itself: OCR residue, a previous video frame, a
+    double exposure.
+
+    The autocorrelation of the Laplacian (edges, not areas) has its peak at zero; a copy at
+    opacity a shifted by d adds a peak at ±d of about a(1 − a) / ((1 − a)² + a²) of the one at
+    zero (0.13 at 15 %). The value is the most prominent peak 4-28 px off zero (its height
+    over the highest of its 8 neighbours 2 px away: a ghost's peak is one pixel wide, a
+    texture's ridge is not), less the prominence at twice its lag (a periodic texture, a page
+    of text lines or a JPEG grid has harmonics; a ghost has none). 0.2 scores 0, 0.1 scores 1
+    (0.5 at 0.15: the 99th percentile of clean photographs and random crops). One 256² FFT
+    pair: the dearest signal (docs/quality.md, "Cost"), so it is measured only when a rule
+    names it.
+
+    Known confusions: a periodic pattern without harmonics in range (one repeated object:
+    two windows, a pair of eyes) reads as a ghost; a ghost of another scene (not a shifted copy)
+    is not seen; a shift under 3 px is blur, not a ghost."""
+    if min(plane.shape) < 32:
+        return Signal(1.0, 0.0, "autocorrelation peak off zero (image too small)")
+    lap = plane[1:-1, 1:-1] * np.float32(4)
+    lap -= plane[:-2, 1:-1]
+    lap -= plane[2:, 1:-1]
+    lap -= plane[1:-1, :-2]
+    lap -= plane[1:-1, 2:]
+    lap -= lap.mean()
+    size = (_GHOST_N, _GHOST_N)
+    spectrum = np.fft.rfft2(lap[:_GHOST_N, :_GHOST_N], s=size)
+    ac = np.fft.irfft2(spectrum.real ** 2 + spectrum.imag ** 2, s=size)
+    if ac[0, 0] <= 1e-12:
+        return Signal(1.0, 0.0, "autocorrelation peak off zero (no edges)")
+    ac /= ac[0, 0]
+    # The lags within reach, and 2 px around them, as one small array: a ghost's peak is one
+    # pixel wide (the Laplacian whitens), a texture's or an edge's ridge is not.
+    reach = int(_GHOST_MAX) + 2
+    idx = np.arange(-reach, reach + 1) % _GHOST_N
+    win = ac[np.ix_(idx, idx)]
+    prominence = win - np.maximum(_neighbours(win), 0.0)
+    ring = _ghost_ring()
+    at = int(np.argmax(np.where(ring, prominence, -np.inf)))
+    dy, dx = (v - reach for v in divmod(at, 2 * reach + 1))
+    harmonic = _prominence_at(ac, 2 * dy, 2 * dx)
+    value = float(prominence.flat[at]) - max(harmonic, 0.0)
+    return Signal(_ramp(value, GHOST_BAD, GHOST_GOOD), value,
+                  f"autocorrelation peak off zero (at {dx:+d}, {dy:+d} px)")
+
+
+_OFFSETS = [(oy, ox) for oy in (-2, 0, 2) for ox in (-2, 0, 2) if oy or ox]
+
+
+def _neighbours(win: NDArray[np.float64]) -> NDArray[np.float64]:
+    """The highest of the 8 values 2 px away, for every point of ``win`` (edges wrap; only the
+    inner ring is read)."""
+    out = np.full_like(win, -np.inf)
+    for oy, ox in _OFFSETS:
+        np.maximum(out, np.roll(win, (oy, ox), (0, 1)), out=out)
+    return out
+
+
+def _prominence_at(ac: NDArray[np.float64], dy: int, dx: int) -> float:
+    n = _GHOST_N
+    around = max(float(ac[(dy + oy) % n, (dx + ox) % n]) for oy, ox in _OFFSETS)
+    return float(ac[dy % n, dx % n]) - max(around, 0.0)
+
+
+_RING: list[NDArray[np.bool_]] = []
+
+
+def _ghost_ring() -> NDArray[np.bool_]:
+    """The lags searched, over the window ``ghosting`` reads (lag 0 at its centre); built
+    once."""
+    if not _RING:
+        reach = int(_GHOST_MAX) + 2
+        k = np.arange(-reach, reach + 1)
+        r = np.hypot(k[:, None], k[None, :])
+        _RING.append((r >= _GHOST_MIN) & (r <= _GHOST_MAX))
+    return _RING[0]

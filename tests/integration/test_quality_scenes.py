@@ -1,0 +1,171 @@
+"""The edge scenes and canary eligibility through a real front and a real Triton (clip_demo over
+Triton's gRPC): a phone photo of a screen and a ghosted frame made from real photographs are
+annotated, their clean sources are not; with ``canary.eligible`` on the quality filter's
+alignment, only well-aligned calls become canary traffic (a fault experiment on canary traffic
+hits them and nothing else), the shadow mirrors only them, and its snapshot names the
+population its verdict judges."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.test_quality import (
+    alignment,
+    answer,
+    clip_inputs,
+    ids,
+    scores,
+    tinted,
+    write_encoder_pair,
+)
+from tests.support import photos
+from tests.support.images import scene
+from tests.support.mmguard import RunningMmguard
+from tests.support.triton import TritonServer
+from tests.support.wire import grpc_infer_raw, grpc_request
+
+ELIGIBLE = 0.85  # the source documents' gray release: alignment above 0.85 first
+
+
+def photo(name: str) -> Any:
+    return next(c.image for c in photos.clean_set() if c.name == name)
+
+
+@pytest.fixture(scope="module")
+def proxy(triton: TritonServer, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[RunningMmguard]:
+    encoders = write_encoder_pair(tmp_path_factory.mktemp("encoders"))
+
+    def quality(**options: Any) -> dict[str, Any]:
+        return {"quality": {"images": {"pixel_values": {}}, "drift": None, **options}}
+
+    aligned = quality(alignment=alignment(encoders, text_input="input_ids"), rules=[])
+    rules = [{"signal": "perspective", "below": 0.5, "action": "annotate"},
+             {"signal": "ghosting", "below": 0.5, "action": "annotate"},
+             {"signal": "sharpness", "below": 0.5, "action": "annotate"}]
+    abort = {"name": "gray", "actions": [{"kind": "abort", "grpc_code": "UNAVAILABLE",
+                                          "http_status": 503, "message": "canary fault"}]}
+    cfg: dict[str, Any] = {
+        "backends": [{"kind": "triton_grpc", "name": "triton", "url": triton.grpc_url}],
+        "models": [
+            {"name": "scenes", "backend": "triton", "backend_model": "clip_demo",
+             "filters": [quality(rules=rules)]},
+            {"name": "gray", "backend": "triton", "backend_model": "clip_demo",
+             "filters": [aligned, {"fault": {"experiments": [abort]}}]},
+            {"name": "mirrored", "backend": "triton", "backend_model": "clip_demo",
+             "filters": [aligned, {"shadow": {"canary": "mirrored_canary"}}]},
+            {"name": "mirrored_canary", "backend": "triton", "backend_model": "clip_demo",
+             "filters": []},
+        ],
+        "canary": {"share": 1.0, "eligible": [{"score": "quality.alignment",
+                                               "at_least": ELIGIBLE}]},
+    }
+    with RunningMmguard(cfg) as m:
+        m.wait_ready()
+        yield m
+
+
+def quality_notes(trailers: dict[str, str]) -> dict[str, str]:
+    return {k.removeprefix("mmguard-quality-"): v for k, v in trailers.items()
+            if k.startswith("mmguard-quality-") and k != "mmguard-quality-scores"}
+
+
+@pytest.mark.parametrize("name", ["astronaut", "coffee", "chelsea"])
+def test_a_screen_photo_is_annotated_and_its_clean_source_is_not(
+        proxy: RunningMmguard, name: str) -> None:
+    source = photo(name)
+    screen = photos.perspective(source, 0.2, np.random.default_rng(7))
+    resp, clean = answer(proxy.grpc_url, "scenes", clip_inputs(source))
+    assert resp.outputs and quality_notes(clean) == {}, clean
+    assert scores(clean["mmguard-quality-scores"])["perspective"] == 1.0
+    resp, bad = answer(proxy.grpc_url, "scenes", clip_inputs(screen))
+    assert resp.outputs  # annotated, not refused: the model still answers
+    note = quality_notes(bad)["perspective"]
+    assert note.startswith("annotate; input 'pixel_values' image 0: signal 'perspective' is 0.")
+    assert "leaning straight margin edges" in note and note.endswith("threshold 0.5")
+
+
+@pytest.mark.parametrize("name", ["astronaut", "rocket", "coffee"])
+def test_a_ghosted_frame_is_annotated_and_its_clean_source_is_not(
+        proxy: RunningMmguard, name: str) -> None:
+    source = photo(name)
+    h, w = source.shape[:2]
+    shifted = source[np.clip(np.arange(h) - 9, 0, h - 1)][:, np.clip(np.arange(w) - 5, 0, w - 1)]
+    ghosted = np.asarray(0.75 * source + 0.25 * shifted).round().astype(np.uint8)
+    _, clean = answer(proxy.grpc_url, "scenes", clip_inputs(source))
+    assert "ghosting" not in quality_notes(clean), clean
+    resp, bad = answer(proxy.grpc_url, "scenes", clip_inputs(ghosted))
+    assert resp.outputs
+    note = quality_notes(bad)["ghosting"]
+    assert note.startswith("annotate; input 'pixel_values' image 0: signal 'ghosting' is ")
+    assert "autocorrelation peak off zero (at +5, +9 px)" in note \
+        or "(at -5, -9 px)" in note, note
+
+
+def metric(m: RunningMmguard, name: str, **labels: str) -> float:
+    with urllib.request.urlopen(m.admin_url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and s.labels == labels:
+                return float(s.value)
+    return 0.0
+
+
+def red_call(token: int) -> list[Any]:
+    return clip_inputs(tinted(scene(seed=4), (1.0, 0.2, 0.2)), ids(token))  # 1 red, 3 blue
+
+
+def test_only_well_aligned_calls_enter_the_canary_share(proxy: RunningMmguard) -> None:
+    hit, served = [], []
+    for i in range(8):
+        token = 1 if i % 2 == 0 else 3
+        request = grpc_request("gray", red_call(token))
+        try:
+            _, trailers = grpc_infer_raw(proxy.grpc_url, request,
+                                         metadata=(("x-request-id", f"gray-{i}"),))
+            served.append((token, scores(dict(trailers)["mmguard-quality-scores"])))
+        except grpc.RpcError as err:
+            assert err.code() is grpc.StatusCode.UNAVAILABLE, err
+            assert dict(err.trailing_metadata() or ())["mmguard-fault"].startswith("gray/")
+            hit.append(token)
+    # share 1.0: every call is in the share, but only the aligned ones may enter it
+    assert hit == [1, 1, 1, 1]
+    assert [t for t, _ in served] == [3, 3, 3, 3]
+    assert all(s["alignment"] < ELIGIBLE for _, s in served)
+    assert metric(proxy, "mmguard_canary_eligibility_calls_total", model="gray") == 8
+    assert metric(proxy, "mmguard_canary_eligibility_judged_total", model="gray",
+                  eligible="true") == 4
+    assert metric(proxy, "mmguard_canary_eligibility_judged_total", model="gray",
+                  eligible="false") == 4
+
+
+def test_the_shadow_mirrors_only_the_eligible_population_and_says_so(
+        proxy: RunningMmguard) -> None:
+    for i in range(6):
+        answer(proxy.grpc_url, "mirrored", red_call(1 if i < 2 else 3))
+    with urllib.request.urlopen(proxy.admin_url + "/admin/shadows", timeout=10) as r:
+        snap = json.loads(r.read())["mirrored"]
+    assert snap["population"] == f"quality.alignment >= {ELIGIBLE:g}"
+    assert snap["mirrored"] == 2
+    assert metric(proxy, "mmguard_shadow_dropped_total", model="mirrored",
+                  canary="mirrored_canary", reason="ineligible") == 4
+
+
+def test_a_call_without_the_score_is_not_eligible(proxy: RunningMmguard) -> None:
+    # the 'scenes' route publishes no alignment: none of its calls may become canary
+    before = metric(proxy, "mmguard_canary_eligibility_judged_total", model="scenes",
+                    eligible="true")
+    answer(proxy.grpc_url, "scenes", clip_inputs(scene()))
+    assert metric(proxy, "mmguard_canary_eligibility_calls_total", model="scenes") >= 1
+    assert metric(proxy, "mmguard_canary_eligibility_judged_total", model="scenes",
+                  eligible="true") == before == 0
+
