@@ -16,7 +16,6 @@ as it is and does not count against a breaker.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import time
@@ -32,6 +31,7 @@ from pydantic import Field
 from filters.call_keys import FAULTS
 from filters.fallback.admin import BREAKERS, CACHED_ANSWERS, ROUTES, breakers_summary
 from filters.fallback.breaker import Breaker, BreakerSettings, State
+from filters.fallback.cache_key import cache_key
 from filters.fallback.fuse_log import log_mismatch
 from proxy.call import Api, Call, LocalReply, Reply, Result, Wire
 from proxy.chain import FilterContext, Next
@@ -163,7 +163,7 @@ class Fallback:
 
     def cached_answer(self, call: Call) -> tuple[float, Result] | None:
         """(age in seconds, the last good answer to the same request), if cached."""
-        found = self.cache.get(_fingerprint(call)) if self.cache is not None else None
+        found = self.cache.get(cache_key(call)) if self.cache is not None else None
         return None if found is None else (self.ctx.clock.monotonic() - found[0], found[1])
 
     def _breaker(self, level: str) -> Breaker:
@@ -209,7 +209,7 @@ class Fallback:
             self.in_flight -= 1
 
     async def _serve(self, call: Call, next: Next) -> Reply:
-        key = _fingerprint(call) if self.cache is not None else ""
+        key = cache_key(call) if self.cache is not None else ""
         reasons: list[str] = []
         for i, level in enumerate(self.levels):
             why = self._fused(call, level)
@@ -433,21 +433,6 @@ def _static(s: StaticTensor) -> Tensor:
     t = Tensor(s.name, s.datatype, s.shape, data=s.data)
     t.raw_bytes()
     return t
-
-
-def _fingerprint(call: Call) -> str:
-    h = hashlib.sha256()
-    h.update(f"{call.model}\0{call.version}\0".encode())
-    if call.document is not None:  # an OpenAI call: its document
-        doc = {k: v for k, v in call.document.items()
-               if k not in ("stream", "stream_options", "user")}
-        h.update(json.dumps(doc, sort_keys=True).encode())
-        return h.hexdigest()
-    for t in call.inputs:
-        h.update(f"{t.name}\0{t.datatype}\0{t.shape}\0".encode())
-        h.update(t.raw_bytes())
-    h.update(json.dumps([o.name for o in call.outputs]).encode())
-    return h.hexdigest()
 
 
 def _frozen(result: Result) -> Result:
