@@ -110,6 +110,8 @@ class ModalityRouter(Shared):
         self.cfg = cfg
         self.weights = self.compute()
         self._updated = -math.inf
+        self._text = ""  # _weights_text's cache, for the weights in _text_of
+        self._text_of: dict[str, float] | None = None
         self.gauge = ctx.telemetry.metric(Gauge, "mmguard_router_weight",
                                           "Share of traffic each path gets.", ["model", "path"])
         for p in cfg.paths:
@@ -225,8 +227,8 @@ class ModalityRouter(Shared):
             # mmguard-modality-dropped: image; image: <why>
             self.ctx.telemetry.decide(call, "modality", ",".join(dropped), reasons,
                                       header="dropped")
-        self.ctx.telemetry.decide(call, "router", path.route, "weights " + ", ".join(
-            f"{r}={w:.2f}" for r, w in self.weights.items()), header="path")
+        self.ctx.telemetry.decide(call, "router", path.route, self._weights_text(),
+                                  header="path")
         start = time.monotonic()
         reply = await self.ctx.reroute(path.route, call)
         failed = isinstance(reply, LocalReply) and reply.kind.value in _SERVER_ERRORS
@@ -235,6 +237,13 @@ class ModalityRouter(Shared):
             confidence = confidence_of(reply, path.confidence, call)
         self.record(path.route, time.monotonic() - start, failed, confidence)
         return reply
+
+    def _weights_text(self) -> str:
+        """"weights a=0.50, b=0.50", formatted once per set of weights (they hold for dwell_s)."""
+        if self._text_of is not self.weights:
+            self._text = "weights " + ", ".join(f"{r}={w:.2f}" for r, w in self.weights.items())
+            self._text_of = self.weights
+        return self._text
 
     def _choose(self, eligible: list[PathConfig]) -> PathConfig:
         weights = [self.weights[p.route] for p in eligible]

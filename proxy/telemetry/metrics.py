@@ -163,6 +163,7 @@ class Telemetry:
         self.decisions = Counter("mmguard_filter_decisions_total",
                                  "Decisions filters made (reject, reroute, degrade, inject...).",
                                  ["filter", "model", "decision"], registry=r)
+        self._decision_children: dict[tuple[str, str, str], Any] = {}
         self.backend_ready = Gauge("mmguard_backend_ready", "1 when the backend is ready.",
                                    ["backend"], registry=r,
                                    multiprocess_mode=gauge_mode("mmguard_backend_ready"))
@@ -255,12 +256,20 @@ class Telemetry:
         call.decisions[name] = value
         if header:
             decision = f"{header}:{decision}"
-        self.decisions.labels(filter_name, call.model, decision).inc()
+        labels = (filter_name, call.model, decision)
+        child = self._decision_children.get(labels)
+        if child is None:  # labels() takes a lock and builds a key on every call
+            child = self._decision_children[labels] = self.decisions.labels(*labels)
+        child.inc()
+        span = trace.get_current_span()
+        debug = log.isEnabledFor(logging.DEBUG)
+        if not (debug or span.is_recording()):
+            return  # no span to add to and no log line: the attributes would go nowhere
         attrs = {"mmguard.filter": filter_name, "mmguard.decision": decision,
                  "mmguard.model": call.model, **{f"mmguard.{k}": v for k, v in attributes.items()}}
         if detail:
             attrs["mmguard.detail"] = detail
-        trace.get_current_span().add_event(f"{filter_name}.{decision}", attributes=attrs)
-        if log.isEnabledFor(logging.DEBUG):
+        span.add_event(f"{filter_name}.{decision}", attributes=attrs)
+        if debug:
             log.debug("%s %s on model %r%s", filter_name, decision, call.model,
                       f": {detail}" if detail else "", extra={"fields": attrs})
