@@ -99,11 +99,13 @@ class ImageFetcher:
         if self._session is not None:
             await self._session.close()
 
-    async def inline(self, call: Call) -> int:
+    async def inline(self, call: Call, found: list[UrlSite] | None = None) -> int:
         """Fetch every remote image of the call and put it in the document as a data: URL;
-        returns how many were fetched. The call is re-encoded when any was."""
+        returns how many were fetched. The call is re-encoded when any was. ``found``: the
+        remote images already found in the document (``apply_url_policy``'s walk)."""
         assert call.document is not None
-        sites = [s for s in url_sites(call.document) if s.remote and s.image]
+        sites = (found if found is not None else
+                 [s for s in url_sites(call.document) if s.remote and s.image])
         if not sites:
             return 0
         try:
