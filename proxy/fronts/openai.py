@@ -37,6 +37,7 @@ from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
 from proxy.fronts.body import read_body
 from proxy.fronts.media_fetch import ImageFetcher
 from proxy.fronts.openai_refusals import register_refusals
+from proxy.telemetry.metrics import Observations
 from proxy.wire import openai
 from proxy.wire.media_urls import HostAllowList
 from proxy.wire.openai_parts import UrlSite
@@ -196,7 +197,7 @@ class OpenAIFront:
         await resp.prepare(request)
         rename = call.target is not None and call.target.model != call.model
         item: Any = first
-        gap = self.plane.telemetry.inter_token.labels(call.model, backend)
+        gaps = Observations(self.plane.telemetry.inter_token.labels(call.model, backend))
         last = time.monotonic()
         held: list[bytes] = []  # events of one backend read, sent in one write
         try:
@@ -221,13 +222,14 @@ class OpenAIFront:
                 item = await anext(items, None)
                 if item is not None:  # inter-token latency, as the client sees it
                     now = time.monotonic()
-                    gap.observe(now - last)
+                    gaps.add(now - last)
                     last = now
             if held and not (request.transport is None or request.transport.is_closing()):
                 await resp.write(b"".join(held))  # an error event, or the stream's end
         except ConnectionResetError:
             log.info("client of model %r closed the stream early", call.model)
         finally:
+            gaps.flush()
             await items.aclose()
             self.plane.telemetry.stream_duration.labels(call.model, backend).observe(
                 time.monotonic() - call.started)

@@ -7,6 +7,7 @@ alert rules, Grafana), and prometheus-client gives it exactly, with no SDK bridg
 
 from __future__ import annotations
 
+import bisect
 import logging
 import random
 from collections import deque
@@ -273,3 +274,45 @@ class Telemetry:
         if debug:
             log.debug("%s %s on model %r%s", filter_name, decision, call.model,
                       f": {detail}" if detail else "", extra={"fields": attrs})
+
+
+class Observations:
+    """Values for one histogram child, observed in bulk every ``every`` values and on
+    ``flush()``: a stream's inter-token gaps, one per event, cost one bucket search each
+    instead of a locked ``observe()`` each (~5 µs, the largest per-event metric cost)."""
+
+    __slots__ = ("child", "every", "values")
+
+    def __init__(self, child: Any, every: int = 64) -> None:
+        self.child = child
+        self.every = every
+        self.values: list[float] = []
+
+    def add(self, value: float) -> None:
+        self.values.append(value)
+        if len(self.values) >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        values, self.values = self.values, []
+        if values:
+            observe_many(self.child, values)
+
+
+def observe_many(child: Any, values: Sequence[float]) -> None:
+    """``child.observe(v)`` for each value, as one update of each bucket touched (through the
+    client's histogram fields; value by value where a client version lacks them)."""
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets = getattr(child, "_buckets", None)
+    total = getattr(child, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for v in values:
+            child.observe(v)
+        return
+    counts: dict[int, int] = {}
+    for v in values:
+        i = bisect.bisect_left(bounds, v)  # the first bound >= v: observe()'s "v <= bound"
+        counts[i] = counts.get(i, 0) + 1
+    total.inc(sum(values))
+    for i, n in counts.items():
+        buckets[min(i, len(buckets) - 1)].inc(n)
