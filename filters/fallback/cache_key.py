@@ -31,30 +31,36 @@ _LENGTH = struct.Struct("<Q")
 
 def cache_key(call: Call, secret: bytes = _SECRET) -> str:
     """The keyed digest (hex) of everything in ``call`` that decides its answer."""
-    h = blake3(key=secret)
+    # The small fields go into one buffer, each payload into the MAC as it lies: one update per
+    # input instead of one per field (each update has a fixed cost of ~1-2 µs).
+    head = bytearray()
 
-    def field(data: bytes | memoryview) -> None:
-        h.update(_LENGTH.pack(len(data)))
-        h.update(data)
+    def field(data: bytes) -> None:
+        head.extend(_LENGTH.pack(len(data)))
+        head.extend(data)
 
     field(call.model.encode())
     field(call.version.encode())
+    h = blake3(key=secret)
     if call.document is not None:  # an OpenAI call: its document says it all
         field(b"openai")
         doc = {k: v for k, v in call.document.items()
                if k not in ("stream", "stream_options", "user")}
         field(_canonical(doc))
+        h.update(head)
         return h.hexdigest()
     field(b"kserve_v2")
     field(_canonical(call.parameters))
-    h.update(_LENGTH.pack(len(call.inputs)))
-    for t in call.inputs:
-        field(t.name.encode())
-        field(t.datatype.encode())
-        field(_canonical(list(t.shape)))
-        field(_canonical(t.parameters))
-        field(memoryview(t.raw_bytes()).cast("B"))  # its length in bytes, whatever the view
     field(_canonical([[o.name, o.parameters] for o in call.outputs]))
+    head.extend(_LENGTH.pack(len(call.inputs)))
+    for t in call.inputs:
+        raw = memoryview(t.raw_bytes()).cast("B")  # its length in bytes, whatever the view
+        field(_canonical([t.name, t.datatype, list(t.shape), t.parameters]))
+        head.extend(_LENGTH.pack(len(raw)))
+        h.update(head)
+        h.update(raw)
+        head.clear()
+    h.update(head)
     return h.hexdigest()
 
 
