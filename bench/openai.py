@@ -64,6 +64,7 @@ from bench.common import (
     shut_down,
     stop_each,
 )
+from bench.fake_vllm import FakeVllm
 from bench.litellm_peer import DEFAULT_VENV, LitellmProcess, ensure_installed
 from bench.loadgen import Conn, LoadGen, Recorder, RecorderFactory, drive, percentiles, serve_cells
 from bench.openai_report import LABELS, cell_line, machine_line, write_reports
@@ -202,7 +203,7 @@ def _loadgen_main(conn: Conn) -> None:
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.vllm: VllmServer | None = None
+        self.vllm: VllmServer | FakeVllm | None = None
         self.mmguard: MmguardProcess | None = None
         self.litellm: LitellmProcess | None = None
         self.litellm_note = "not run"
@@ -214,17 +215,21 @@ class Bench:
     # -- life cycle ------------------------------------------------------------------------
 
     def start(self, root: Path) -> None:
-        from tests.support.vllm import VllmServer, make_tiny_models, vllm_available
-
-        ok, why = vllm_available()
-        if not ok:
-            raise SystemExit(f"cannot start vLLM: {why}")
         t0 = time.monotonic()
-        models = make_tiny_models(root / "models")
-        print(f"starting vLLM ({MODEL}) ...", flush=True)
-        self.vllm = VllmServer(models[MODEL], MODEL, log_path=root / "vllm" / "vllm.log",
-                               delay_plugin=False,
-                               extra_args=["--disable-uvicorn-access-log"])
+        if self.args.backend == "fake":
+            print(f"starting the fake vLLM ({MODEL}, bench/fake_vllm.py) ...", flush=True)
+            self.vllm = FakeVllm(MODEL, root / "vllm" / "fake.log")
+        else:
+            from tests.support.vllm import VllmServer, make_tiny_models, vllm_available
+
+            ok, why = vllm_available()
+            if not ok:
+                raise SystemExit(f"cannot start vLLM: {why}")
+            models = make_tiny_models(root / "models")
+            print(f"starting vLLM ({MODEL}) ...", flush=True)
+            self.vllm = VllmServer(models[MODEL], MODEL, log_path=root / "vllm" / "vllm.log",
+                                   delay_plugin=False,
+                                   extra_args=["--disable-uvicorn-access-log"])
         self.vllm.start()
         print(f"  vLLM ready in {time.monotonic() - t0:.1f}s: {self.vllm.url} "
               f"(pid {self.vllm.pid})", flush=True)
@@ -369,6 +374,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--litellm-venv", type=Path, default=DEFAULT_VENV,
                    help="venv LiteLLM's proxy is installed into and run from "
                         "(bench/.venv-litellm)")
+    p.add_argument("--backend", choices=("vllm", "fake"), default="vllm",
+                   help="a real vLLM (tests/support/vllm.py), or bench/fake_vllm.py: no model, "
+                        "so what the proxies add is not lost in vLLM's noise")
     p.add_argument("--keep-tmp", action="store_true",
                    help="keep the temp dir (configs, server logs) and print its path")
     args = p.parse_args(argv)
@@ -395,7 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     from tests.support.vllm import vllm_venv
 
     marker = vllm_venv() / ".mmguard-vllm-ready"
-    if marker.is_file():
+    if args.backend == "fake":
+        info["versions"]["vllm"] = "fake (bench/fake_vllm.py)"
+    elif marker.is_file():
         info["versions"]["vllm"] = marker.read_text().strip()
     print(machine_line(info), flush=True)
     busy_before(info)

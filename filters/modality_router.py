@@ -24,6 +24,7 @@ import numpy as np
 from prometheus_client import Gauge
 from pydantic import Field, model_validator
 
+from filters.answer_reads import Confidence, confidence_of
 from filters.call_keys import UNUSABLE_MODALITIES
 from proxy.call import Api, Call, LocalReply, Reply, Result
 from proxy.chain import FilterContext, Next
@@ -44,15 +45,6 @@ from proxy.wire.openai import ChatView
 
 Modality = Literal["image", "text"]
 _SERVER_ERRORS = ("unavailable", "deadline_exceeded", "internal", "overloaded", "not_found")
-
-
-class Confidence(Strict):
-    kind: Literal["max_softmax", "entropy", "scalar", "logprob"]
-    """max_softmax / entropy of a named output's last axis; a named scalar output; or vLLM's
-    mean token logprob (exp of it) when the request asked for logprobs."""
-    output: str | None = None
-    range: tuple[float, float] = (0.0, 1.0)
-    """scalar: the output's [worst, best]; mapped onto [0, 1] (a cosine: [-1, 1])."""
 
 
 class PathConfig(Strict):
@@ -118,6 +110,8 @@ class ModalityRouter(Shared):
         self.cfg = cfg
         self.weights = self.compute()
         self._updated = -math.inf
+        self._text = ""  # _weights_text's cache, for the weights in _text_of
+        self._text_of: dict[str, float] | None = None
         self.gauge = ctx.telemetry.metric(Gauge, "mmguard_router_weight",
                                           "Share of traffic each path gets.", ["model", "path"])
         for p in cfg.paths:
@@ -233,16 +227,23 @@ class ModalityRouter(Shared):
             # mmguard-modality-dropped: image; image: <why>
             self.ctx.telemetry.decide(call, "modality", ",".join(dropped), reasons,
                                       header="dropped")
-        self.ctx.telemetry.decide(call, "router", path.route, "weights " + ", ".join(
-            f"{r}={w:.2f}" for r, w in self.weights.items()), header="path")
+        self.ctx.telemetry.decide(call, "router", path.route, self._weights_text(),
+                                  header="path")
         start = time.monotonic()
         reply = await self.ctx.reroute(path.route, call)
         failed = isinstance(reply, LocalReply) and reply.kind.value in _SERVER_ERRORS
         confidence = None
         if isinstance(reply, Result) and path.confidence is not None:
-            confidence = confidence_of(reply, path.confidence)
+            confidence = confidence_of(reply, path.confidence, call)
         self.record(path.route, time.monotonic() - start, failed, confidence)
         return reply
+
+    def _weights_text(self) -> str:
+        """"weights a=0.50, b=0.50", formatted once per set of weights (they hold for dwell_s)."""
+        if self._text_of is not self.weights:
+            self._text = "weights " + ", ".join(f"{r}={w:.2f}" for r, w in self.weights.items())
+            self._text_of = self.weights
+        return self._text
 
     def _choose(self, eligible: list[PathConfig]) -> PathConfig:
         weights = [self.weights[p.route] for p in eligible]
@@ -264,40 +265,6 @@ class ModalityRouter(Shared):
                     view.drop_image(image)
             return
         call.set_inputs([t for t in call.inputs if self.cfg.inputs.get(t.name) not in modalities])
-
-
-def confidence_of(result: Result, cfg: Confidence) -> float | None:
-    """The answer's confidence in [0, 1] as ``cfg`` reads it (None when it cannot)."""
-    if cfg.kind == "logprob":
-        if result.wire is None or result.wire.protocol != "openai":
-            return None
-        import json
-        doc = json.loads(result.wire.body)
-        lps = [t.get("logprob") for c in doc.get("choices") or []
-               for t in ((c.get("logprobs") or {}).get("content") or [])]
-        lps = [x for x in lps if isinstance(x, (int, float))]
-        return float(math.exp(sum(lps) / len(lps))) if lps else None
-    out = result.output(cfg.output or "")
-    if out is None:
-        return None
-    values = np.asarray(out.numpy(), dtype=np.float64)
-    if cfg.kind == "scalar":
-        # A finite mean proves every value finite (NaN and ±Inf carry through a sum), so the
-        # whole-array isfinite pass runs only when the mean is not (~30 µs on 600 KB).
-        with np.errstate(over="ignore", invalid="ignore"):  # NaN / Inf are handled here
-            mean = values.mean()
-        if not math.isfinite(mean) and not np.isfinite(values).all():
-            return 0.0
-        lo, hi = cfg.range
-        return float(np.clip((mean - lo) / (hi - lo), 0, 1))
-    if not np.isfinite(values).all():
-        return 0.0
-    p = np.exp(values - values.max(axis=-1, keepdims=True))
-    p /= p.sum(axis=-1, keepdims=True)
-    if cfg.kind == "max_softmax":
-        return float(p.max(axis=-1).mean())
-    entropy = -(p * np.log(np.clip(p, 1e-12, 1))).sum(axis=-1)
-    return float((1 - entropy / math.log(p.shape[-1])).mean()) if p.shape[-1] > 1 else 1.0
 
 
 ROUTERS: StateKey[dict[str, ModalityRouter]] = StateKey("routers")

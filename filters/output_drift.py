@@ -24,8 +24,8 @@ import math
 from prometheus_client import CollectorRegistry
 from pydantic import Field, model_validator
 
+from filters.answer_reads import Confidence, answer_reads
 from filters.degradation import SimilarityAlarm, SimilarityAlarmConfig
-from filters.modality_router import Confidence, confidence_of
 from filters.quality.drift import DriftConfig, DriftGauges, DriftMonitor, drift_gauges
 from proxy.call import Call, Reply, Result
 from proxy.chain import FilterContext, Next
@@ -75,8 +75,9 @@ class OutputDrift:
         reply = await next(call)
         if isinstance(reply, Result) and reply.stream is None:
             values = []
+            reads = answer_reads(call, reply)  # read once with the router's and fallback's
             for name, spec in self.cfg.outputs.items():
-                c = confidence_of(reply, spec)
+                c = reads.confidence(spec)
                 if c is None:
                     continue
                 values += [(name, "confidence", c),

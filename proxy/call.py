@@ -241,6 +241,10 @@ class SseEvent:
     parsed only when someone asks."""
 
     raw: bytes
+    more: bool = False
+    """Another event of the same backend read follows at once: a writer may hold this one and
+    send both in one write (one syscall for what arrived in one). An event a filter makes
+    says False."""
 
     @property
     def data(self) -> bytes:

@@ -16,7 +16,6 @@ as it is and does not count against a breaker.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import time
@@ -25,13 +24,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, Literal
 
-import numpy as np
 from prometheus_client import Counter, Gauge
 from pydantic import Field
 
+from filters.answer_reads import answer_reads
 from filters.call_keys import FAULTS
 from filters.fallback.admin import BREAKERS, CACHED_ANSWERS, ROUTES, breakers_summary
 from filters.fallback.breaker import Breaker, BreakerSettings, State
+from filters.fallback.cache_key import cache_key
 from filters.fallback.fuse_log import log_mismatch
 from proxy.call import Api, Call, LocalReply, Reply, Result, Wire
 from proxy.chain import FilterContext, Next
@@ -163,7 +163,7 @@ class Fallback:
 
     def cached_answer(self, call: Call) -> tuple[float, Result] | None:
         """(age in seconds, the last good answer to the same request), if cached."""
-        found = self.cache.get(_fingerprint(call)) if self.cache is not None else None
+        found = self.cache.get(cache_key(call)) if self.cache is not None else None
         return None if found is None else (self.ctx.clock.monotonic() - found[0], found[1])
 
     def _breaker(self, level: str) -> Breaker:
@@ -209,7 +209,7 @@ class Fallback:
             self.in_flight -= 1
 
     async def _serve(self, call: Call, next: Next) -> Reply:
-        key = _fingerprint(call) if self.cache is not None else ""
+        key = cache_key(call) if self.cache is not None else ""
         reasons: list[str] = []
         for i, level in enumerate(self.levels):
             why = self._fused(call, level)
@@ -239,7 +239,7 @@ class Fallback:
                 if isinstance(reply, LocalReply):
                     return reply  # the client's own error: no fallback for a bad request
                 return self._answered(call, reply, i, level, key, reasons)
-            reasons.append(f"L{min(i + 1, 2)} '{level}': {_describe(reply)}")
+            reasons.append(f"L{min(i + 1, 2)} '{level}': {_describe(reply, attempt)}")
         return self._last_resort(call, key, reasons)
 
     # --- one level ----------------------------------------------------------------------------
@@ -270,7 +270,7 @@ class Fallback:
                 attempt.deadline = limit if call.deadline is None else min(call.deadline, limit)
             reply = await self._hedged(attempt, send)
             tries += 1
-            failed = self._failed(reply)
+            failed = self._failed(attempt, reply)
             if not failed or tries >= retries.attempts or not self._may_retry(call):
                 call.target = attempt.target
                 return reply, failed
@@ -280,7 +280,8 @@ class Fallback:
             if remaining is not None and remaining <= delay:
                 return reply, failed
             self.ctx.telemetry.decide(call, "fallback", "retry", f"try {tries + 1} after "
-                                      f"{delay * 1000:.0f} ms: {_describe(reply)}", header="retry")
+                                      f"{delay * 1000:.0f} ms: {_describe(reply, attempt)}",
+                                      header="retry")
             self.retrying += 1
             try:
                 await self.ctx.clock.sleep(delay)
@@ -312,14 +313,14 @@ class Fallback:
             task.cancel()
         return done.pop().result()
 
-    def _failed(self, reply: Reply) -> bool:
+    def _failed(self, call: Call, reply: Reply) -> bool:
         if isinstance(reply, LocalReply):
             return reply.kind.value in self.cfg.failure_kinds
         if not self.cfg.nan_is_failure or reply.stream is not None:
             return False
         if reply.wire is not None and reply.wire.api is Api.OPENAI:
             return False
-        return _unusable(reply) is not None
+        return _unusable(reply, call) is not None
 
     def _fused(self, call: Call, level: str) -> str:
         expected = self.cfg.expect_fingerprint.get(level)
@@ -405,17 +406,18 @@ class Fallback:
         return LocalReply(ErrorKind.UNAVAILABLE, message, retry_after_s=max(retry, 1.0))
 
 
-def _describe(reply: Reply) -> str:
+def _describe(reply: Reply, call: Call) -> str:
     if isinstance(reply, LocalReply):
         return f"{reply.kind.name} {reply.message}"
-    return _unusable(reply) or "non-finite values in the answer"
+    return _unusable(reply, call) or "non-finite values in the answer"
 
 
-def _unusable(reply: Result) -> str | None:
+def _unusable(reply: Result, call: Call) -> str | None:
     """Why an answer cannot be served: non-finite values, or tensors that cannot be read (bytes
-    that do not fit their shape: a truncated or garbled answer). None when it is fine."""
+    that do not fit their shape: a truncated or garbled answer). None when it is fine. Read
+    once per answer with the other filters of the call (filters/answer_reads.py)."""
     try:
-        if any(_non_finite(t) for t in reply.outputs):
+        if not answer_reads(call, reply).all_finite():
             return "non-finite values in the answer"
     except (ProxyError, ValueError) as exc:
         message = exc.message if isinstance(exc, ProxyError) else str(exc)
@@ -423,31 +425,10 @@ def _unusable(reply: Result) -> str | None:
     return None
 
 
-def _non_finite(t: Tensor) -> bool:
-    if t.datatype not in ("FP16", "FP32", "FP64"):
-        return False
-    return not bool(np.isfinite(t.numpy()).all())
-
-
 def _static(s: StaticTensor) -> Tensor:
     t = Tensor(s.name, s.datatype, s.shape, data=s.data)
     t.raw_bytes()
     return t
-
-
-def _fingerprint(call: Call) -> str:
-    h = hashlib.sha256()
-    h.update(f"{call.model}\0{call.version}\0".encode())
-    if call.document is not None:  # an OpenAI call: its document
-        doc = {k: v for k, v in call.document.items()
-               if k not in ("stream", "stream_options", "user")}
-        h.update(json.dumps(doc, sort_keys=True).encode())
-        return h.hexdigest()
-    for t in call.inputs:
-        h.update(f"{t.name}\0{t.datatype}\0{t.shape}\0".encode())
-        h.update(t.raw_bytes())
-    h.update(json.dumps([o.name for o in call.outputs]).encode())
-    return h.hexdigest()
 
 
 def _frozen(result: Result) -> Result:

@@ -204,10 +204,12 @@ class VllmBackend(HttpBackend):
             pending = b""
             async for chunk in resp.content.iter_any():
                 pending += chunk
-                while b"\n\n" in pending:
-                    event, pending = pending.split(b"\n\n", 1)
-                    if event.strip():
-                        yield SseEvent(event + b"\n\n")
+                if b"\n\n" not in pending:
+                    continue
+                *events, pending = pending.split(b"\n\n")
+                events = [e for e in events if e.strip()]
+                for i, event in enumerate(events, 1):  # all that came in this read, together
+                    yield SseEvent(event + b"\n\n", more=i < len(events))
             if pending.strip():
                 raise ProxyError(ErrorKind.UNAVAILABLE,
                                  f"backend '{self.name}' ended the stream mid-event")

@@ -184,13 +184,15 @@ class ImageFetcher:
         return FetchBudget(self.cfg, self.cfg.max_request_bytes, "openai.fetch.max_request_bytes")
 
     async def inline(self, call: Call, body: bytes, listener_limit: int,
-                     held: list[FetchBudget]) -> int:
+                     held: list[FetchBudget], found: list[UrlSite] | None = None) -> int:
         """Fetch every remote image of the call and put it in the document as a data: URL;
         returns how many were fetched. The call is re-encoded when any was. The bytes are
         counted in a budget put in ``held``, which the caller releases once the call is
-        answered."""
+        answered. ``found``: the remote images already found in the document
+        (``apply_url_policy``'s walk)."""
         assert call.document is not None
-        sites = [s for s in url_sites(call.document) if s.remote and s.image]
+        sites = (found if found is not None else
+                 [s for s in url_sites(call.document) if s.remote and s.image])
         if not sites:
             return 0
         budget = self.budget(call, body, len(sites), listener_limit)

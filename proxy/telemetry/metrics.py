@@ -7,6 +7,7 @@ alert rules, Grafana), and prometheus-client gives it exactly, with no SDK bridg
 
 from __future__ import annotations
 
+import bisect
 import logging
 import random
 from collections import deque
@@ -163,6 +164,7 @@ class Telemetry:
         self.decisions = Counter("mmguard_filter_decisions_total",
                                  "Decisions filters made (reject, reroute, degrade, inject...).",
                                  ["filter", "model", "decision"], registry=r)
+        self._decision_children: dict[tuple[str, str, str], Any] = {}
         self.backend_ready = Gauge("mmguard_backend_ready", "1 when the backend is ready.",
                                    ["backend"], registry=r,
                                    multiprocess_mode=gauge_mode("mmguard_backend_ready"))
@@ -255,12 +257,62 @@ class Telemetry:
         call.decisions[name] = value
         if header:
             decision = f"{header}:{decision}"
-        self.decisions.labels(filter_name, call.model, decision).inc()
+        labels = (filter_name, call.model, decision)
+        child = self._decision_children.get(labels)
+        if child is None:  # labels() takes a lock and builds a key on every call
+            child = self._decision_children[labels] = self.decisions.labels(*labels)
+        child.inc()
+        span = trace.get_current_span()
+        debug = log.isEnabledFor(logging.DEBUG)
+        if not (debug or span.is_recording()):
+            return  # no span to add to and no log line: the attributes would go nowhere
         attrs = {"mmguard.filter": filter_name, "mmguard.decision": decision,
                  "mmguard.model": call.model, **{f"mmguard.{k}": v for k, v in attributes.items()}}
         if detail:
             attrs["mmguard.detail"] = detail
-        trace.get_current_span().add_event(f"{filter_name}.{decision}", attributes=attrs)
-        if log.isEnabledFor(logging.DEBUG):
+        span.add_event(f"{filter_name}.{decision}", attributes=attrs)
+        if debug:
             log.debug("%s %s on model %r%s", filter_name, decision, call.model,
                       f": {detail}" if detail else "", extra={"fields": attrs})
+
+
+class Observations:
+    """Values for one histogram child, observed in bulk every ``every`` values and on
+    ``flush()``: a stream's inter-token gaps, one per event, cost one bucket search each
+    instead of a locked ``observe()`` each (~5 µs, the largest per-event metric cost)."""
+
+    __slots__ = ("child", "every", "values")
+
+    def __init__(self, child: Any, every: int = 64) -> None:
+        self.child = child
+        self.every = every
+        self.values: list[float] = []
+
+    def add(self, value: float) -> None:
+        self.values.append(value)
+        if len(self.values) >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        values, self.values = self.values, []
+        if values:
+            observe_many(self.child, values)
+
+
+def observe_many(child: Any, values: Sequence[float]) -> None:
+    """``child.observe(v)`` for each value, as one update of each bucket touched (through the
+    client's histogram fields; value by value where a client version lacks them)."""
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets = getattr(child, "_buckets", None)
+    total = getattr(child, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for v in values:
+            child.observe(v)
+        return
+    counts: dict[int, int] = {}
+    for v in values:
+        i = bisect.bisect_left(bounds, v)  # the first bound >= v: observe()'s "v <= bound"
+        counts[i] = counts.get(i, 0) + 1
+    total.inc(sum(values))
+    for i, n in counts.items():
+        buckets[min(i, len(buckets) - 1)].inc(n)

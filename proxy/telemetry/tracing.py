@@ -4,6 +4,7 @@ span names and attributes in OpenTelemetry's semantic conventions."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -15,11 +16,21 @@ if TYPE_CHECKING:
     from proxy.call import Call
 
 
+_UNSET = object()
+_PROVIDER_FROM_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+"""The API loads a provider named in the environment on first use; the environment is read once."""
+
+
 def tracing_on() -> bool:
     """True when an SDK tracer provider is installed. Without one, mmguard makes no spans at
     all (even no-op ones cost ~15 µs each on the hot path) and passes the client's W3C headers
-    through unchanged."""
-    provider = trace.get_tracer_provider()
+    through unchanged. Asked by every filter step: it reads the API's global (~0.1 µs), not
+    ``get_tracer_provider()`` (~3 µs: an ``os.environ`` lookup on every call while none is set)."""
+    provider = getattr(trace, "_TRACER_PROVIDER", _UNSET)
+    if provider is None and not _PROVIDER_FROM_ENV:
+        return False
+    if provider is None or provider is _UNSET:  # to be loaded, or another API version
+        provider = trace.get_tracer_provider()
     return not isinstance(provider, (trace.NoOpTracerProvider, trace.ProxyTracerProvider))
 
 

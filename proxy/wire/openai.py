@@ -155,15 +155,19 @@ def parse_request(body: bytes, endpoint: str) -> Call:
                 document=doc, endpoint=endpoint)
 
 
-def apply_url_policy(doc: dict[str, Any], policy: MediaPolicy) -> int:
+def apply_url_policy(doc: dict[str, Any], policy: MediaPolicy,
+                     images: list[openai_parts.UrlSite] | None = None) -> int:
     """Check every URL in the body; returns how many remote URLs were re-written (each is
     sent as mmguard parsed it, so the document changed). ``forward``: each
     remote URL is replaced by mmguard's own writing of it. ``fetch``: remote images stay for
-    the fetcher (checked again there), any other remote URL is refused."""
+    the fetcher (checked again there; appended to ``images`` when given, so the fetcher need
+    not walk the document again), any other remote URL is refused."""
     rewritten = remote = 0
     for site in openai_parts.url_sites(doc):
         if not site.remote:
             continue
+        if images is not None and site.image:
+            images.append(site)
         url = policy.allow.check(site.url, site.where)
         remote += 1
         if remote > policy.max_remote:

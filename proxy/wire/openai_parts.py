@@ -151,13 +151,13 @@ def url_sites(doc: Any) -> Iterator[UrlSite]:
     while stack:
         node, where, parent_key = stack.pop()
         if isinstance(node, dict):
-            for key, value in node.items():
-                path = f"{where}.{key}" if where else str(key)
-                if isinstance(value, str) and isinstance(key, str) and _url_key(key):
-                    image = key in ("image_url",) or (key == "url" and parent_key == "image_url")
-                    yield UrlSite(node, key, path, image)
+            for key, value in node.items():  # a path is written only for what needs one
+                if isinstance(value, str):
+                    if isinstance(key, str) and _url_key(key):
+                        image = key == "image_url" or (key == "url" and parent_key == "image_url")
+                        yield UrlSite(node, key, f"{where}.{key}" if where else key, image)
                 elif isinstance(value, (dict, list)):
-                    stack.append((value, path, str(key)))
+                    stack.append((value, f"{where}.{key}" if where else str(key), str(key)))
         elif isinstance(node, list):
             stack.extend((v, f"{where}[{i}]", parent_key) for i, v in enumerate(node)
                          if isinstance(v, (dict, list)))

@@ -9,8 +9,14 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from filters.modality_router import Confidence, confidence_of
-from proxy.call import Result
+from filters.answer_reads import (
+    SKETCH,
+    Confidence,
+    answer_reads,
+    confidence_of,
+    sketch_positions,
+)
+from proxy.call import Call, Result
 from proxy.tensor import Tensor
 
 CFG = Confidence(kind="scalar", output="y", range=(-1.0, 1.0))
@@ -42,3 +48,38 @@ def test_finite_fp64_values_whose_sum_overflows_are_not_read_as_non_finite() -> 
     assert confidence_of(_result(a, "FP64"), CFG) == 1.0  # and no overflow warning
     a[3] = -np.inf  # and one that is not
     assert confidence_of(_result(a, "FP64"), CFG) == 0.0
+
+
+def test_a_large_output_reads_a_fixed_sketch_and_every_value_for_finiteness() -> None:
+    a: NDArray[np.float32] = np.full((1, 3, 224, 224), 0.5, np.float32)
+    on = sketch_positions(a.size, SKETCH)
+    off = np.setdiff1d(np.arange(a.size), on)
+    assert len(on) == SKETCH and len(off) == a.size - SKETCH
+    assert confidence_of(_result(a, "FP32"), CFG) == 0.75
+    a.flat[off] = 0.9  # off the sketch's positions: the mean read does not move...
+    assert confidence_of(_result(a, "FP32"), CFG) == 0.75
+    a.flat[on] = -0.5  # ...on them it does, by what they say
+    assert confidence_of(_result(a, "FP32"), CFG) == 0.25
+    a.flat[off[777]] = np.nan  # a NaN off the sketch still reads zero: finiteness is whole
+    assert confidence_of(_result(a, "FP32"), CFG) == 0.0
+
+
+def test_softmax_kinds_read_whole_rows_of_a_large_output() -> None:
+    logits = np.zeros((1000, 10), np.float32)
+    logits[:, 0] = 10.0  # every row sure of class 0
+    cfg = Confidence(kind="max_softmax", output="y")
+    sure = confidence_of(_result(logits, "FP32"), cfg)
+    assert sure is not None and sure > 0.99
+    logits[::2, 0] = 0.0  # half the rows uniform: the sketch's evenly spaced rows see it
+    half = confidence_of(_result(logits, "FP32"), cfg)
+    assert half is not None and abs(half - (sure + 0.1) / 2) < 0.01
+
+
+def test_one_call_reads_one_answer_once() -> None:
+    a: NDArray[np.float32] = np.full((1, 3, 32, 32), 0.5, np.float32)
+    first, second = _result(a, "FP32"), _result(a, "FP32")
+    call = Call(model="m", version="", inputs=[])
+    reads = answer_reads(call, first)
+    assert answer_reads(call, first) is reads  # the router, output_drift and fallback share it
+    assert confidence_of(first, CFG, call) == 0.75 and reads.finite("y")
+    assert answer_reads(call, second) is not reads  # a retry's new answer is read anew
