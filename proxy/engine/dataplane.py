@@ -84,6 +84,13 @@ class DataPlane:
         self._check_contracts()
         return not self.draining and await self.runtime.ready()
 
+    def readiness(self) -> dict[str, Any]:
+        """Each backend and route, ready or not and why (none for a pod's supervisor: its
+        workers serve, and ``mmguard_backend_ready`` / ``mmguard_route_ready`` say it)."""
+        if self.ready_override is not None:
+            return {}
+        return self.runtime.readiness()
+
     async def model_ready(self, model: str, version: str = "") -> bool:
         if self._unservable(model) is not None:
             return False

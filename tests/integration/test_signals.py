@@ -107,7 +107,7 @@ def test_grpc_front_grpc_backend(setup: tuple[RunningMmguard, FakeV2],
                                                               X.tobytes())]))
     span = _server_span(exporter)
     assert span.attributes is not None
-    code = err.value.code()  # type: ignore[attr-defined]
+    code = err.value.code()
     saw = (code, _count(m, "via_grpc", "grpc", expected.value) - before,
            span.attributes["rpc.response.status_code"], span.attributes["error.type"])
     assert saw == (STATUS[expected].grpc, 1, code.name, expected.value)
