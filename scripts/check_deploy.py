@@ -7,6 +7,9 @@
         `promtool check rules` parses every query
     python scripts/check_deploy.py known-fields CRS.json scripts/crd/node_modules
         no unknown field in those kinds (their .d.ts declarations name every field)
+    python scripts/check_deploy.py configmaps OUT_DIR FILE...
+        every mmguard config (a ``*.yaml`` key of a ConfigMap) in FILEs (rendered overlays,
+        KServe manifests), written as it is to OUT_DIR for `mmguard check-config --offline`
     python scripts/check_deploy.py crds OUT.json FILE...
         every custom resource in FILEs: PodMonitor, PrometheusRule and AnalysisTemplate go to
         OUT.json for the CRD-schema validator (scripts/crd/validate.mjs); KServe's
@@ -374,6 +377,22 @@ def fleet_promql(out: Path) -> int:
     return 0
 
 
+def configmaps(out: Path, files: list[Path]) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    n = 0
+    for path in files:
+        for doc in _docs(path):
+            if doc.get("kind") != "ConfigMap":
+                continue
+            for key, text in (doc.get("data") or {}).items():
+                if key.endswith((".yaml", ".yml")):
+                    n += 1
+                    name = f"{path.stem}--{doc['metadata']['name']}--{key}"
+                    (out / re.sub(r"[^A-Za-z0-9_.-]", "_", name)).write_text(text)
+    print(f"configmaps: {n} mmguard configs")
+    return 0 if n else 1
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["rules"] and len(argv) == 3:
         return rules(Path(argv[1]), Path(argv[2]))
@@ -381,6 +400,8 @@ def main(argv: list[str]) -> int:
         return fleet_promql(Path(argv[1]))
     if argv[:1] == ["known-fields"] and len(argv) == 3:
         return known_fields(Path(argv[1]), Path(argv[2]))
+    if argv[:1] == ["configmaps"] and len(argv) >= 3:
+        return configmaps(Path(argv[1]), [Path(a) for a in argv[2:]])
     if argv[:1] == ["crds"] and len(argv) >= 3:
         return crds(Path(argv[1]), [Path(a) for a in argv[2:]])
     print(__doc__, file=sys.stderr)

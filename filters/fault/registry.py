@@ -173,7 +173,10 @@ class ExperimentRegistry(Shared):
         self.m_started_all.inc()
         for cause in STOP_CAUSES:  # at 0 from the start: a single stop must show in increase()
             self.m_stops.labels(cfg.name, route, cause)
-        log.warning("experiment %r started on route %r (%s): %s", cfg.name, route, source,
+        # Started by the config it serves: expected, INFO (a correct start logs no WARNING);
+        # started through the admin API: someone injects faults into live traffic, WARNING.
+        log.log(logging.INFO if source == "config" else logging.WARNING,
+                "experiment %r started on route %r (%s): %s", cfg.name, route, source,
                     ", ".join(a.label for a in cfg.actions),
                     extra={"fields": {"experiment": cfg.name, "route": route}})
         return exp

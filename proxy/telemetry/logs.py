@@ -9,6 +9,8 @@ from typing import Any
 
 from opentelemetry import trace
 
+from proxy.pod.state import POD, Role
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -18,6 +20,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        if POD.role is not Role.SINGLE:  # which process of the pod said it
+            out["worker"] = POD.index if POD.role is Role.WORKER else "supervisor"
         span = trace.get_current_span().get_span_context()
         if span.is_valid:
             out["trace_id"] = format(span.trace_id, "032x")
@@ -30,10 +34,24 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """``time LEVEL logger: message``, with ``[worker N]`` in a pod's worker."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        if POD.role is Role.WORKER:
+            return f"[worker {POD.index}] {line}"
+        if POD.role is Role.SUPERVISOR:
+            return f"[supervisor] {line}"
+        return line
+
+
 def setup_logging(level: str = "info", fmt: str = "json") -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else
-                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger("mmguard")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
