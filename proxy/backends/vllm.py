@@ -26,6 +26,7 @@ from proxy.contract import ModelContract, fingerprint
 from proxy.errors import ErrorKind, ProxyError
 from proxy.telemetry import backend_span, gen_ai_usage, traced_stream
 from proxy.wire import openai
+from proxy.wire.sse import SseSplitter
 
 log = logging.getLogger("mmguard.vllm")
 
@@ -201,14 +202,13 @@ class VllmBackend(HttpBackend):
         try:
             if resp.status != 200:
                 raise self._status_error(resp.status, await resp.read())
-            pending = b""
+            events = SseSplitter()  # \n\n, \r\n\r\n and \r\r all end an event
             async for chunk in resp.content.iter_any():
-                pending += chunk
-                while b"\n\n" in pending:
-                    event, pending = pending.split(b"\n\n", 1)
-                    if event.strip():
-                        yield SseEvent(event + b"\n\n")
-            if pending.strip():
+                for event in events.feed(chunk):
+                    yield SseEvent(event)
+            for event in events.end():
+                yield SseEvent(event)
+            if events.pending.strip():
                 raise ProxyError(ErrorKind.UNAVAILABLE,
                                  f"backend '{self.name}' ended the stream mid-event")
         except (aiohttp.ClientError, ConnectionError) as exc:
