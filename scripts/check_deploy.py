@@ -10,6 +10,10 @@
     python scripts/check_deploy.py configmaps OUT_DIR FILE...
         every mmguard config (a ``*.yaml`` key of a ConfigMap) in FILEs (rendered overlays,
         KServe manifests), written as it is to OUT_DIR for `mmguard check-config --offline`
+    python scripts/check_deploy.py pod-policy FILE...
+        each rendered overlay in FILEs: every Deployment has a PodDisruptionBudget whose
+        selector matches its pods (and no other Deployment's), and its pods run under the
+        RuntimeDefault seccomp profile
     python scripts/check_deploy.py crds OUT.json FILE...
         every custom resource in FILEs: PodMonitor, PrometheusRule and AnalysisTemplate go to
         OUT.json for the CRD-schema validator (scripts/crd/validate.mjs); KServe's
@@ -377,6 +381,31 @@ def fleet_promql(out: Path) -> int:
     return 0
 
 
+def pod_policy(files: list[Path]) -> int:
+    findings: list[str] = []
+    for path in files:
+        docs = _docs(path)
+        deployments = [d for d in docs if d.get("kind") == "Deployment"]
+        budgets = [d for d in docs if d.get("kind") == "PodDisruptionBudget"]
+        for dep in deployments:
+            where = f"{path.name}: Deployment {dep['metadata']['name']}"
+            pod = dep["spec"]["template"]
+            labels = pod["metadata"].get("labels", {})
+            covering = [b for b in budgets if b["spec"]["selector"].get("matchLabels")
+                        and b["spec"]["selector"]["matchLabels"].items() <= labels.items()]
+            if len(covering) != 1:
+                findings.append(f"{where}: {len(covering)} PodDisruptionBudgets select its "
+                                f"pods (labels {labels}); expected one")
+            profile = (pod["spec"].get("securityContext") or {}).get("seccompProfile") or {}
+            if profile.get("type") != "RuntimeDefault":
+                findings.append(f"{where}: pod securityContext.seccompProfile is {profile}, "
+                                "expected {type: RuntimeDefault}")
+    for f in findings:
+        print(f)
+    print(f"pod policy: {len(findings)} findings")
+    return 1 if findings else 0
+
+
 def configmaps(out: Path, files: list[Path]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     n = 0
@@ -400,6 +429,8 @@ def main(argv: list[str]) -> int:
         return fleet_promql(Path(argv[1]))
     if argv[:1] == ["known-fields"] and len(argv) == 3:
         return known_fields(Path(argv[1]), Path(argv[2]))
+    if argv[:1] == ["pod-policy"] and len(argv) >= 2:
+        return pod_policy([Path(a) for a in argv[1:]])
     if argv[:1] == ["configmaps"] and len(argv) >= 3:
         return configmaps(Path(argv[1]), [Path(a) for a in argv[2:]])
     if argv[:1] == ["crds"] and len(argv) >= 3:
