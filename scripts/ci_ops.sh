@@ -67,8 +67,10 @@ echo "== mmguard check-config --offline: every shipped ConfigMap, as each overla
 # Offline: the admin token's Secret, TLS files and model directories exist only in the pod;
 # everything else is checked, on the config exactly as shipped (no path rewritten).
 "$py" scripts/check_deploy.py configmaps "$work/configs" "${rendered[@]}" deploy/kserve/*.yaml
+mmguard_py=${MMGUARD_PYTHON:-python}   # the project's venv (.ci/run activates it)
+[ -z "${MMGUARD_PYTHON:-}" ] && [ -x .venv/bin/python ] && mmguard_py=.venv/bin/python
 for config in "$work"/configs/*; do
-  "${MMGUARD_PYTHON:-python}" -m proxy.cli check-config --offline "$config"
+  "$mmguard_py" -m proxy.cli check-config --offline "$config"
 done
 
 echo "== CRD schemas"
