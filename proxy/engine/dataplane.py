@@ -295,6 +295,13 @@ class DataPlane:
             if span is not None:
                 _end_span(span, call, failure, broken)
 
+    def count_undecoded(self, front: str, err: ProxyError) -> None:
+        """A request refused before it became a call (unreadable body, unknown model on the
+        OpenAI front, too large): counted too, under model ``(undecoded)``, so that what
+        clients were told shows in ``mmguard_requests_total`` whatever refused it."""
+        m = self.telemetry.request_metrics(UNDECODED, "", front)
+        self.telemetry.count_request(m, UNDECODED, "", front, err.kind.value)
+
     async def _handle(self, call: Call, route: Route | None) -> Reply:
         """The call's route, found once by ``_infer``, runs it (None: no such model)."""
         if route is None:
@@ -335,6 +342,8 @@ class DataPlane:
                 await close()
 
 
+UNDECODED = "(undecoded)"
+"""The model label of requests refused before they could be read as a call."""
 STREAM_BROKEN = "stream_broken"
 """The code of a stream that failed after its first event: its client got 200 and a broken
 answer. Counted against the error budget like any failure."""

@@ -168,6 +168,7 @@ class OpenAIFront:
         try:
             call = await self._decode(request, endpoint)
         except ProxyError as err:
+            self.plane.count_undecoded("openai", err)
             return openai_error(LocalReply.from_error(err))
         if call.streaming:
             return await self._stream(request, call)
@@ -217,8 +218,8 @@ class OpenAIFront:
                     now = time.monotonic()
                     gap.observe(now - last)
                     last = now
-        except ConnectionResetError:
-            log.info("client of model %r closed the stream early", call.model)
+        except ConnectionResetError:  # per request: DEBUG (the metric counts it as cancelled)
+            log.debug("client of model %r closed the stream early", call.model)
         finally:
             await items.aclose()
             self.plane.telemetry.stream_duration.labels(call.model, backend).observe(

@@ -159,3 +159,28 @@ def test_a_grpc_stream_that_fails_before_its_first_answer(
     assert span.attributes is not None
     assert span.attributes["error.type"] == expected.value
     assert span.attributes["rpc.response.status_code"] == STATUS[expected].grpc.name
+
+
+def _undecoded(m: RunningMmguard, front: str, code: str) -> float:
+    return m.telemetry.registry.get_sample_value(
+        "mmguard_requests_total",
+        {"model": "(undecoded)", "backend": "", "front": front, "code": code}) or 0.0
+
+
+def test_requests_refused_before_the_data_plane_are_counted(
+        setup: tuple[RunningMmguard, FakeV2]) -> None:
+    """An unreadable body is refused by the front's codec: counted too, as what the client
+    got, under model (undecoded)."""
+    m, _ = setup
+    before = {f: _undecoded(m, f, "invalid_argument") for f in ("grpc", "http", "openai")}
+    with pytest.raises(grpc.RpcError) as err:
+        grpc_infer_raw(m.grpc_url, b"\x0a\x7fnot a request")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    status, _, _ = http_post(m.http_url, "/v2/models/via_http/infer", b"{not json",
+                             {"Content-Type": "application/json"})
+    assert status == 400
+    status, _, _ = http_post(m.http_url, "/v1/chat/completions", b"{not json",
+                             {"Content-Type": "application/json"})
+    assert status == 400
+    after = {f: _undecoded(m, f, "invalid_argument") for f in ("grpc", "http", "openai")}
+    assert {f: after[f] - before[f] for f in after} == {"grpc": 1, "http": 1, "openai": 1}
