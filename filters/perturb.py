@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+import ml_dtypes
 import numpy as np
 from numpy.typing import NDArray
 
@@ -330,11 +331,8 @@ def token_dropout(ids: NDArray[IntT], p: float, rng: np.random.Generator, pad_id
 
 def _bfloat16(a: NDArray[np.float32]) -> NDArray[np.float32]:
     """Round float32 to bfloat16 (nearest, ties to even) and widen back, as torch does."""
-    u = a.view(np.uint32)
-    bias = ((u >> 16) & np.uint32(1)) + np.uint32(0x7FFF)
-    r = (u + bias) & np.uint32(0xFFFF0000)
-    r[np.isnan(a)] = 0x7FC00000  # the carry would turn some NaN payloads into inf
-    return r.view(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN stays NaN, overflow is inf
+        return a.astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
 def precision_collapse(x: NDArray[FloatT], mode: Literal["round", "fp16", "bf16"],

@@ -13,6 +13,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from numpy.typing import NDArray
 
@@ -310,13 +311,15 @@ def _json_text(x: bytes) -> str:
 
 
 def _bf16_to_float(bits: NDArray[Any]) -> NDArray[Any]:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+    """bfloat16 bits → float32 values (exact: bfloat16 is float32's top half)."""
+    out: NDArray[Any] = np.asarray(bits, dtype=np.uint16).view(ml_dtypes.bfloat16).astype(
+        np.float32)
+    return out
 
 
 def _float_to_bf16(values: NDArray[Any]) -> NDArray[np.uint16]:
-    """float32 → bfloat16 bits, rounding to nearest even (NaN stays a quiet NaN)."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    out = rounded.astype(np.uint16)
-    out[np.isnan(values)] = 0x7FC0
+    """float32 → bfloat16 bits, rounding to nearest even (ml_dtypes' cast, as torch's)."""
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN stays NaN, overflow is inf
+        out: NDArray[np.uint16] = np.asarray(values, dtype=np.float32).astype(
+            ml_dtypes.bfloat16).view(np.uint16)
     return out

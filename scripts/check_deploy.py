@@ -7,6 +7,13 @@
         `promtool check rules` parses every query
     python scripts/check_deploy.py known-fields CRS.json scripts/crd/node_modules
         no unknown field in those kinds (their .d.ts declarations name every field)
+    python scripts/check_deploy.py configmaps OUT_DIR FILE...
+        every mmguard config (a ``*.yaml`` key of a ConfigMap) in FILEs (rendered overlays,
+        KServe manifests), written as it is to OUT_DIR for `mmguard check-config --offline`
+    python scripts/check_deploy.py pod-policy FILE...
+        each rendered overlay in FILEs: every Deployment has a PodDisruptionBudget whose
+        selector matches its pods (and no other Deployment's), and its pods run under the
+        RuntimeDefault seccomp profile
     python scripts/check_deploy.py crds OUT.json FILE...
         every custom resource in FILEs: PodMonitor, PrometheusRule and AnalysisTemplate go to
         OUT.json for the CRD-schema validator (scripts/crd/validate.mjs); KServe's
@@ -374,6 +381,47 @@ def fleet_promql(out: Path) -> int:
     return 0
 
 
+def pod_policy(files: list[Path]) -> int:
+    findings: list[str] = []
+    for path in files:
+        docs = _docs(path)
+        deployments = [d for d in docs if d.get("kind") == "Deployment"]
+        budgets = [d for d in docs if d.get("kind") == "PodDisruptionBudget"]
+        for dep in deployments:
+            where = f"{path.name}: Deployment {dep['metadata']['name']}"
+            pod = dep["spec"]["template"]
+            labels = pod["metadata"].get("labels", {})
+            covering = [b for b in budgets if b["spec"]["selector"].get("matchLabels")
+                        and b["spec"]["selector"]["matchLabels"].items() <= labels.items()]
+            if len(covering) != 1:
+                findings.append(f"{where}: {len(covering)} PodDisruptionBudgets select its "
+                                f"pods (labels {labels}); expected one")
+            profile = (pod["spec"].get("securityContext") or {}).get("seccompProfile") or {}
+            if profile.get("type") != "RuntimeDefault":
+                findings.append(f"{where}: pod securityContext.seccompProfile is {profile}, "
+                                "expected {type: RuntimeDefault}")
+    for f in findings:
+        print(f)
+    print(f"pod policy: {len(findings)} findings")
+    return 1 if findings else 0
+
+
+def configmaps(out: Path, files: list[Path]) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    n = 0
+    for path in files:
+        for doc in _docs(path):
+            if doc.get("kind") != "ConfigMap":
+                continue
+            for key, text in (doc.get("data") or {}).items():
+                if key.endswith((".yaml", ".yml")):
+                    n += 1
+                    name = f"{path.stem}--{doc['metadata']['name']}--{key}"
+                    (out / re.sub(r"[^A-Za-z0-9_.-]", "_", name)).write_text(text)
+    print(f"configmaps: {n} mmguard configs")
+    return 0 if n else 1
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["rules"] and len(argv) == 3:
         return rules(Path(argv[1]), Path(argv[2]))
@@ -381,6 +429,10 @@ def main(argv: list[str]) -> int:
         return fleet_promql(Path(argv[1]))
     if argv[:1] == ["known-fields"] and len(argv) == 3:
         return known_fields(Path(argv[1]), Path(argv[2]))
+    if argv[:1] == ["pod-policy"] and len(argv) >= 2:
+        return pod_policy([Path(a) for a in argv[1:]])
+    if argv[:1] == ["configmaps"] and len(argv) >= 3:
+        return configmaps(Path(argv[1]), [Path(a) for a in argv[2:]])
     if argv[:1] == ["crds"] and len(argv) >= 3:
         return crds(Path(argv[1]), [Path(a) for a in argv[2:]])
     print(__doc__, file=sys.stderr)

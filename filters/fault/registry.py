@@ -147,6 +147,16 @@ class ExperimentRegistry(Shared):
         self.m_stops = telemetry.metric(Counter, "mmguard_experiment_stops_total",
                                         "Fault experiments stopped, by why.",
                                         ["experiment", "route", "cause"])
+        # What alerts read: totals whose every child exists at 0 from start-up, so that an
+        # experiment that starts and stops between two scrapes still shows in increase()
+        # (the per-experiment children above first appear when it starts).
+        self.m_started_all = telemetry.metric(Counter, "mmguard_fault_experiments_started_total",
+                                              "Fault experiments started (every one).", [])
+        self.m_stopped_all = telemetry.metric(Counter, "mmguard_fault_experiments_stopped_total",
+                                              "Fault experiments stopped (every one), by why.",
+                                              ["cause"])
+        for cause in STOP_CAUSES:
+            self.m_stopped_all.labels(cause)
 
     def running(self, route: str) -> list[Experiment]:
         return [e for e in self.experiments.values() if e.route == route and e.running]
@@ -160,9 +170,13 @@ class ExperimentRegistry(Shared):
                          started_wall=self.clock.wall())
         self.experiments[cfg.name] = exp
         self.m_state.labels(cfg.name, route).set(1)
+        self.m_started_all.inc()
         for cause in STOP_CAUSES:  # at 0 from the start: a single stop must show in increase()
             self.m_stops.labels(cfg.name, route, cause)
-        log.warning("experiment %r started on route %r (%s): %s", cfg.name, route, source,
+        # Started by the config it serves: expected, INFO (a correct start logs no WARNING);
+        # started through the admin API: someone injects faults into live traffic, WARNING.
+        log.log(logging.INFO if source == "config" else logging.WARNING,
+                "experiment %r started on route %r (%s): %s", cfg.name, route, source,
                     ", ".join(a.label for a in cfg.actions),
                     extra={"fields": {"experiment": cfg.name, "route": route}})
         return exp
@@ -178,6 +192,7 @@ class ExperimentRegistry(Shared):
         exp.stopped_wall = self.clock.wall()
         self.m_state.labels(name, exp.route).set(0)
         self.m_stops.labels(name, exp.route, cause).inc()
+        self.m_stopped_all.labels(cause).inc()
         log.warning("experiment %r on route %r stopped: %s", name, exp.route, reason,
                     extra={"fields": {"experiment": name, "route": exp.route,
                                       "cause": cause, "reason": reason}})

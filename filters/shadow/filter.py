@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import time
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from opentelemetry.trace import SpanContext
 from prometheus_client import Counter, Gauge
 
 from filters.call_keys import FAULTS
@@ -53,6 +55,7 @@ from proxy.chain import FilterContext, Next
 from proxy.keys import Store
 from proxy.lifecycle import AdminRequest, FilterFactoryBase, StateKey, Summary
 from proxy.pod.state import POD, share
+from proxy.telemetry import caused_by, linked_span
 
 log = logging.getLogger("mmguard.shadow")
 
@@ -74,6 +77,7 @@ class _Copy:
     noise: bool
     resend: Next
     primary_faults: tuple[str, ...] = ()  # faults on production's answer: that copy is not judged
+    cause: SpanContext | None = None  # the request's span: the copy's trace links to it
 
 
 class Shadow:
@@ -161,9 +165,9 @@ class Shadow:
         noise = (self.cfg.noise_floor_percent > 0
                  and self.ctx.rng.random() * 100 < self.cfg.noise_floor_percent)
         if isinstance(reply, Result) and reply.stream is not None:
-            reply.stream = self._tee(reply.stream, copy, latency, noise, next, call)
+            reply.stream = self._tee(reply.stream, copy, latency, noise, next, call, caused_by())
             return reply
-        self._enqueue(call, _Copy(copy, reply, latency, None, noise, next))
+        self._enqueue(call, _Copy(copy, reply, latency, None, noise, next, cause=caused_by()))
         return reply
 
     def _selected(self, call: Call) -> bool:
@@ -176,7 +180,7 @@ class Shadow:
                                self.cfg.percent / 100)
 
     async def _tee(self, items: AsyncIterator[Any], copy: Call, latency: float, noise: bool,
-                   resend: Next, call: Call) -> AsyncIterator[Any]:
+                   resend: Next, call: Call, cause: SpanContext | None) -> AsyncIterator[Any]:
         """Pass the stream through untouched; after its end, queue the assembled text."""
         pieces: list[str] = []
         failed: LocalReply | None = None
@@ -187,7 +191,8 @@ class Shadow:
                 failed = item
             yield item
         primary: Reply = failed if failed is not None else Result(call.model)
-        self._enqueue(call, _Copy(copy, primary, latency, "".join(pieces), noise, resend))
+        self._enqueue(call, _Copy(copy, primary, latency, "".join(pieces), noise, resend,
+                                  cause=cause))
 
     def _enqueue(self, call: Call, item: _Copy) -> None:
         st = self.state
@@ -211,8 +216,10 @@ class Shadow:
         if self.queue is None:
             self.queue = asyncio.Queue(self.cfg.queue_size)
         if not self.workers or self.workers[0].done():
-            # none yet, or cancelled by a reload that then failed: this filter still serves
-            self.workers = [asyncio.create_task(self._work(), name=f"shadow {self.ctx.route}")
+            # none yet, or cancelled by a reload that then failed: this filter still serves.
+            # An empty context: the workers belong to no request (each copy its own trace).
+            self.workers = [asyncio.create_task(self._work(), name=f"shadow {self.ctx.route}",
+                                                context=contextvars.Context())
                             for _ in range(self.cfg.workers)]
 
     # --- off the request path -----------------------------------------------------------------
@@ -222,7 +229,9 @@ class Shadow:
         while True:
             item = await self.queue.get()
             try:
-                await self._compare(item)
+                with linked_span(f"shadow copy {self.ctx.route} -> {self.cfg.canary}",
+                                 item.cause, **{"mmguard.route": self.ctx.route}):
+                    await self._compare(item)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a broken comparison must not stop the mirroring

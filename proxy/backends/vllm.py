@@ -26,6 +26,7 @@ from proxy.contract import ModelContract, fingerprint
 from proxy.errors import ErrorKind, ProxyError
 from proxy.telemetry import backend_span, gen_ai_usage, traced_stream
 from proxy.wire import openai
+from proxy.wire.sse import SseSplitter
 
 log = logging.getLogger("mmguard.vllm")
 
@@ -201,16 +202,14 @@ class VllmBackend(HttpBackend):
         try:
             if resp.status != 200:
                 raise self._status_error(resp.status, await resp.read())
-            pending = b""
+            splitter = SseSplitter()  # \n\n, \r\n\r\n and \r\r all end an event
             async for chunk in resp.content.iter_any():
-                pending += chunk
-                if b"\n\n" not in pending:
-                    continue
-                *events, pending = pending.split(b"\n\n")
-                events = [e for e in events if e.strip()]
+                events = splitter.feed(chunk)
                 for i, event in enumerate(events, 1):  # all that came in this read, together
-                    yield SseEvent(event + b"\n\n", more=i < len(events))
-            if pending.strip():
+                    yield SseEvent(event, more=i < len(events))
+            for event in splitter.end():
+                yield SseEvent(event)
+            if splitter.pending.strip():
                 raise ProxyError(ErrorKind.UNAVAILABLE,
                                  f"backend '{self.name}' ended the stream mid-event")
         except (aiohttp.ClientError, ConnectionError) as exc:

@@ -10,12 +10,31 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from proxy import __version__
 from proxy.config.model import ConfigError, load_config
 from proxy.process.descriptors import raise_open_files_limit
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
 
 def main(argv: list[str] | None = None) -> int:
+    """The command; a reader that closed the pipe early (``mmguard status | head``) ends it
+    quietly with 141, as a command killed by SIGPIPE does, not with a traceback."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # Python would flush stdout again at exit and print a second error: point it at
+        # /dev/null first (the recipe of Python's signal module documentation).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="mmguard", description="Guard proxy for model serving")
+    parser.add_argument("--version", action="version", version=f"mmguard {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the proxy (embedded default without --config)")
     serve.add_argument("--config", type=Path, help="YAML config file (default: $MMGUARD_CONFIG; "
@@ -23,10 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--http-port", type=int, help="KServe v2 HTTP port (default 9000)")
     serve.add_argument("--grpc-port", type=int, help="KServe v2 gRPC port (default 9001)")
     serve.add_argument("--admin-port", type=int, help="admin port: /metrics, /healthz (9002)")
+    serve.add_argument("--log-level", choices=LOG_LEVELS, help="log level (default: the "
+                       "config's telemetry.log_level, info)")
     serve.add_argument("--workers", help="worker processes sharing the ports, or 'auto' (the "
                        "CPUs this process may use); default: the config's `workers`, 1")
     check = sub.add_parser("check-config", help="validate a config file without serving")
     check.add_argument("file", type=Path)
+    check.add_argument("--offline", action="store_true", help="check everything but the files "
+                       "and variables that exist only where mmguard runs (secrets, TLS files, "
+                       "model directories, filter files): for CI, on a ConfigMap as it is")
     demo = sub.add_parser("demo", help="walk through what mmguard does, against a running "
                           "`mmguard serve` (the embedded default)")
     demo.add_argument("--url", default="127.0.0.1:9001", help="gRPC address of mmguard")
@@ -50,22 +74,31 @@ def main(argv: list[str] | None = None) -> int:
         from proxy.cli.report import main as report_main
         return report_main(args)
     if args.command == "check-config":
-        return check_config(args.file)
+        return check_config(args.file, offline=args.offline)
     if args.command == "demo":
         from proxy.cli.demo import run_demo
         return run_demo(args.url, args.text, args.http, args.admin)
     return serve_main(args)
 
 
-def check_config(path: Path) -> int:
+def check_config(path: Path, offline: bool = False) -> int:
     """Everything ``serve`` would refuse: the document, and the files it names on this
-    machine."""
+    machine; ``offline``: all but what exists only where mmguard runs, named as not checked."""
+    from proxy.config.model import pod_files
+    from proxy.config.refs import offline as offline_checks
+
     try:
-        cfg = load_config(path, check_files=True)
+        if not offline:
+            cfg = load_config(path, check_files=True)
+        else:
+            with offline_checks() as skipped:
+                cfg = load_config(path)
+            skipped += pod_files(cfg)
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 1
-    print(f"{path}: ok ({len(cfg.backends)} backends, {len(cfg.models)} models)")
+    print(f"{path}: ok ({len(cfg.backends)} backends, {len(cfg.models)} models)"
+          + (f"; offline, not checked: {', '.join(skipped) or 'nothing'}" if offline else ""))
     return 0
 
 
@@ -99,7 +132,7 @@ def serve_main(args: argparse.Namespace) -> int:
     _raise_open_files_limit()
     if workers > 1:
         metrics_dir = become_supervisor(workers)
-    setup_logging(config.telemetry.log_level, config.telemetry.log_format)
+    setup_logging(args.log_level or config.telemetry.log_level, config.telemetry.log_format)
     setup_tracing(config.telemetry.otlp_endpoint, config.telemetry.service_name)
     ports = Ports(args.http_port, args.grpc_port, args.admin_port)
 

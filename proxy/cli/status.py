@@ -34,6 +34,10 @@ class Status:
     requests: dict[str, dict[str, float]] = field(default_factory=dict)
     """route → outcome code → count (summed over fronts and backends)."""
     backends: dict[str, bool] = field(default_factory=dict)
+    routes: dict[str, bool] = field(default_factory=dict)
+    """route → ready (its backend ready and its contract known), from the metrics."""
+    why: dict[str, str] = field(default_factory=dict)
+    """``backend <name>`` / ``route <name>`` → why it is not ready (``/readyz``, one process)."""
     tables: list[dict[str, Any]] = field(default_factory=list)
     """Each filter's ``Summary`` (``GET /admin``), in their order."""
     workers: list[dict[str, Any]] = field(default_factory=list)
@@ -67,6 +71,10 @@ def fetch(admin: str, timeout: float = 5.0) -> Status:
         base = "http://" + base
     ready_doc = _json(f"{base}/readyz", timeout, ok_statuses=(200, 503))
     status = Status(admin=base, ready=bool(ready_doc.get("ready")))
+    for kind in ("backends", "routes"):
+        for name, doc in (ready_doc.get(kind) or {}).items():
+            if isinstance(doc, dict) and doc.get("why"):
+                status.why[f"{kind[:-1]} {name}"] = str(doc["why"])
     index = _json(f"{base}/admin", timeout)
     found = [f["summary"] for f in (index.get("filters") or {}).values() if f.get("summary")]
     status.tables = sorted(found, key=lambda t: (t.get("order", 100), t.get("title", "")))
@@ -85,6 +93,8 @@ def fetch(admin: str, timeout: float = 5.0) -> Status:
                 requests[sample.labels["model"]][sample.labels["code"]] += sample.value
             elif sample.name == "mmguard_backend_ready":
                 status.backends[sample.labels["backend"]] = sample.value == 1
+            elif sample.name == "mmguard_route_ready":
+                status.routes[sample.labels["model"]] = sample.value == 1
     status.requests = {route: dict(codes) for route, codes in sorted(requests.items())}
     return status
 
@@ -108,9 +118,14 @@ def _render_workers(workers: list[dict[str, Any]], out: TextIO) -> None:
 
 def render(s: Status, out: TextIO) -> None:
     out.write(f"mmguard at {s.admin}: {'READY' if s.ready else 'NOT READY'}\n")
-    if s.backends:
-        out.write("backends: " + ", ".join(f"{b} {'ready' if ok else 'NOT READY'}"
-                                           for b, ok in sorted(s.backends.items())) + "\n")
+    for kind, states in (("backend", s.backends), ("route", s.routes)):
+        if states:
+            out.write(f"{kind}s: " + ", ".join(f"{b} {'ready' if ok else 'NOT READY'}"
+                                               for b, ok in sorted(states.items())) + "\n")
+        for name, ok in sorted(states.items()):
+            why = s.why.get(f"{kind} {name}")
+            if not ok:
+                out.write(f"  {kind} {name}: {why or 'not ready (see its log)'}\n")
     if len(s.workers) > 1:
         _render_workers(s.workers, out)
 

@@ -415,6 +415,15 @@ def load_config(path: str | Path, *, check_files: bool = False) -> Config:
     return cfg
 
 
+def pod_files(cfg: Config) -> list[str]:
+    """What ``file_problems`` would look for: the model directories and the files filters
+    read (``check-config --offline`` names them as not checked)."""
+    found = [f"{b.name}.model_dir {b.model_dir}" for b in cfg.backends
+             if isinstance(b, OnnxRuntimeBackendConfig)]
+    return found + [f"{where}.{option} {path}" for where, refs in _route_references(cfg)
+                    for option, path in refs.files]
+
+
 def file_problems(cfg: Config) -> list[str]:
     """What ``serve`` would find missing on this machine: model directories and the models
     listed in them, and the files filters read when built."""
@@ -426,7 +435,6 @@ def file_problems(cfg: Config) -> list[str]:
         problems += [f"{where}.{option}: {why}" for option, path in refs.files
                      if (why := regular_file_problem(path)) is not None]
     return problems
-    return cfg
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import grpc
 from pydantic import PrivateAttr, field_validator, model_validator
 
+from proxy.config.refs import skipped_offline
 from proxy.files import PEM_BYTES, read_bounded
 from proxy.strict import Strict
 
@@ -65,6 +66,8 @@ class TlsServer(Strict):
 
     @model_validator(mode="after")
     def _usable(self) -> TlsServer:
+        if skipped_offline(f"TLS file {self.cert_file}"):
+            return self
         try:
             server_context(self)
         except (OSError, ssl.SSLError) as exc:
@@ -113,6 +116,9 @@ class TlsClient(Strict):
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("cert_file and key_file go together (the client certificate and "
                              "its key); set both or neither")
+        if any(p is not None and skipped_offline(f"TLS file {p}")
+               for p in (self.ca_file, self.cert_file, self.key_file)):
+            return self
         try:
             client_context(self)
         except (OSError, ssl.SSLError) as exc:
@@ -127,6 +133,8 @@ class TlsClient(Strict):
 
 
 def _pem(path: Path, kind: Literal["CERTIFICATE", "PRIVATE KEY"]) -> bytes:
+    if skipped_offline(f"TLS file {path}"):
+        return b""
     data = read_bounded(path, PEM_BYTES)  # ValueError: not a regular file, too big, unreadable
     if not _PEM_BEGIN[kind].search(data):
         raise ValueError(f"{path} is not a PEM {kind.lower()} (no '-----BEGIN ...{kind}-----' "

@@ -13,15 +13,18 @@ import hashlib
 import hmac
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
+from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from opentelemetry.trace import Span
 
 from proxy import __version__
 from proxy.backends.base import Backend
-from proxy.call import CANARY, Call, LocalReply, Reply, Result, StreamItem
+from proxy.call import CANARY, Api, Call, LocalReply, Reply, Result, StreamItem
 from proxy.contract import ModelContract
 from proxy.engine.runtime import Route, Runtime
 from proxy.errors import (
@@ -33,7 +36,13 @@ from proxy.errors import (
     unknown_model_statistics,
 )
 from proxy.lifecycle import StateKey
-from proxy.telemetry import Telemetry, end_server_span, server_span, tracing_on
+from proxy.telemetry import (
+    RequestMetrics,
+    Telemetry,
+    end_server_span,
+    server_span,
+    tracing_on,
+)
 
 EXTENSIONS = ("classification", "binary_tensor_data", "statistics", "model_configuration")
 MMGUARD_EXTENSION = "mmguard"
@@ -91,6 +100,13 @@ class DataPlane:
             return not self.draining and self.ready_override()
         self._check_contracts()
         return not self.draining and await self.runtime.ready()
+
+    def readiness(self) -> dict[str, Any]:
+        """Each backend and route, ready or not and why (none for a pod's supervisor: its
+        workers serve, and ``mmguard_backend_ready`` / ``mmguard_route_ready`` say it)."""
+        if self.ready_override is not None:
+            return {}
+        return self.runtime.readiness()
 
     async def model_ready(self, model: str, version: str = "") -> bool:
         version = model_version(version)
@@ -198,23 +214,28 @@ class DataPlane:
     # --- inference --------------------------------------------------------------------------
 
     async def infer(self, call: Call) -> Reply:
+        """One call through its route, counted and traced with what its client got. A stream
+        is settled at its end, not its start (``_watched``)."""
         if not tracing_on():
-            return await self._infer(call)
-        ctx = propagate.extract(call.headers)
-        name, attrs = server_span(call)
-        with _tracer.start_as_current_span(name, context=ctx, kind=trace.SpanKind.SERVER,
-                                           attributes=attrs) as span:
-            reply = await self._infer(call)
-            if isinstance(reply, LocalReply):
-                span.set_status(trace.StatusCode.ERROR, reply.message)
-                status = STATUS[reply.kind]
-                end_server_span(span, call, reply.kind.value, reply.status or status.http,
-                                status.grpc.value[0])
-            else:
-                end_server_span(span, call, None, 200, 0)
-        return reply
+            return await self._infer(call, None)
+        scheme = "https" if self.runtime.config.listeners.http.tls is not None else "http"
+        name, attrs = server_span(call, scheme)
+        span = _tracer.start_span(name, context=propagate.extract(call.headers),
+                                  kind=trace.SpanKind.SERVER, attributes=attrs)
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            return await self._infer(call, span)
+        except BaseException:
+            # cancelled: the client left, or its deadline passed (_infer counted it)
+            late = call.deadline is not None and time.monotonic() >= call.deadline - 0.005
+            _end_span(span, call, LocalReply(
+                ErrorKind.DEADLINE_EXCEEDED if late else ErrorKind.CANCELLED,
+                "the call was cancelled before its answer"))
+            raise
+        finally:
+            otel_context.detach(token)
 
-    async def _infer(self, call: Call) -> Reply:
+    async def _infer(self, call: Call, span: Span | None) -> Reply:
         route = self.runtime.routes.get(call.model)
         # Unknown names share one label value, so a scan of names cannot blow up cardinality.
         model = call.model if route is not None else "(unknown)"
@@ -227,30 +248,89 @@ class DataPlane:
         except asyncio.CancelledError:
             # The client went away or its deadline passed (grpc.aio cancels the handler): the
             # call still counts, so the metrics agree with what the clients saw.
-            elapsed = time.perf_counter_ns() - start
-            late = call.deadline is not None and time.monotonic() >= call.deadline - 0.005
-            code = "deadline_exceeded" if late else "cancelled"
-            self.telemetry.count_request(m, model, backend, call.front, code)
-            self.telemetry.observe_latency(m, elapsed / 1e9)
-            if route is not None:
-                self._account(call, None, elapsed)
-            raise
-        finally:
             m.in_flight.dec()
-        elapsed = time.perf_counter_ns() - start
+            late = call.deadline is not None and time.monotonic() >= call.deadline - 0.005
+            self._settle(call, route, m, None, "deadline_exceeded" if late else "cancelled",
+                         time.perf_counter_ns() - start)
+            raise
+        if isinstance(reply, Result) and reply.stream is not None:
+            reply.stream = self._watched(call, route, m, start, reply.stream, span)
+            return reply  # in flight, and not yet counted, until the stream ends
+        m.in_flight.dec()
         # Injected faults are counted apart, so no dashboard or alert takes them for the model's.
-        code = ("ok" if isinstance(reply, Result) else
-                "injected" if reply.injected else reply.kind.value)
-        self.telemetry.count_request(m, model, backend, call.front, code)
-        self.telemetry.observe_latency(m, elapsed / 1e9)
-        m.request_bytes.inc(call.nbytes)
-        self.telemetry.access(call, code, elapsed / 1e9)
-        if route is not None:
-            self._account(call, reply, elapsed)
-            if call.state.get(CANARY):  # what observers judge: the canary population
-                for observe in self.runtime.observers:
-                    observe(call, reply, elapsed / 1e9)
+        self._settle(call, route, m, reply, _code(reply), time.perf_counter_ns() - start)
+        if span is not None:
+            _end_span(span, call, reply if isinstance(reply, LocalReply) else None)
         return reply
+
+    def _settle(self, call: Call, route: Route | None, m: RequestMetrics, reply: Reply | None,
+                code: str, elapsed_ns: int, latency_ns: int | None = None) -> None:
+        """Count a finished call with the code its client saw. ``latency_ns``: a stream's time
+        to its first event (its whole length is ``mmguard_stream_duration_seconds``)."""
+        model = call.model if route is not None else "(unknown)"
+        backend = route.spec.backend if route is not None else ""
+        self.telemetry.count_request(m, model, backend, call.front, code)
+        self.telemetry.observe_latency(m, (latency_ns or elapsed_ns) / 1e9)
+        m.request_bytes.inc(call.nbytes)
+        self.telemetry.access(call, code, elapsed_ns / 1e9)
+        if route is not None:
+            self._account(call, reply, elapsed_ns)
+            if reply is not None and call.state.get(CANARY):  # what observers judge: canaries
+                for observe in self.runtime.observers:
+                    observe(call, reply, elapsed_ns / 1e9)
+
+    async def _watched(self, call: Call, route: Route | None, m: RequestMetrics, start: int,
+                       stream: AsyncIterator[StreamItem],
+                       span: Span | None) -> AsyncGenerator[StreamItem, None]:
+        """The backend's stream as the client gets it, settled when it ends: a failure before
+        the first event counts with its own code (the client got that status), one after it
+        as ``stream_broken`` (the client got 200 and a broken answer), a client that left
+        before the end as ``cancelled``."""
+        first_ns: int | None = None
+        failure: LocalReply | None = None
+        broken = False
+        ended = False
+        items = _last_word(stream)
+        try:
+            async for item in items:
+                is_first = first_ns is None
+                if is_first:
+                    first_ns = time.perf_counter_ns()
+                if isinstance(item, LocalReply):
+                    failure, broken = item, not is_first
+                    yield item
+                    break
+                yield item
+            else:
+                if first_ns is None and call.api is Api.OPENAI:  # the client would get nothing
+                    backend = call.target.backend if call.target else ""
+                    failure = LocalReply(ErrorKind.BAD_GATEWAY, f"backend '{backend}' ended "
+                                         f"the stream of model '{call.model}' before its "
+                                         "first event")
+                    yield failure
+            ended = True
+        finally:
+            await items.aclose()
+            m.in_flight.dec()
+            elapsed = time.perf_counter_ns() - start
+            if not ended and failure is None:
+                failure = LocalReply(ErrorKind.CANCELLED, "the client left before the stream "
+                                     "ended")
+                broken = first_ns is not None
+            code = _code(failure) if failure is not None else "ok"
+            if broken and code not in ("injected", "cancelled"):
+                code = STREAM_BROKEN
+            self._settle(call, route, m, failure or Result(call.model), code, elapsed,
+                         None if first_ns is None else first_ns - start)
+            if span is not None:
+                _end_span(span, call, failure, broken)
+
+    def count_undecoded(self, front: str, err: ProxyError) -> None:
+        """A request refused before it became a call (unreadable body, unknown model on the
+        OpenAI front, too large): counted too, under model ``(undecoded)``, so that what
+        clients were told shows in ``mmguard_requests_total`` whatever refused it."""
+        m = self.telemetry.request_metrics(UNDECODED, "", front)
+        self.telemetry.count_request(m, UNDECODED, "", front, err.kind.value)
 
     async def _handle(self, call: Call, route: Route | None) -> Reply:
         """The call's route, found once by ``_infer``, runs it (None: no such model)."""
@@ -290,14 +370,60 @@ class DataPlane:
         try:
             async for item in stream:
                 yield item
-        except ProxyError as exc:
-            yield LocalReply.from_error(exc)
-        except Exception as exc:  # a stream never ends without a last word to the client
-            yield LocalReply(ErrorKind.INTERNAL, f"stream failed: {type(exc).__name__}: {exc}")
         finally:
             close = getattr(stream, "aclose", None)
             if close is not None:  # a client that left cancels the backend call now
                 await close()
+
+
+UNDECODED = "(undecoded)"
+"""The model label of requests refused before they could be read as a call."""
+STREAM_BROKEN = "stream_broken"
+"""The code of a stream that failed after its first event: its client got 200 and a broken
+answer. Counted against the error budget like any failure."""
+
+
+def _code(reply: Reply) -> str:
+    """``mmguard_requests_total``'s code for an answer (injected faults apart)."""
+    if isinstance(reply, Result):
+        return "ok"
+    return "injected" if reply.injected else reply.kind.value
+
+
+async def _last_word(stream: AsyncIterator[StreamItem]) -> AsyncGenerator[StreamItem, None]:
+    """A backend stream that never ends without a last word: an exception becomes its last
+    item (a LocalReply); the backend stream is closed with it."""
+    try:
+        async for item in stream:
+            yield item
+    except ProxyError as exc:
+        yield LocalReply.from_error(exc)
+    except Exception as exc:
+        yield LocalReply(ErrorKind.INTERNAL, f"stream failed: {type(exc).__name__}: {exc}")
+    finally:
+        close = getattr(stream, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def _end_span(span: Span, call: Call, failure: LocalReply | None, broken: bool = False) -> None:
+    """The SERVER span's status as the client saw it, then its end. A broken stream keeps
+    the status its client already got (200 / OK) and says why in an error event."""
+    if failure is None:
+        end_server_span(span, call, None, 200, grpc.StatusCode.OK)
+    else:
+        span.set_status(trace.StatusCode.ERROR, failure.message)
+        if broken:
+            span.add_event(STREAM_BROKEN if failure.kind is not ErrorKind.CANCELLED
+                           else "client_left",
+                           {"error.type": failure.kind.value, "mmguard.detail": failure.message})
+            end_server_span(span, call, STREAM_BROKEN if failure.kind is not
+                            ErrorKind.CANCELLED else failure.kind.value, 200, grpc.StatusCode.OK)
+        else:
+            status = STATUS[failure.kind]
+            end_server_span(span, call, failure.kind.value, failure.status or status.http,
+                            status.grpc)
+    span.end()
 
 
 def _batch_size(call: Call) -> int:

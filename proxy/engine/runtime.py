@@ -30,7 +30,7 @@ from proxy.keys import Store
 from proxy.lifecycle import Observer
 from proxy.registry import filter_factories
 from proxy.share import ShareHash
-from proxy.telemetry import Telemetry
+from proxy.telemetry import RepeatedFailure, Telemetry
 
 log = logging.getLogger("mmguard.runtime")
 _REROUTES: CallKey[int] = CallKey("reroutes")
@@ -87,6 +87,10 @@ class Runtime:
         self._tasks: list[asyncio.Task[None]] = []
         self.start_errors: dict[str, str] = {}
         """Each backend's last failure to start (for the reload that gives up on it)."""
+        self.contract_errors: dict[str, str] = {}
+        """Each route's last failure to learn its contract (``mmguard status`` says why)."""
+        self.backend_ok: dict[str, bool] = {}
+        """Each backend's readiness at the last ``ready()``."""
         self._started = {name: asyncio.Event() for name in backends}
         self.terminal = Terminal(backends, self._started, telemetry, clock)
         """Where every route's chain ends: the backend of ``call.target``."""
@@ -206,7 +210,15 @@ class Runtime:
     # --- life cycle -------------------------------------------------------------------------
 
     async def start(self, started: set[str] | None = None) -> None:
-        """Start backends not already started (reused ones are) and watch contracts."""
+        """Start backends not already started (reused ones are) and watch contracts. Every
+        new backend and every route without a contract has its readiness series at 0 from
+        now: an alert on ``== 0`` sees a backend that never comes up."""
+        for name in self.backends:
+            if started is None or name not in started:
+                self.telemetry.backend_ready.labels(name).set(0)
+        for route in self.routes.values():
+            if route.name not in self.contracts:
+                self.telemetry.route_ready.labels(route.name, route.spec.backend).set(0)
         for name, backend in self.backends.items():
             if started is None or name not in started:
                 self._tasks.append(asyncio.create_task(self._start_backend(name, backend)))
@@ -227,32 +239,41 @@ class Runtime:
 
     async def _start_backend(self, name: str, backend: Backend) -> None:
         delay = 0.2
+        down = RepeatedFailure(log, f"backend {name!r} failed to start", {"backend": name})
         while True:
             try:
                 await backend.start()
                 self._started[name].set()
+                self.start_errors.pop(name, None)
+                down.recovered(self.clock.monotonic())
                 return
             except Exception as exc:  # keep trying: the model server may start after us
                 self.start_errors[name] = f"{type(exc).__name__}: {exc}"
-                log.warning("backend %r failed to start: %s; retrying in %.1fs", name, exc, delay)
+                down.failed(self.clock.monotonic(), f"{exc}; retrying (every {delay:.1f}s "
+                            "at first, then every 5s)")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
     async def _watch_contract(self, route: Route) -> None:
         target = route.target
         backend = self.backends[target.backend]
+        down = RepeatedFailure(log, f"contract of model {route.name!r} not available yet from "
+                               f"backend {target.backend!r}", {"model": route.name,
+                                                               "backend": target.backend})
         await self._started[target.backend].wait()
         delay = 0.2
         while True:
             try:
                 contract = await backend.metadata(target.model, target.version)
             except Exception as exc:
+                self.contract_errors[route.name] = f"{type(exc).__name__}: {exc}"
                 if route.name not in self.contracts:
-                    log.info("contract of model %r not available yet from backend %r: %s",
-                             route.name, target.backend, exc)
+                    down.failed(self.clock.monotonic(), str(exc))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
+            down.recovered(self.clock.monotonic())
+            self.contract_errors.pop(route.name, None)
             old = self.contracts.get(route.name)
             if old is None:
                 log.info("contract of model %r learned from backend %r (fingerprint %s)",
@@ -268,12 +289,48 @@ class Runtime:
             await asyncio.sleep(self.config.contract_refresh_s)
 
     async def ready(self) -> bool:
-        if any(r not in self.contracts for r in self.routes):
-            return False
-        results = await asyncio.gather(*(b.ready() for b in self.backends.values()))
+        """Every backend ready and every route's contract known. Each backend's and route's
+        readiness series is set on every call, known contracts or not."""
+        results = await asyncio.gather(*(self._backend_ready(n, b)
+                                         for n, b in self.backends.items()))
         for name, ok in zip(self.backends, results, strict=True):
+            self.backend_ok[name] = ok
             self.telemetry.backend_ready.labels(name).set(1 if ok else 0)
-        return all(results)
+        for route in self.routes.values():
+            ok = route.name in self.contracts and self.backend_ok.get(route.spec.backend, False)
+            self.telemetry.route_ready.labels(route.name, route.spec.backend).set(1 if ok else 0)
+        return all(results) and all(r in self.contracts for r in self.routes)
+
+    async def _backend_ready(self, name: str, backend: Backend) -> bool:
+        if not self._started[name].is_set():
+            return False  # its session or channel does not exist yet
+        try:
+            return await backend.ready()
+        except Exception:
+            return False
+
+    def readiness(self) -> dict[str, dict[str, dict[str, object]]]:
+        """Each backend and route: ready or not, and why not (``/readyz``, ``mmguard status``)."""
+        backends: dict[str, dict[str, object]] = {}
+        for name in self.backends:
+            ok = self.backend_ok.get(name, False)
+            why = None if ok else (
+                f"failed to start: {self.start_errors[name]}" if name in self.start_errors
+                else "starting" if not self._started[name].is_set()
+                else "its readiness check answers not ready")
+            backends[name] = {"ready": ok, "why": why}
+        routes: dict[str, dict[str, object]] = {}
+        for route in self.routes.values():
+            b = route.spec.backend
+            why = None
+            if route.name not in self.contracts:
+                why = (f"contract unknown: {self.contract_errors[route.name]}"
+                       if route.name in self.contract_errors
+                       else f"contract unknown: waiting for backend '{b}' to start")
+            elif not backends[b]["ready"]:
+                why = f"backend '{b}' not ready"
+            routes[route.name] = {"ready": why is None, "backend": b, "why": why}
+        return {"backends": backends, "routes": routes}
 
     async def model_ready(self, model: str, version: str = "") -> bool:
         route = self.routes.get(model)

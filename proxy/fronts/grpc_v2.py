@@ -182,6 +182,7 @@ class GrpcFront:
         try:
             call = await decode(body, shared_memory=True)
         except ProxyError as err:
+            self.plane.count_undecoded("grpc", err)
             await abort(context, LocalReply.from_error(err), {})
             return b""
         call.headers = client_headers(context)

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from proxy import __version__
 from proxy.backends.base import RepositoryParameter
-from proxy.call import Call, LocalReply, Result
+from proxy.call import Call, LocalReply, Reply, Result
 from proxy.engine.dataplane import DataPlane, refused_extension
 from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
 from proxy.fronts.body import read_body, read_json
@@ -197,6 +197,17 @@ class HttpFront:
         return web.json_response({"model_stats": out})
 
     async def infer(self, request: web.Request) -> web.Response:
+        try:
+            call = await self._decode(request)
+        except ProxyError as err:
+            self.plane.count_undecoded("http", err)  # refused before the data plane saw it
+            raise
+        reply = await (self.shm.infer(call, fronts.http_connection(request),
+                                      self.plane.infer, self.plane.serves, self.shm_budget)
+                       if uses_shared_memory(call) else self.plane.infer(call))
+        return await self._answer(request, call, reply)
+
+    async def _decode(self, request: web.Request) -> Call:
         header_length = request.headers.get(kserve_http.HEADER_LENGTH)
         body = await self._read_infer_body(request, header_length)
         model, version = request.match_info["model"], request.match_info.get("version", "")
@@ -217,9 +228,9 @@ class HttpFront:
         timeout_ms = call.headers.get(TIMEOUT_HEADER)
         if timeout_ms is not None:
             call.deadline = time.monotonic() + _positive_ms(timeout_ms) / 1000
-        reply = await (self.shm.infer(call, fronts.http_connection(request),
-                                      self.plane.infer, self.plane.serves, self.shm_budget)
-                       if uses_shared_memory(call) else self.plane.infer(call))
+        return call
+
+    async def _answer(self, request: web.Request, call: Call, reply: Reply) -> web.Response:
         if isinstance(reply, LocalReply):
             if reply.reset:
                 drop_connection(request)

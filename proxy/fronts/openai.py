@@ -189,10 +189,15 @@ class OpenAIFront:
     async def _infer(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         held: list[FetchBudget] = []
         try:
-            call = await self._decode(request, endpoint, held)
-            return await self._answer(request, call)
-        except ProxyError as err:
-            return openai_error(LocalReply.from_error(err))
+            try:
+                call = await self._decode(request, endpoint, held)
+            except ProxyError as err:
+                self.plane.count_undecoded("openai", err)  # refused before the data plane saw it
+                return openai_error(LocalReply.from_error(err))
+            try:
+                return await self._answer(request, call)
+            except ProxyError as err:  # the data plane counted it
+                return openai_error(LocalReply.from_error(err))
         finally:
             for budget in held:
                 budget.release()  # the fetched images are no longer held
@@ -252,8 +257,8 @@ class OpenAIFront:
                     last = now
             if held and not (request.transport is None or request.transport.is_closing()):
                 await resp.write(b"".join(held))  # an error event, or the stream's end
-        except ConnectionResetError:
-            log.info("client of model %r closed the stream early", call.model)
+        except ConnectionResetError:  # per request: DEBUG (the metric counts it as cancelled)
+            log.debug("client of model %r closed the stream early", call.model)
         finally:
             gaps.flush()
             await items.aclose()

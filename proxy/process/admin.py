@@ -152,7 +152,8 @@ def _health(plane: DataPlane) -> dict[str, Handler]:
 
     async def readyz(request: web.Request) -> web.Response:
         ready = await plane.ready()
-        return web.json_response({"ready": ready}, status=200 if ready else 503)
+        return web.json_response({"ready": ready, **plane.readiness()},
+                                 status=200 if ready else 503)
 
     found: dict[str, Any] = {"/metrics": metrics, "/healthz": healthz, "/readyz": readyz}
     return found

@@ -219,6 +219,7 @@ class Server:
         # keep-alive timer closes a connection whose next request's headers are not in time.
         # auto_decompress=False: the fronts inflate bodies themselves, once and bounded
         # (proxy.fronts.body); the admin API takes no compressed bodies.
+        app.on_response_prepare.append(_server_header)
         runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                shutdown_timeout=self.config.shutdown_grace_s,
                                max_line_size=cfg.max_header_bytes,
@@ -414,3 +415,9 @@ def _grpc_options(cfg: GrpcListener, max_connections: int) -> list[tuple[str, An
         ("grpc.max_connection_idle_ms", int(cfg.max_connection_idle_s * 1000)),
     ]
     return options
+
+
+async def _server_header(request: web.Request, response: web.StreamResponse) -> None:
+    """``Server: mmguard``, with no version: aiohttp's default names itself and Python with
+    their versions, which tells a scanner what to try."""
+    response.headers["Server"] = "mmguard"

@@ -105,7 +105,8 @@ class RequestMetrics(NamedTuple):
 _SUMMED = {"mmguard_requests_in_flight", "mmguard_shm_regions", "mmguard_shm_handoff_slots",
            "mmguard_shm_handoff_slots_in_use"}
 """Gauges that count something each worker of a pod has: the pod's value is their sum."""
-_WORST = {"mmguard_backend_ready": "livemin", "mmguard_latency_jitter_coefficient": "livemax"}
+_WORST = {"mmguard_backend_ready": "livemin", "mmguard_route_ready": "livemin",
+          "mmguard_latency_jitter_coefficient": "livemax"}
 
 
 def gauge_mode(name: str) -> Any:
@@ -168,6 +169,10 @@ class Telemetry:
         self.backend_ready = Gauge("mmguard_backend_ready", "1 when the backend is ready.",
                                    ["backend"], registry=r,
                                    multiprocess_mode=gauge_mode("mmguard_backend_ready"))
+        self.route_ready = Gauge("mmguard_route_ready", "1 when the route's backend is ready "
+                                 "and its contract known; 0 from start-up until then.",
+                                 ["model", "backend"], registry=r,
+                                 multiprocess_mode=gauge_mode("mmguard_route_ready"))
         self.ttft = Histogram("mmguard_time_to_first_token_seconds",
                               "Streams: time from request to the first event.",
                               ["model", "backend"], buckets=_LATENCY_BUCKETS, registry=r)

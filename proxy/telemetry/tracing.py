@@ -9,8 +9,15 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+import grpc
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+from opentelemetry.semconv._incubating.attributes import rpc_attributes as rpc
+from opentelemetry.semconv.attributes import error_attributes as error_attrs
+from opentelemetry.semconv.attributes import http_attributes as http_attrs
+from opentelemetry.semconv.attributes import server_attributes as server
+from opentelemetry.semconv.attributes import url_attributes as url
 
 if TYPE_CHECKING:
     from proxy.call import Call
@@ -51,40 +58,58 @@ def setup_tracing(otlp_endpoint: str | None, service_name: str) -> None:
 
 
 # rpc.* for gRPC, http.* / url.* for HTTP, gen_ai.* for OpenAI calls; mmguard.* for mmguard's own.
+# Every key and enumerated value is the semantic-conventions package's constant, never typed by
+# hand (tests/unit/test_semconv.py fails on a key the package marks deprecated).
 
 GRPC_SERVICE = "inference.GRPCInferenceService"
-_GEN_AI_OPERATION = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion"}
+_GRPC = rpc.RpcSystemNameValues.GRPC.value
+_OPENAI = gen_ai.GenAiProviderNameValues.OPENAI.value
+_CHAT = gen_ai.GenAiOperationNameValues.CHAT.value
+_GEN_AI_OPERATION = {"/v1/chat/completions": _CHAT,
+                     "/v1/completions": gen_ai.GenAiOperationNameValues.TEXT_COMPLETION.value,
+                     "/v1/embeddings": gen_ai.GenAiOperationNameValues.EMBEDDINGS.value,
+                     "/pooling": gen_ai.GenAiOperationNameValues.EMBEDDINGS.value}
+"""The gen_ai operation of each OpenAI endpoint (others, /v1/responses included: chat)."""
 
 
-def server_span(call: Call) -> tuple[str, dict[str, Any]]:
-    """The name and attributes of the span for one request as mmguard received it."""
+def _grpc_method(call: Call) -> str:
+    """The fully qualified method (``rpc.method``), also the span name."""
+    return f"{GRPC_SERVICE}/{'ModelStreamInfer' if call.streaming else 'ModelInfer'}"
+
+
+def server_span(call: Call, scheme: str = "http") -> tuple[str, dict[str, Any]]:
+    """The name and attributes of the span for one request as mmguard received it
+    (``scheme``: the HTTP listener's, ``http`` or ``https``)."""
     attrs: dict[str, Any] = {"mmguard.model": call.model}
     if call.front == "grpc":
-        method = "ModelStreamInfer" if call.streaming else "ModelInfer"
-        attrs.update({"rpc.system": "grpc", "rpc.service": GRPC_SERVICE, "rpc.method": method})
-        return f"{GRPC_SERVICE}/{method}", attrs
+        method = _grpc_method(call)
+        attrs.update({rpc.RPC_SYSTEM_NAME: _GRPC, rpc.RPC_METHOD: method})
+        return method, attrs
     if call.front == "openai":
         route = call.endpoint or "/v1/chat/completions"
-        attrs.update({"http.request.method": "POST", "http.route": route, "url.path": route,
-                      "gen_ai.operation.name": _GEN_AI_OPERATION.get(route, "chat"),
-                      "gen_ai.request.model": call.model})
+        attrs.update({http_attrs.HTTP_REQUEST_METHOD: "POST", http_attrs.HTTP_ROUTE: route,
+                      url.URL_PATH: route, url.URL_SCHEME: scheme,
+                      gen_ai.GEN_AI_OPERATION_NAME: _GEN_AI_OPERATION.get(route, _CHAT),
+                      gen_ai.GEN_AI_PROVIDER_NAME: _OPENAI,
+                      gen_ai.GEN_AI_REQUEST_MODEL: call.model})
         return f"POST {route}", attrs
     version = f"/versions/{call.version}" if call.version else ""
     route = "/v2/models/{model_name}" + ("/versions/{model_version}" if version else "") + "/infer"
-    attrs.update({"http.request.method": "POST", "http.route": route,
-                  "url.path": f"/v2/models/{call.model}{version}/infer"})
+    attrs.update({http_attrs.HTTP_REQUEST_METHOD: "POST", http_attrs.HTTP_ROUTE: route,
+                  url.URL_PATH: f"/v2/models/{call.model}{version}/infer",
+                  url.URL_SCHEME: scheme})
     return f"POST {route}", attrs
 
 
 def end_server_span(span: Any, call: Call, kind_value: str | None, http_status: int,
-                    grpc_code: int) -> None:
+                    grpc_code: grpc.StatusCode) -> None:
     """Status attributes once the answer is known (kind_value None: a success)."""
     if call.front == "grpc":
-        span.set_attribute("rpc.grpc.status_code", grpc_code)
+        span.set_attribute(rpc.RPC_RESPONSE_STATUS_CODE, grpc_code.name)
     else:
-        span.set_attribute("http.response.status_code", http_status)
+        span.set_attribute(http_attrs.HTTP_RESPONSE_STATUS_CODE, http_status)
     if kind_value is not None:
-        span.set_attribute("error.type", kind_value)
+        span.set_attribute(error_attrs.ERROR_TYPE, kind_value)
 
 
 def backend_span(call: Call, protocol: str, backend: str, model: str, address: str) -> Any:
@@ -101,25 +126,47 @@ def _client_span(call: Call, protocol: str, backend: str, model: str,
                  address: str) -> tuple[str, dict[str, Any]]:
     parts = urlsplit(address if "://" in address else f"//{address}")
     attrs: dict[str, Any] = {"mmguard.backend": backend,
-                             "server.address": parts.hostname or address}
+                             server.SERVER_ADDRESS: parts.hostname or address}
     with contextlib.suppress(ValueError):
         if parts.port is not None:
-            attrs["server.port"] = parts.port
+            attrs[server.SERVER_PORT] = parts.port
     if protocol == "grpc":
-        method = "ModelStreamInfer" if call.streaming else "ModelInfer"
-        attrs.update({"rpc.system": "grpc", "rpc.service": GRPC_SERVICE, "rpc.method": method})
-        return f"{GRPC_SERVICE}/{method}", attrs
+        method = _grpc_method(call)
+        attrs.update({rpc.RPC_SYSTEM_NAME: _GRPC, rpc.RPC_METHOD: method})
+        return method, attrs
     if protocol == "openai":
-        op = _GEN_AI_OPERATION.get(call.endpoint, "chat")
-        attrs.update({"gen_ai.operation.name": op, "gen_ai.system": "openai",
-                      "gen_ai.request.model": model, "http.request.method": "POST",
-                      "url.path": call.endpoint})
+        op = _GEN_AI_OPERATION.get(call.endpoint, _CHAT)
+        attrs.update({gen_ai.GEN_AI_OPERATION_NAME: op, gen_ai.GEN_AI_PROVIDER_NAME: _OPENAI,
+                      gen_ai.GEN_AI_REQUEST_MODEL: model, http_attrs.HTTP_REQUEST_METHOD: "POST",
+                      url.URL_FULL: f"{address.rstrip('/')}{call.endpoint}"})
         return f"{op} {model}", attrs
     if protocol == "http":
-        attrs.update({"http.request.method": "POST", "url.path": f"/v2/models/{model}/infer"})
+        attrs.update({http_attrs.HTTP_REQUEST_METHOD: "POST",
+                      url.URL_FULL: f"{address.rstrip('/')}/v2/models/{model}/infer"})
         return "POST", attrs
     attrs["mmguard.runtime"] = protocol  # in-process: no network hop
     return f"{protocol} {model}", attrs
+
+
+def caused_by() -> trace.SpanContext | None:
+    """The current span's context, to link work it causes off the request path (None with
+    tracing off)."""
+    if not tracing_on():
+        return None
+    ctx = trace.get_current_span().get_span_context()
+    return ctx if ctx.is_valid else None
+
+
+def linked_span(name: str, cause: trace.SpanContext | None, **attributes: Any) -> Any:
+    """A span in a trace of its own, linked to the request that caused it: what a mirrored or
+    perturbed copy runs in, so that no request's trace swallows the copies of later ones and
+    their log lines carry their own trace id. A no-op context manager when tracing is off."""
+    if not tracing_on():
+        return _NO_SPAN
+    links = [trace.Link(cause)] if cause is not None else []
+    return _tracer.start_as_current_span(name, context=otel_context.Context(),
+                                         kind=trace.SpanKind.INTERNAL, links=links,
+                                         attributes=attributes)
 
 
 def traced_stream(call: Call, protocol: str, backend: str, model: str, address: str,
@@ -167,17 +214,17 @@ def gen_ai_usage(span: Any, doc: dict[str, Any] | None) -> None:
     if not doc or not span.is_recording():
         return
     if isinstance(doc.get("model"), str):
-        span.set_attribute("gen_ai.response.model", doc["model"])
+        span.set_attribute(gen_ai.GEN_AI_RESPONSE_MODEL, doc["model"])
     usage = doc.get("usage")
     if isinstance(usage, dict):
-        for ours, theirs in (("prompt_tokens", "input_tokens"),
-                             ("completion_tokens", "output_tokens")):
+        for ours, theirs in (("prompt_tokens", gen_ai.GEN_AI_USAGE_INPUT_TOKENS),
+                             ("completion_tokens", gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS)):
             if isinstance(usage.get(ours), int):
-                span.set_attribute(f"gen_ai.usage.{theirs}", usage[ours])
+                span.set_attribute(theirs, usage[ours])
     reasons = [c["finish_reason"] for c in doc.get("choices") or []
                if isinstance(c, dict) and isinstance(c.get("finish_reason"), str)]
     if reasons:
-        span.set_attribute("gen_ai.response.finish_reasons", reasons)
+        span.set_attribute(gen_ai.GEN_AI_RESPONSE_FINISH_REASONS, reasons)
 
 
 class _NoSpan:

@@ -99,7 +99,7 @@ def test_spans_reach_a_real_otlp_receiver(receiver: tuple[Receiver, int], ort_mo
     assert all(s.parent_span_id.hex() == "00f067aa0ba902b7" for s in servers)
     # OpenTelemetry's RPC conventions on the server span; the exported resource names mmguard
     attrs = {a.key: a.value.string_value for a in servers[0].attributes}
-    assert attrs["rpc.system"] == "grpc" and attrs["rpc.method"] == "ModelInfer"
-    assert attrs["rpc.service"] == "inference.GRPCInferenceService"
+    assert attrs["rpc.system.name"] == "grpc"
+    assert attrs["rpc.method"] == "inference.GRPCInferenceService/ModelInfer"
     events = [e for f in filters for e in f.events]
     assert any(e.name == "limits.reject-batch" for e in events), [e.name for e in events]

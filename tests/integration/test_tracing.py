@@ -63,8 +63,9 @@ def test_trace_context_reaches_backend_on_both_protocols(
     root = next(s for s in spans if s.kind == trace.SpanKind.SERVER)
     # OpenTelemetry's RPC conventions: the client called gRPC ModelInfer
     assert root.name == "inference.GRPCInferenceService/ModelInfer"
-    assert root.attributes is not None and root.attributes["rpc.system"] == "grpc"
-    assert root.attributes["rpc.grpc.status_code"] == 0
+    assert root.attributes is not None and root.attributes["rpc.system.name"] == "grpc"
+    assert root.attributes["rpc.method"] == "inference.GRPCInferenceService/ModelInfer"
+    assert root.attributes["rpc.response.status_code"] == "OK"
     assert format(root.context.trace_id, "032x") == TRACE_ID
     step = next(s for s in spans if s.name == "filter limits")  # every route has limits
     assert step.parent is not None and step.parent.span_id == root.context.span_id
@@ -76,9 +77,9 @@ def test_trace_context_reaches_backend_on_both_protocols(
     assert hop.attributes["server.port"] in (fake.grpc_port, fake.http_port)
     if route == "via_grpc":
         assert hop.name == "inference.GRPCInferenceService/ModelInfer"
-        assert hop.attributes["rpc.method"] == "ModelInfer"
+        assert hop.attributes["rpc.method"] == "inference.GRPCInferenceService/ModelInfer"
     else:
-        assert hop.attributes["url.path"] == "/v2/models/echo/infer"
+        assert hop.attributes["url.full"] == f"http://127.0.0.1:{fake.http_port}/v2/models/echo/infer"
 
 
 def test_decision_is_a_span_event(setup: tuple[RunningMmguard, FakeV2],
@@ -99,6 +100,7 @@ def test_decision_is_a_span_event(setup: tuple[RunningMmguard, FakeV2],
     assert root.name == "POST /v2/models/{model_name}/infer"
     assert root.attributes is not None
     assert root.attributes["url.path"] == "/v2/models/via_grpc/infer"
+    assert root.attributes["url.scheme"] == "http"
     assert root.attributes["http.response.status_code"] == 413
     assert root.attributes["error.type"] == "too_large"
 

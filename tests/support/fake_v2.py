@@ -51,6 +51,8 @@ class FakeV2:
         self.bad_answer = ""  # a key of BAD_ANSWERS: an answer whose bytes do not fit
         self.malformed = False  # answer with bytes that are not a v2 response at all
         self.hang = False  # take infer calls and answer none of them until stop()
+        self.fail_http = 0  # answer HTTP infer with this status and Triton's {"error": ...}
+        self.fail_grpc: grpc.StatusCode | None = None  # abort gRPC infer with this code
         self._stopping: asyncio.Event | None = None
         self.http_port = self.grpc_port = 0
         self._runner: web.AppRunner | None = None
@@ -121,6 +123,9 @@ class FakeV2:
         self.headers.append({k.lower(): v for k, v in request.headers.items()})
         await asyncio.sleep(self.delay_s)
         await self._hung()
+        if self.fail_http:
+            return web.json_response({"error": f"fake failure {self.fail_http}"},
+                                     status=self.fail_http)
         if self.malformed:
             return web.Response(body=MALFORMED_HTTP, content_type="application/json")
         body = await request.read()
@@ -168,6 +173,8 @@ class FakeV2:
                              if isinstance(v, str)})
         await asyncio.sleep(self.delay_s)
         await self._hung()
+        if self.fail_grpc is not None:
+            await ctx.abort(self.fail_grpc, f"fake failure {self.fail_grpc.name}")
         if self.malformed:
             return MALFORMED_GRPC
         cue = self.bad_answer or ("short" if self.garble else "")

@@ -124,16 +124,21 @@ def test_there_are_mmguard_configs_in_base_canary_and_kserve() -> None:
 
 
 @pytest.mark.parametrize("where,text", mmguard_configs(), ids=[w for w, _ in mmguard_configs()])
-def test_every_configmap_config_passes_check_config(where: str, text: str,
-                                                    tmp_path: Path) -> None:
-    # the admin token file is the Secret the pod mounts; here a file of our own stands in
-    token = tmp_path / "admin-token"
-    token.write_text("s3cret-token\n")
-    text = text.replace(TOKEN_FILE, str(token))
-    cfg = parse_config(yaml.safe_load(text), where)
-    assert cfg.models
+def test_every_configmap_config_passes_check_config(where: str, text: str, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """As shipped, unmodified: offline, everything but the pod's own files is checked (and
+    named as not checked); without --offline the missing Secret file is what fails."""
     file = tmp_path / "mmguard.yaml"
     file.write_text(text)
+    assert cli_main(["check-config", "--offline", str(file)]) == 0
+    out = capsys.readouterr().out
+    assert f"offline, not checked: token_file {TOKEN_FILE}" in out
+    assert cli_main(["check-config", str(file)]) == 1
+    assert f"token_file: cannot read {TOKEN_FILE}" in capsys.readouterr().err
+    # and with the Secret's file where the pod has it, the full check passes
+    token = tmp_path / "admin-token"
+    token.write_text("s3cret-token\n")
+    file.write_text(text.replace(TOKEN_FILE, str(token)))
     assert cli_main(["check-config", str(file)]) == 0
 
 

@@ -98,3 +98,20 @@ def test_bad_actions_are_refused_with_a_reason(bad: dict[str, Any], where: str) 
     with pytest.raises(ValidationError) as exc:
         ExperimentConfig.model_validate({"name": "x", "actions": [bad]})
     assert where in str(exc.value)
+
+
+def test_the_totals_alerts_read_exist_at_zero_and_count_a_blink() -> None:
+    """An experiment that starts and stops between two scrapes: the totals the alert reads
+    had their children at 0 before it started, so increase() sees the stop."""
+    telemetry = Telemetry()
+    reg = ExperimentRegistry(ManualClock(), telemetry)
+    value = telemetry.registry.get_sample_value
+    assert value("mmguard_fault_experiments_started_total") == 0
+    assert value("mmguard_fault_experiments_stopped_total", {"cause": "slo"}) == 0
+    cfg = ExperimentConfig.model_validate({"name": "blink",
+                                           "actions": [{"kind": "delay", "ms": 1}]})
+    reg.start(cfg, "m", "config")
+    reg.stop("blink", "SLO out", "slo")
+    assert value("mmguard_fault_experiments_started_total") == 1
+    assert value("mmguard_fault_experiments_stopped_total", {"cause": "slo"}) == 1
+    assert value("mmguard_fault_experiments_stopped_total", {"cause": "operator"}) == 0
