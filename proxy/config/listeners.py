@@ -34,6 +34,16 @@ class HttpListener(Strict):
     default; raise this only for clients that cannot, knowing the stall grows with it."""
     trust_canary_headers: bool = False
     """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
+    treatment_headers: bool | None = None
+    """Send this listener's clients the headers / trailers that reveal a call's treatment
+    (``mmguard-shadow``, ``mmguard-fault``, an injected fault's tag in its message). None (the
+    default) follows ``trust_canary_headers``: a trusted mesh sees its treatment, an untrusted
+    client never learns whether it was mirrored or faulted (docs/security.md)."""
+
+    @property
+    def shows_treatment(self) -> bool:
+        return (self.trust_canary_headers if self.treatment_headers is None
+                else self.treatment_headers)
     tls: TlsServer | None = None
     """TLS (and mutual TLS with ``client_ca_file``); plain HTTP when absent."""
     max_header_bytes: int = Field(16 * 1024, gt=0)
@@ -64,6 +74,16 @@ class GrpcListener(Strict):
     """Messages above this are refused by gRPC with RESOURCE_EXHAUSTED."""
     trust_canary_headers: bool = False
     """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
+    treatment_headers: bool | None = None
+    """Send this listener's clients the headers / trailers that reveal a call's treatment
+    (``mmguard-shadow``, ``mmguard-fault``, an injected fault's tag in its message). None (the
+    default) follows ``trust_canary_headers``: a trusted mesh sees its treatment, an untrusted
+    client never learns whether it was mirrored or faulted (docs/security.md)."""
+
+    @property
+    def shows_treatment(self) -> bool:
+        return (self.trust_canary_headers if self.treatment_headers is None
+                else self.treatment_headers)
     tls: TlsServer | None = None
     """TLS (and mutual TLS with ``client_ca_file``); plaintext HTTP/2 when absent."""
     max_header_bytes: int = Field(16 * 1024, gt=0)

@@ -210,12 +210,12 @@ class HttpFront:
         if isinstance(reply, LocalReply):
             if reply.reset:
                 drop_connection(request)
-            return error_response(reply, call.decisions)
+            return error_response(reply, call.shown_decisions())
         if _json_answer_bytes(call, reply) > DECODE_INLINE_BYTES:
             data, hlen = await asyncio.to_thread(kserve_http.encode_response, call, reply)
         else:
             data, hlen = kserve_http.encode_response(call, reply)
-        headers = dict(call.decisions)
+        headers = dict(call.shown_decisions())
         if hlen is not None:
             headers[kserve_http.HEADER_LENGTH] = str(hlen)
         self.plane.telemetry.response_bytes.labels(call.model, "http").inc(len(data))
