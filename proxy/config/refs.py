@@ -17,6 +17,7 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from proxy.lifecycle import ConfigReferences
+from proxy.telemetry.logs import register_secret
 
 
 def reference_problems(routes: set[str],
@@ -69,6 +70,7 @@ def read_secret(name: str, inline: SecretStr | None, file: Path | None, env: str
         return None
     if not secret:
         raise ValueError(f"{where} is empty or unset: {why_not_empty}")
+    register_secret(secret)  # whatever logs it later, the log shows <redacted>
     return secret
 
 

@@ -54,7 +54,7 @@ from proxy.telemetry import Telemetry
 log = logging.getLogger("mmguard.server")
 
 _CAPS = ("max_header_bytes", "max_request_bytes", "max_connections", "max_connections_evicted",
-         "body_timeout_s", "min_body_bytes_per_s")
+         "body_timeout_s", "min_body_bytes_per_s", "malformed")
 LISTENER_LIMITS: tuple[tuple[str, str], ...] = (
     *((listener, limit) for listener in ("http", "admin") for limit in _CAPS),
     ("http", "max_concurrent_requests"))
@@ -200,7 +200,9 @@ class Server:
                                max_line_size=cfg.max_header_bytes,
                                max_field_size=cfg.max_header_bytes,
                                keepalive_timeout=cfg.header_timeout_s,
-                               auto_decompress=False)
+                               auto_decompress=False,
+                               # what aiohttp logs goes through mmguard's redacting handler
+                               logger=logging.getLogger("mmguard.http"))
         await runner.setup()
         tls = self._tls.get(name)
         site = guard.CappedSite(runner, cfg.host, port, cap=cap,
