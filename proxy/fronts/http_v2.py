@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import json
 import logging
 import math
 import time
@@ -32,6 +31,7 @@ from proxy.fronts.openai import OpenAIFront, drop_connection
 from proxy.shm import fronts
 from proxy.shm.regions import SharedMemory, uses_shared_memory
 from proxy.wire import kserve_http
+from proxy.wire.numbers import header_count, json_loads
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TIMEOUT_HEADER = "mmguard-timeout-ms"
@@ -146,10 +146,13 @@ class HttpFront:
         if not body.strip():
             return {}
         try:
-            doc = json.loads(body)
+            doc = json_loads(body)
         except ValueError as exc:
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                              f"the request body is not JSON: {exc}") from None
+        except RecursionError:
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             "the JSON in the request body is nested too deeply") from None
         if not isinstance(doc, dict):
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                              f"the request body must be a JSON object, got "
@@ -189,10 +192,11 @@ class HttpFront:
 
     async def infer(self, request: web.Request) -> web.Response:
         header_length = request.headers.get(kserve_http.HEADER_LENGTH)
-        body = await self._read_infer_body(request, header_length)
+        json_part = (None if header_length is None
+                     else header_count(kserve_http.HEADER_LENGTH, header_length))
+        body = await self._read_infer_body(request, json_part)
         decode_args = (body, header_length, request.match_info["model"],
                        request.match_info.get("version", ""), request.content_type, True)
-        json_part = int(header_length) if header_length and header_length.isdigit() else None
         if ((len(body) if json_part is None else json_part) > DECODE_INLINE_BYTES
                 or len(body) > BINARY_DECODE_INLINE_BYTES):
             # Big JSON off the loop; binary tensors are views of the body, decoded in place
@@ -227,14 +231,14 @@ class HttpFront:
             response.enable_compression(web.ContentCoding(coding))
         return response
 
-    async def _read_infer_body(self, request: web.Request, header_length: str | None) -> bytes:
+    async def _read_infer_body(self, request: web.Request, header_length: int | None) -> bytes:
         """The body, inflated once and bounded: a pure JSON body by ``max_json_bytes``, a
         binary one by ``max_request_bytes`` with its JSON header by ``max_json_bytes``."""
         if header_length is None:
             return await read_body(request, self.max_json_bytes,
                                    "listeners.http.max_json_bytes; send big tensors in "
                                    "binary form")
-        if header_length.isdigit() and int(header_length) > self.max_json_bytes:
+        if header_length > self.max_json_bytes:
             raise ProxyError(ErrorKind.TOO_LARGE,
                              f"the JSON header of a binary request is {header_length} bytes "
                              f"({kserve_http.HEADER_LENGTH}); this listener accepts at most "

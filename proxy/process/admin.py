@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from proxy.engine.dataplane import DataPlane
 from proxy.lifecycle import Access, AdminRequest, AdminRoute
 from proxy.registry import filter_factories
+from proxy.wire.numbers import json_loads
 
 
 class Outcome(Protocol):
@@ -86,8 +87,15 @@ def _index(plane: DataPlane) -> Handler:
 def _admin_request(plane: DataPlane, request: web.Request) -> AdminRequest:
     """What a filter's admin code sees: the serving runtime's state (a reload is seen at once)."""
     runtime = plane.runtime
+    async def read_json() -> Any:
+        """The body as JSON; any failure (nesting, a number too long) a ValueError."""
+        try:
+            return json_loads(await request.read())
+        except RecursionError:
+            raise ValueError("the JSON is nested too deeply") from None
+
     return AdminRequest(params=request.match_info, state=runtime.state, local=runtime.local,
-                        read_json=request.json)
+                        read_json=read_json)
 
 
 def _refused(request: web.Request, token: str | None, access: Access) -> web.Response | None:

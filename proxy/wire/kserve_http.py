@@ -25,6 +25,7 @@ from proxy.tensor import (
     itemsize,
 )
 from proxy.wire.answers import answer_error, output_problem
+from proxy.wire.numbers import json_loads
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_TYPE = "application/json"
@@ -53,7 +54,7 @@ def split_body(body: bytes, header_length: str | None,
             raise bad(f"{HEADER_LENGTH} is {hlen} but the body has {len(body)} bytes")
     head = body if hlen is None else body[:hlen]
     try:
-        doc = json.loads(head)
+        doc = json_loads(head)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad(f"malformed JSON in the {what} body: {exc}") from None
     except RecursionError:
