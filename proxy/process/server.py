@@ -389,6 +389,9 @@ def _grpc_options(cfg: GrpcListener) -> list[tuple[str, Any]]:
         # the handshake; a handshake that does not finish in time is dropped).
         ("grpc.max_allowed_incoming_connections", cfg.max_connections),
         ("grpc.server_handshake_timeout_ms", int(cfg.handshake_timeout_s * 1000)),
+        # The handshake timeout ends at the client's first SETTINGS frame; a client that then
+        # never acknowledges ours held its connection for minutes (issue 26). The same bound.
+        ("grpc.http2.settings_timeout", int(cfg.handshake_timeout_s * 1000)),
         ("grpc.max_connection_idle_ms", int(cfg.max_connection_idle_s * 1000)),
     ]
     return options
