@@ -61,6 +61,10 @@ its treatment unless its listener shows it (``SHOW_TREATMENT``): membership is w
 steering a canary verdict cheap."""
 SHOW_TREATMENT: CallKey[bool] = CallKey("show_treatment")
 """Set by the runtime from the call's listener (``listeners.*.treatment_headers``)."""
+CLIENT_DEADLINE: CallKey[float] = CallKey("client_deadline")
+"""The deadline the client asked for (``mmguard-timeout-ms``, a gRPC deadline), as the front
+set it, before any route or level timeout narrowed it; absent without one. A timeout under a
+deadline the client chose short is the client's doing, not the backend failing."""
 
 
 @dataclass(slots=True)

@@ -70,6 +70,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory,
          "filters": [{"fault": {"experiments": [{**fault["experiments"][0], "name": "chat"}]}},
                      {"shadow": {"canary": "chat_canary", **shadow}}]},
         {"name": "chat_canary", "backend": "llm", "backend_model": MODEL},
+        {"name": "guarded", "backend": "ort", "backend_model": "identity_fp32",
+         "filters": [{"fallback": {"breaker": {"minimum_calls": 5, "failure_rate": 0.5}}}]},
     ]
     # The HTTP listener is untrusted (the default); the gRPC one shows treatment: the control
     # that proves the treatment the HTTP answers hide did happen.
@@ -176,3 +178,17 @@ def test_an_untrusted_client_never_learns_its_treatment(pair: MmguardProcess,
         raw = grpc_request(model, [("INPUT0", "FP32", [1], b"\x00\x00\xe0\x40")])
         _, trailers = grpc_infer_raw(f"127.0.0.1:{pair.ports['grpc']}", raw)
         assert header in dict(trailers), (model, trailers)
+
+
+def test_a_tiny_client_deadline_never_opens_a_breaker_for_everyone(pair: MmguardProcess) -> None:
+    """The sibling on the fallback filter: timeouts count against a backend's breaker, and the
+    client chooses its deadline. Before: ten calls with ``mmguard-timeout-ms: 0.001`` opened
+    the breaker, and every client's calls went to the next level for ``wait_in_open_s``."""
+    answers = [_infer(pair, "guarded", 1.0 + i, {"mmguard-timeout-ms": "0.001"})[0]
+               for i in range(10)]
+    assert set(answers) <= {503, 504}, answers  # its own call fails (the fallback's 503)
+    status, _, body = http_call(pair.ports["admin"], "GET", "/admin/breakers")
+    breaker = next(b for b in json.loads(body) if b["route"] == "guarded")
+    assert breaker["state"] == "closed" and breaker["calls_in_window"] == 0, breaker
+    status, headers, _ = _infer(pair, "guarded", 3.0)
+    assert status == 200 and "mmguard-fallback-level" not in headers, headers
