@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 from aiohttp import web
@@ -35,7 +36,8 @@ def reason(exc: HttpProcessingError) -> str:
     """What the parser found wrong, in words: the first line of its message (the lines after it
     quote the client's bytes), printable and bounded."""
     first = (exc.message or "").strip().splitlines()[0:1]
-    text = first[0].rstrip(":").strip() if first else type(exc).__name__
+    text = first[0] if first else type(exc).__name__
+    text = re.split(r"""\s*b['"]|\s+when reading""", text)[0].rstrip(":. ").strip()
     text = "".join(c if c.isprintable() and c.isascii() else "?" for c in text)
     return text[:MAX_REASON_CHARS] or type(exc).__name__
 

@@ -5,9 +5,9 @@ the libraries' it carries (aiohttp, asyncio, grpc: their records go through the 
 never Python's bare last-resort printer) — passes ``redact``: every secret the config named
 (``register_secret``: the admin token, the canary secret) and the value of every credential
 header (``Authorization``, ``Proxy-Authorization``, ``Cookie``, API-key headers, a ``Bearer`` or
-``Basic`` credential anywhere) is replaced by ``<redacted>``, and each line is bounded
-(``MAX_LINE_CHARS``). Malformed client requests are logged by mmguard itself, in one line,
-without the raw bytes (``proxy.process.listeners``).
+``Basic`` credential anywhere) and a URL's user information are replaced by ``<redacted>``,
+and each line is bounded (``MAX_LINE_CHARS``). Malformed client requests are logged by mmguard
+itself, in one line, without the raw bytes (``proxy.process.malformed``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ _CREDENTIAL_HEADER = re.compile(
     r"(?i)\b((?:proxy-)?authorization|cookie|set-cookie|x-api-key|api-key|x-auth-token"
     r"|x-admin-token)(['\"]?\s*[:=,]\s*['\"]?)[^\r\n'\",}]*")
 _CREDENTIAL = re.compile(r"(?i)\b(bearer|basic)(\s+)[A-Za-z0-9._~+/=-]+")
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@'\"]+@")
 
 
 def register_secret(value: str) -> None:
@@ -48,6 +49,7 @@ def redact(text: str) -> str:
             text = text.replace(secret, "<redacted>")
     text = _CREDENTIAL_HEADER.sub(r"\1\2<redacted>", text)
     text = _CREDENTIAL.sub(r"\1\2<redacted>", text)
+    text = _URL_USERINFO.sub(r"\1<redacted>@", text)  # http://user:password@host
     if len(text) > MAX_LINE_CHARS:
         text = text[:MAX_LINE_CHARS] + f" ... [cut: {len(text) - MAX_LINE_CHARS} characters]"
     return text
