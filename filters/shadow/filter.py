@@ -36,7 +36,7 @@ from filters.shadow.admin import SHADOW_STATES, shadow_routes, verdicts_summary
 from filters.shadow.config import (
     ShadowConfig,
 )
-from filters.shadow.replay import UNJUDGED_REASONS, client_caused, content_key
+from filters.shadow.replay import UNJUDGED_REASONS, client_caused, content_key_of
 from filters.shadow.state import ShadowState
 from proxy.call import (
     CANARY,
@@ -270,7 +270,7 @@ class Shadow:
 
     async def _compare(self, item: _Copy) -> None:
         st = self.state
-        key = content_key(item.call, self.ctx.share_hash.secret)  # a replay adds no evidence
+        key = await content_key_of(item.call, self.ctx.share_hash.secret)  # a replay: nothing
         if not st.admit(key):
             return
         reply, latency, text, faults = await self._send(item, self.cfg.canary)
