@@ -12,6 +12,9 @@ Rules that MUST hold, for every listener served by aiohttp (the v2 / OpenAI one,
   naming what was wrong in one line, never the client's bytes; it is counted in
   ``mmguard_listener_refusals_total{limit="malformed"}`` and logged at DEBUG in one bounded line
   with no raw bytes (a line per request at INFO would be a log flood on demand).
+- A client that drops its connection while its body arrives (a slow client cut, an evicted
+  connection) is one DEBUG line, not aiohttp's ERROR traceback per request (a log flood on
+  demand).
 - Anything else aiohttp would log (a bug of ours) goes to mmguard's own logger, whose lines are
   redacted (``proxy.telemetry.logs.redact``), never to Python's bare stderr printer.
 """
@@ -51,6 +54,14 @@ def handler_class(listener: str, refused: Any) -> type[RequestHandler]:
         def handle_error(self, request: Any, status: int = 500,
                          exc: BaseException | None = None,
                          message: str | None = None) -> web.StreamResponse:
+            if isinstance(exc, ConnectionError):  # the client left while its body came in
+                log.debug("client connection lost during a request on listener %r: %s",
+                          listener, type(exc).__name__)
+                if request.writer.output_size > 0:
+                    raise ConnectionError("the client's connection is gone")
+                gone = web.Response(status=400)  # never reaches anyone: the connection is gone
+                gone.force_close()
+                return gone
             if not isinstance(exc, HttpProcessingError):
                 return super().handle_error(request, status, exc, message)
             why = reason(exc)
