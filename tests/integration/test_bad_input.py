@@ -92,7 +92,8 @@ def test_malformed_protobuf_json_and_header_length(proxy: RunningMmguard) -> Non
     status, _, body = http_post(proxy.http_url, "/v2/models/identity_fp32/infer", b"{not json")
     assert status == 400 and "malformed JSON" in json.loads(body)["error"]
     good, hlen = http_binary_body([SMALL])
-    for bad_len, expect in (("999999", "but the body has"), ("abc", "must be a non-negative integer"),
+    for bad_len, expect in (("999999", "but the body has"),
+                            ("abc", "must be a non-negative integer"),
                             (str(hlen - 3), "malformed JSON")):
         status, _, body = http_post(proxy.http_url, "/v2/models/identity_fp32/infer", good,
                                     {"Inference-Header-Content-Length": bad_len})
