@@ -76,6 +76,18 @@ def publish_scores(call: Call, scores: Mapping[str, float]) -> None:
     if gate is not None:
         gate(call)
 
+TREATMENT: CallKey[set[str]] = CallKey("treatment")
+"""The names of the call's decision headers that reveal its treatment (mirrored to a canary, a
+fault injected): ``Telemetry.decide(..., treatment=True)`` records them. A client must not learn
+its treatment unless its listener shows it (``SHOW_TREATMENT``): membership is what makes
+steering a canary verdict cheap."""
+SHOW_TREATMENT: CallKey[bool] = CallKey("show_treatment")
+"""Set by the runtime from the call's listener (``listeners.*.treatment_headers``)."""
+CLIENT_DEADLINE: CallKey[float] = CallKey("client_deadline")
+"""The deadline the client asked for (``mmguard-timeout-ms``, a gRPC deadline), as the front
+set it, before any route or level timeout narrowed it; absent without one. A timeout under a
+deadline the client chose short is the client's doing, not the backend failing."""
+
 
 @dataclass(slots=True)
 class Wire:
@@ -126,6 +138,14 @@ class Call:
     state: Store = field(default_factory=Store)
     decisions: dict[str, str] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
+
+    def shown_decisions(self) -> dict[str, str]:
+        """The decisions the client may see: every one, less the treatment headers when its
+        listener does not show treatment. What every front sends, never ``decisions`` itself."""
+        hidden = self.state.get(TREATMENT)
+        if not hidden or self.state.get(SHOW_TREATMENT):
+            return self.decisions
+        return {k: v for k, v in self.decisions.items() if k not in hidden}
 
     def set_inputs(self, inputs: list[Tensor]) -> None:
         self.inputs = inputs

@@ -33,7 +33,7 @@ from filters.fallback.admin import BREAKERS, CACHED_ANSWERS, ROUTES, breakers_su
 from filters.fallback.breaker import Breaker, BreakerSettings, State
 from filters.fallback.cache_key import cache_key
 from filters.fallback.fuse_log import log_mismatch
-from proxy.call import Api, Call, LocalReply, Reply, Result, Wire
+from proxy.call import CLIENT_DEADLINE, Api, Call, LocalReply, Reply, Result, Wire
 from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind, ProxyError
 from proxy.lifecycle import AdminRequest, ConfigReferences, FilterFactoryBase, Summary
@@ -237,9 +237,10 @@ class Fallback:
             start = self.ctx.clock.monotonic()
             faults_before = _fault_count(call)
             reply, failed = await self._tries(attempt, send)
-            if _fault_count(call) == faults_before:
+            if _fault_count(call) == faults_before and not self._clients_timeout(call, reply):
                 breaker.record(failed, self.ctx.clock.monotonic() - start)
-            # else: a fault experiment made this outcome; the backend's breaker never counts it
+            # else: a fault experiment, or the client's short deadline, made this outcome; the
+            # backend's breaker never counts it
             if not failed:
                 call.target = attempt.target
                 if isinstance(reply, LocalReply):
@@ -318,6 +319,16 @@ class Fallback:
         for task in pending:
             task.cancel()
         return done.pop().result()
+
+    def _clients_timeout(self, call: Call, reply: Reply) -> bool:
+        """A timeout under a deadline the client set shorter than a slow call
+        (``breaker.slow_call_s``): the client's budget ran out, the backend did not fail. Else
+        one header (``mmguard-timeout-ms: 0.001``) on a few calls would open the breaker for
+        every client (issue 26)."""
+        if not isinstance(reply, LocalReply) or reply.kind is not ErrorKind.DEADLINE_EXCEEDED:
+            return False
+        asked = call.state.get(CLIENT_DEADLINE)
+        return asked is not None and asked - call.started < self.cfg.breaker.slow_call_s
 
     def _failed(self, call: Call, reply: Reply) -> bool:
         if isinstance(reply, LocalReply):

@@ -36,7 +36,7 @@ from filters.fault.registry import (
     Experiment,
     registry,
 )
-from proxy.call import CANARY, Api, Call, LocalReply, Reply, headers_match
+from proxy.call import CANARY, SHOW_TREATMENT, Api, Call, LocalReply, Reply, headers_match
 from proxy.chain import FilterContext, Next
 from proxy.errors import STATUS, ErrorKind, kind_from_grpc, kind_from_http
 from proxy.keys import Store
@@ -103,7 +103,7 @@ class Fault:
                 self.registry.tally(exp.name, matched=1, skipped=1)
                 self.ctx.telemetry.decide(call, "fault", "skipped", f"{exp.name}: "
                                           f"{exp.active} faults active (max "
-                                          f"{exp.cfg.max_active_faults})")
+                                          f"{exp.cfg.max_active_faults})", treatment=True)
                 continue
             for i, action in enumerate(exp.cfg.actions):
                 if not headers_match(action.headers, call.headers):
@@ -134,7 +134,7 @@ class Fault:
         self.m_injected.labels(call.model, exp.name, action.label).inc()
         previous = call.decisions.get("mmguard-fault")
         self.ctx.telemetry.decide(call, "fault", tag, detail, experiment=exp.name,
-                                  action=action.label)
+                                  action=action.label, treatment=True)
         if previous:  # several faults on one call: keep them all in the header
             call.decisions["mmguard-fault"] = f"{previous}, {call.decisions['mmguard-fault']}"
         return tag
@@ -151,10 +151,10 @@ class Fault:
                 await self.ctx.clock.sleep(seconds)
             elif isinstance(action, Abort):
                 tag = self._mark(call, exp, action, "abort")
-                return _abort(action, tag)
+                return _abort(action, tag, _shown(call, tag))
             elif isinstance(action, StreamFault) and action.kind == "reset" and not call.streaming:
                 tag = self._mark(call, exp, action, "connection reset")
-                return LocalReply(ErrorKind.UNAVAILABLE, f"connection reset ({tag})",
+                return LocalReply(ErrorKind.UNAVAILABLE, f"connection reset{_shown(call, tag)}",
                                   injected=tag, reset=True)
             elif isinstance(action, InputAction):
                 rng_seed = _seed(exp.cfg.seed, exp.name, i, key)
@@ -178,7 +178,8 @@ class Fault:
                     self._mark(call, exp, action, detail)
             elif isinstance(action, StreamFault) and reply.stream is not None:
                 tag = self._mark(call, exp, action, _stream_detail(action))
-                reply.stream = self._faulty_stream(reply.stream, action, tag)
+                reply.stream = self._faulty_stream(reply.stream, action, tag,
+                                                   _shown(call, tag))
             elif isinstance(action, OutputFault) and reply.stream is not None:
                 tag = self._mark(call, exp, action, f"{action.kind} on the stream's text")
                 reply.stream = _corrupt_stream(reply.stream, action)
@@ -196,18 +197,18 @@ class Fault:
         return ms / 1000
 
     async def _faulty_stream(self, items: AsyncIterator[Any], a: StreamFault,
-                             tag: str) -> AsyncIterator[Any]:
+                             tag: str, shown: str) -> AsyncIterator[Any]:
         n = 0
         async for item in items:
             if a.kind == "slow_stream":
                 await self.ctx.clock.sleep(a.ms / 1000)
             elif n >= a.after_events:
                 if a.kind == "cut_stream":
-                    yield LocalReply(ErrorKind.UNAVAILABLE, f"stream cut after {n} events "
-                                     f"({tag})", injected=tag)
+                    yield LocalReply(ErrorKind.UNAVAILABLE, f"stream cut after {n} events"
+                                     f"{shown}", injected=tag)
                 else:
                     yield LocalReply(ErrorKind.UNAVAILABLE, f"connection reset after {n} "
-                                     f"events ({tag})", injected=tag, reset=True)
+                                     f"events{shown}", injected=tag, reset=True)
                 return
             yield item
             n += 1
@@ -226,7 +227,13 @@ def _stream_detail(a: StreamFault) -> str:
     return f"{a.kind.replace('_', ' ')} after {a.after_events} events"
 
 
-def _abort(a: Abort, tag: str) -> LocalReply:
+def _shown(call: Call, tag: str) -> str:
+    """`` (<experiment>/<action>)`` for a client whose listener shows treatment, else nothing:
+    an injected failure looks like the failure it emulates (docs/security.md)."""
+    return f" ({tag})" if call.state.get(SHOW_TREATMENT) else ""
+
+
+def _abort(a: Abort, tag: str, shown: str) -> LocalReply:
     import grpc
     if a.grpc_code is not None:
         kind = kind_from_grpc(grpc.StatusCode[a.grpc_code.upper()])
@@ -235,7 +242,7 @@ def _abort(a: Abort, tag: str) -> LocalReply:
     else:
         kind = ErrorKind.UNAVAILABLE
     status = a.http_status if a.http_status is not None else STATUS[kind].http
-    return LocalReply(kind, f"{a.message} ({tag})", status=status, injected=tag)
+    return LocalReply(kind, f"{a.message}{shown}", status=status, injected=tag)
 
 
 

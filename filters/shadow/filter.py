@@ -38,6 +38,7 @@ from filters.shadow.admin import SHADOW_STATES, shadow_routes, verdicts_summary
 from filters.shadow.config import (
     ShadowConfig,
 )
+from filters.shadow.replay import UNJUDGED_REASONS, client_caused, content_key_of
 from filters.shadow.state import ShadowState
 from proxy.call import (
     CANARY,
@@ -111,6 +112,12 @@ class Shadow:
                                    "Calls copied to the canary.", labels)
         self.m_dropped = t.metric(Counter, "mmguard_shadow_dropped_total",
                                   "Copies not sent to the canary, by why.", [*labels, "reason"])
+        self.m_unjudged = t.metric(Counter, "mmguard_shadow_unjudged_total",
+                                   "Calls whose canary comparison would not be evidence, by "
+                                   "why: a replay of a request judged in this window, or a "
+                                   "production failure the client caused.", [*labels, "reason"])
+        for why in UNJUDGED_REASONS:
+            self.m_unjudged.labels(ctx.route, cfg.canary, why)
         self.m_compared = t.metric(Counter, "mmguard_shadow_comparisons_total",
                                    "Canary answers compared with production's.",
                                    [*labels, "agree"])
@@ -136,6 +143,7 @@ class Shadow:
         nothing): its state is the route's, and the old filter's workers end."""
         self.ctx.state.setdefault(SHADOW_STATES, dict)[self.ctx.route] = self.state
         self.state.published = self._publish
+        self.state.on_unjudged = self._unjudged
         share(self.state, f"shadow/{self.ctx.route}")
         live = self.ctx.state.setdefault(LIVE_SHADOWS, dict)
         old = live.get(self.ctx.route)
@@ -167,8 +175,22 @@ class Shadow:
         if isinstance(reply, Result) and reply.stream is not None:
             reply.stream = self._tee(reply.stream, copy, latency, noise, next, call, caused_by())
             return reply
-        self._enqueue(call, _Copy(copy, reply, latency, None, noise, next, cause=caused_by()))
+        if self._admitted(call, reply):
+            self._enqueue(call, _Copy(copy, reply, latency, None, noise, next, cause=caused_by()))
         return reply
+
+    def _admitted(self, call: Call, primary: Reply) -> bool:
+        """Not when production failed because of the request itself (filters/shadow/replay.py):
+        counted, never judged, and the canary is not asked."""
+        why = client_caused(call, primary, self.cfg.timeout_s)
+        if why is None:
+            return True
+        self.state.excused(why)
+        self.ctx.telemetry.decide(call, "shadow", "unjudged", why, treatment=True)
+        return False
+
+    def _unjudged(self, reason: str) -> None:
+        self.m_unjudged.labels(self.ctx.route, self.cfg.canary, reason).inc()
 
     def _selected(self, call: Call) -> bool:
         if not headers_match(self.cfg.headers, call.headers):
@@ -191,8 +213,9 @@ class Shadow:
                 failed = item
             yield item
         primary: Reply = failed if failed is not None else Result(call.model)
-        self._enqueue(call, _Copy(copy, primary, latency, "".join(pieces), noise, resend,
-                                  cause=cause))
+        if self._admitted(call, primary):
+            self._enqueue(call, _Copy(copy, primary, latency, "".join(pieces), noise, resend,
+                                      cause=cause))
 
     def _enqueue(self, call: Call, item: _Copy) -> None:
         st = self.state
@@ -206,11 +229,13 @@ class Shadow:
             st.counted(dropped=1)
             self.m_dropped.labels(self.ctx.route, self.cfg.canary, "queue-full").inc()
             self.ctx.telemetry.decide(call, "shadow", "dropped",
-                                      f"queue full ({self.cfg.queue_size} copies waiting)")
+                                      f"queue full ({self.cfg.queue_size} copies waiting)",
+                                      treatment=True)
             return
         st.counted(mirrored=1)
         self.m_mirrored.labels(self.ctx.route, self.cfg.canary).inc()
-        self.ctx.telemetry.decide(call, "shadow", "mirrored", f"to '{self.cfg.canary}'")
+        self.ctx.telemetry.decide(call, "shadow", "mirrored", f"to '{self.cfg.canary}'",
+                                  treatment=True)
 
     def _ensure_workers(self) -> None:
         if self.queue is None:
@@ -263,6 +288,9 @@ class Shadow:
 
     async def _compare(self, item: _Copy) -> None:
         st = self.state
+        key = await content_key_of(item.call, self.ctx.share_hash.secret)  # a replay: nothing
+        if not st.admit(key):
+            return
         reply, latency, text, faults = await self._send(item, self.cfg.canary)
         c = self._judge(item.primary, item.primary_text, reply, text)
         self.m_compared.labels(self.ctx.route, self.cfg.canary, str(c.agree).lower()).inc()
@@ -271,7 +299,7 @@ class Shadow:
                      c.reason, extra={"fields": {"model": self.ctx.route,
                                                  "canary": self.cfg.canary,
                                                  "reason": c.reason}})
-        st.judged(c, item.primary_latency_s, latency, [*item.primary_faults, *faults])
+        st.judged(c, item.primary_latency_s, latency, [*item.primary_faults, *faults], key)
         experiments = self.ctx.state.get(EXPERIMENTS)
         if experiments is not None:
             for route in {self.ctx.route, self.cfg.canary}:
@@ -362,6 +390,7 @@ class Shadow:
                 "stop_reason": st.stop_reason, "mirrored": st.mirrored, "dropped": st.dropped,
                 "compared": st.compared, "queued": self.queue.qsize() if self.queue else 0,
                 "population": self.population,
+                "unjudged": dict(st.unjudged),
                 **st.verdict.snapshot()}
 
     def reset(self) -> None:

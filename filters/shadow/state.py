@@ -12,7 +12,11 @@ from filters.compare import Comparison
 from filters.robustness.experiment import Pair
 from filters.robustness.verdict import ReleaseVerdict
 from filters.shadow.config import ShadowConfig
+from filters.shadow.replay import RecentKeys
 from proxy.pod.state import Shared, decided
+
+KEYS_REMEMBERED = 10_000
+"""Content keys remembered per route (twice: sent here, judged for the pod), ~1 MB each."""
 
 
 @dataclass
@@ -31,10 +35,40 @@ class ShadowState(Shared):
     mirrored: int = 0
     dropped: int = 0
     compared: int = 0
+    unjudged: dict[str, int] = field(default_factory=dict)
+    """Calls not judged, by reason (filters/shadow/replay.py): replays, and production
+    failures the client caused."""
+    generation: int = 0
+    """Counts resets: a worker forgets the keys it sent when the supervisor's moves on."""
     published: Callable[[], None] | None = field(default=None, compare=False, repr=False)
     """The serving filter's gauges, set where the verdict is decided (after every outcome)."""
+    on_unjudged: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+    """The serving filter's counter of unjudged calls, where they are decided."""
+    _judged_keys: RecentKeys = field(init=False, compare=False, repr=False)
+    _sent_keys: RecentKeys = field(init=False, compare=False, repr=False)
 
     _publish_due: bool = field(default=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # At least the verdict's window: a key judged longer ago has left the window.
+        keys = max(self.cfg.verdict.window, KEYS_REMEMBERED)
+        self._judged_keys = RecentKeys(keys)  # decided: the pod's one record
+        self._sent_keys = RecentKeys(keys)  # this process's: a replay is not even sent
+
+    def admit(self, key: int) -> bool:
+        """Whether a copy with this content key may go to the canary (this process has not sent
+        one in this window); a replay is counted. ``judged`` decides again, for the pod."""
+        if self._sent_keys.add(key):
+            return True
+        self.excused("replay")
+        return False
+
+    @decided
+    def excused(self, reason: str) -> None:
+        """A call not judged, and why (a replay, a failure the client caused)."""
+        self.unjudged[reason] = self.unjudged.get(reason, 0) + 1
+        if self.on_unjudged is not None:
+            self.on_unjudged(reason)
 
     def _publish(self) -> None:
         """Once per loop turn however many outcomes came in it (a copy's comparison, its noise
@@ -61,9 +95,12 @@ class ShadowState(Shared):
 
     @decided
     def judged(self, c: Comparison, primary_latency_s: float, latency_s: float | None,
-               touched: list[str]) -> None:
+               touched: list[str], key: int | None = None) -> None:
         """One canary comparison; a copy a fault touched on either side is counted, never
-        judged."""
+        judged; a request whose content ``key`` was judged in this window adds nothing."""
+        if key is not None and not self._judged_keys.add(key):
+            self.excused("replay")
+            return
         self.compared += 1
         if touched:
             self.verdict.exclude(touched)
@@ -95,6 +132,9 @@ class ShadowState(Shared):
     def reset(self) -> None:
         """Start judging again from nothing, and mirror again (an operator's decision)."""
         self.verdict.reset()
+        self._judged_keys.clear()
+        self._sent_keys.clear()
+        self.generation += 1
         self.mirroring = True
         self.stop_reason = ""
         self._publish()
@@ -102,7 +142,11 @@ class ShadowState(Shared):
     def export_state(self) -> dict[str, Any]:
         """What a worker reads: whether to mirror (an abort stops it). The verdict, its
         evidence and the counters stay with the supervisor, whose admin API shows them."""
-        return {"mirroring": self.mirroring, "stop_reason": self.stop_reason}
+        return {"mirroring": self.mirroring, "stop_reason": self.stop_reason,
+                "generation": self.generation}
 
     def import_state(self, state: dict[str, Any]) -> None:
         self.mirroring, self.stop_reason = state["mirroring"], state["stop_reason"]
+        if state["generation"] != self.generation:  # a reset: a new window, keys forgotten
+            self.generation = state["generation"]
+            self._sent_keys.clear()

@@ -35,6 +35,16 @@ class HttpListener(Strict):
     default; raise this only for clients that cannot, knowing the stall grows with it."""
     trust_canary_headers: bool = False
     """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
+    treatment_headers: bool | None = None
+    """Send this listener's clients the headers / trailers that reveal a call's treatment
+    (``mmguard-shadow``, ``mmguard-fault``, an injected fault's tag in its message). None (the
+    default) follows ``trust_canary_headers``: a trusted mesh sees its treatment, an untrusted
+    client never learns whether it was mirrored or faulted (docs/security.md)."""
+
+    @property
+    def shows_treatment(self) -> bool:
+        return (self.trust_canary_headers if self.treatment_headers is None
+                else self.treatment_headers)
     tls: TlsServer | None = None
     """TLS (and mutual TLS with ``client_ca_file``); plain HTTP when absent."""
     max_header_bytes: int = Field(16 * 1024, gt=0)
@@ -67,14 +77,28 @@ class GrpcListener(Strict):
     """Messages above this are refused by gRPC with RESOURCE_EXHAUSTED."""
     trust_canary_headers: bool = False
     """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
+    treatment_headers: bool | None = None
+    """Send this listener's clients the headers / trailers that reveal a call's treatment
+    (``mmguard-shadow``, ``mmguard-fault``, an injected fault's tag in its message). None (the
+    default) follows ``trust_canary_headers``: a trusted mesh sees its treatment, an untrusted
+    client never learns whether it was mirrored or faulted (docs/security.md)."""
+
+    @property
+    def shows_treatment(self) -> bool:
+        return (self.trust_canary_headers if self.treatment_headers is None
+                else self.treatment_headers)
     tls: TlsServer | None = None
     """TLS (and mutual TLS with ``client_ca_file``); plaintext HTTP/2 when absent."""
     max_header_bytes: int = Field(16 * 1024, gt=0)
     """Request metadata (headers) in all; above it gRPC refuses the call with
     RESOURCE_EXHAUSTED."""
     max_concurrent_streams: int = Field(256, gt=0)
-    """Calls at once on one client connection (HTTP/2 SETTINGS); the client queues the rest.
-    (gRPC's own default is unbounded.)"""
+    """Calls at once on one client connection (HTTP/2 SETTINGS). Calls past it are refused
+    with RST_STREAM REFUSED_STREAM, which the client sees as UNAVAILABLE "Stream removed":
+    gRPC clients do not reliably queue at the server's limit (grpcio 1.85 lets about half of a
+    burst through and has the rest refused, on a new connection or an old one). Size it above
+    what one client connection runs at once; ``max_concurrent_requests`` is the listener-wide
+    cap with a clear RESOURCE_EXHAUSTED. (gRPC's own default is unbounded.)"""
     max_concurrent_requests: int | None = Field(None, gt=0)
     """Calls at once on the whole listener, health checks included; the next ones get
     RESOURCE_EXHAUSTED. Unlimited when absent."""
@@ -83,7 +107,10 @@ class GrpcListener(Strict):
     count them, so they are not in ``mmguard_listener_refusals_total``). Absent: derived from
     ``RLIMIT_NOFILE`` as for the HTTP listener, at most 1000."""
     handshake_timeout_s: float = Field(10.0, gt=0)
-    """A new connection's TLS and HTTP/2 handshake must be done within this."""
+    """A new connection's TLS and HTTP/2 handshake must be done within this: the client's
+    preface and SETTINGS, and its acknowledgement of ours (``grpc.http2.settings_timeout``);
+    otherwise the connection is closed. A connection done with its handshake that sends no
+    call is closed after ``max_connection_idle_s``."""
     max_connection_idle_s: float = Field(300.0, gt=0)
     """A connection with no call for this long is closed (GOAWAY)."""
 

@@ -20,6 +20,7 @@ from pydantic import SecretStr
 
 from proxy.files import SECRET_BYTES, read_bounded
 from proxy.lifecycle import ConfigReferences
+from proxy.telemetry.logs import register_secret
 
 _OFFLINE: ContextVar[list[str] | None] = ContextVar("mmguard_config_offline", default=None)
 
@@ -102,6 +103,7 @@ def read_secret(name: str, inline: SecretStr | None, file: Path | None, env: str
         return None
     if not secret:
         raise ValueError(f"{where} is empty or unset: {why_not_empty}")
+    register_secret(secret)  # whatever logs it later, the log shows <redacted>
     return secret
 
 

@@ -13,7 +13,10 @@ The shadow filter's mirroring share and the fault experiments' shares draw throu
 ``ShareHash``, each with its own prefix, so one share says nothing about another.
 
 Clients' copies of the canary headers are removed before anything reads them unless the
-listener trusts them: an untrusted client cannot opt itself into fault injection.
+listener trusts them: an untrusted client cannot opt itself into fault injection. Nor can it
+learn its treatment: the headers that reveal it (``TREATMENT``) reach only clients of a listener
+that shows treatment (``listeners.*.treatment_headers``, by default as trusted as its canary
+headers), so an attacker cannot search for a mirrored or faulted request key.
 
 With ``canary.eligible`` (the source documents' gray release: "alignment above 0.85 first"), a
 call in the share becomes canary traffic only once a filter has published scores on it
@@ -34,6 +37,7 @@ from proxy.call import (
     CANARY_GATE,
     CANARY_POPULATION,
     SCORES,
+    SHOW_TREATMENT,
     Call,
     headers_match,
 )
@@ -65,11 +69,14 @@ class CanaryMatcher:
         self.trusted = {"grpc": lc.grpc.trust_canary_headers,
                         "http": lc.http.trust_canary_headers,
                         "openai": lc.http.trust_canary_headers}
+        self.shown = {"grpc": lc.grpc.shows_treatment, "http": lc.http.shows_treatment,
+                      "openai": lc.http.shows_treatment}
         self.share_hash = share_hash
 
     def mark(self, call: Call) -> bool:
         if CANARY in call.state:  # a reroute or a fallback level: decided once per call
             return bool(call.state[CANARY])
+        call.state[SHOW_TREATMENT] = self.shown.get(call.front, False)
         if self.headers and not self.trusted.get(call.front, False):
             for name in self.headers:
                 call.headers.pop(name, None)

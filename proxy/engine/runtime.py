@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from proxy.backends.base import Backend
-from proxy.call import Api, Call, CallKey, LocalReply, Reply, Target
+from proxy.call import CLIENT_DEADLINE, Api, Call, CallKey, LocalReply, Reply, Target
 from proxy.chain import FilterContext, Next, compose
 from proxy.clock import Clock
 from proxy.config.backends import BackendConfig
@@ -201,6 +201,8 @@ class Runtime:
         if call.version and not route.spec.version:
             target.version = call.version
         call.target = target
+        if call.deadline is not None and CLIENT_DEADLINE not in call.state:
+            call.state[CLIENT_DEADLINE] = call.deadline  # only a front set it: the client's
         self.canary.mark(call)
         if route.spec.timeout_s is not None:
             limit = time.monotonic() + route.spec.timeout_s  # same clock as Call.deadline

@@ -24,13 +24,13 @@ What MUST hold:
 from __future__ import annotations
 
 import asyncio
-import json
 import zlib
 from typing import Any
 
 from aiohttp import web
 
 from proxy.errors import ErrorKind, ProxyError
+from proxy.wire.numbers import json_loads
 
 INLINE_INFLATE_BYTES = 1024 * 1024
 """Output inflated on the event loop before the rest moves to a worker thread."""
@@ -152,8 +152,8 @@ async def parse_json(body: bytes) -> Any:
     naming the parse error."""
     try:
         if len(body) > INLINE_JSON_BYTES:
-            return await asyncio.to_thread(json.loads, body)
-        return json.loads(body)
+            return await asyncio.to_thread(json_loads, body)
+        return json_loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                          f"failed to parse the request JSON buffer: {exc}") from None

@@ -193,15 +193,15 @@ class GrpcFront:
                                       self.plane.infer, self.plane.serves, self.shm_budget)
                        if uses_shared_memory(call) else self.plane.infer(call))
         if isinstance(reply, LocalReply):
-            await abort(context, reply, call.decisions)
+            await abort(context, reply, call.shown_decisions())
             return b""
         try:
             out = kserve_grpc.encode_response(call, reply)
         except ProxyError as err:
-            await abort(context, LocalReply.from_error(err), call.decisions)
+            await abort(context, LocalReply.from_error(err), call.shown_decisions())
             return b""
-        if call.decisions:
-            context.set_trailing_metadata(tuple(call.decisions.items()))
+        if decisions := call.shown_decisions():
+            context.set_trailing_metadata(tuple(decisions.items()))
         self.plane.telemetry.response_bytes.labels(call.model, "grpc").inc(len(out))
         return out
 

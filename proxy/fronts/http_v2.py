@@ -209,10 +209,11 @@ class HttpFront:
 
     async def _decode(self, request: web.Request) -> Call:
         header_length = request.headers.get(kserve_http.HEADER_LENGTH)
-        body = await self._read_infer_body(request, header_length)
+        json_part = (None if header_length is None
+                     else kserve_raw.header_length_number(header_length))
+        body = await self._read_infer_body(request, json_part)
         model, version = request.match_info["model"], request.match_info.get("version", "")
         decode_args = (body, header_length, model, version, request.content_type, True)
-        json_part = int(header_length) if header_length and header_length.isdigit() else None
         if kserve_raw.is_raw(body, header_length):  # the body is the only input's bytes
             call = kserve_raw.decode_raw_request(body, model, version,
                                                   self.plane.contract(model, version),
@@ -234,12 +235,12 @@ class HttpFront:
         if isinstance(reply, LocalReply):
             if reply.reset:
                 drop_connection(request)
-            return error_response(reply, call.decisions)
+            return error_response(reply, call.shown_decisions())
         if _json_answer_bytes(call, reply) > DECODE_INLINE_BYTES:
             data, hlen = await asyncio.to_thread(kserve_http.encode_response, call, reply)
         else:
             data, hlen = kserve_http.encode_response(call, reply)
-        headers = dict(call.decisions)
+        headers = dict(call.shown_decisions())
         if hlen is not None:
             headers[kserve_http.HEADER_LENGTH] = str(hlen)
         self.plane.telemetry.response_bytes.labels(call.model, "http").inc(len(data))
@@ -251,14 +252,14 @@ class HttpFront:
             response.enable_compression(web.ContentCoding(coding))
         return response
 
-    async def _read_infer_body(self, request: web.Request, header_length: str | None) -> bytes:
+    async def _read_infer_body(self, request: web.Request, header_length: int | None) -> bytes:
         """The body, inflated once and bounded: a pure JSON body by ``max_json_bytes``, a
         binary one by ``max_request_bytes`` with its JSON header by ``max_json_bytes``."""
         if header_length is None:
             return await read_body(request, self.max_json_bytes,
                                    "listeners.http.max_json_bytes; send big tensors in "
                                    "binary form")
-        if header_length.isdigit() and int(header_length) > self.max_json_bytes:
+        if header_length > self.max_json_bytes:
             raise ProxyError(ErrorKind.TOO_LARGE,
                              f"the JSON header of a binary request is {header_length} bytes "
                              f"({kserve_http.HEADER_LENGTH}); this listener accepts at most "

@@ -209,10 +209,11 @@ class OpenAIFront:
         if isinstance(reply, LocalReply):
             if reply.reset:
                 drop_connection(request)
-            return openai_error(reply, call.decisions)
+            return openai_error(reply, call.shown_decisions())
         body = _renamed(reply, call)
         self._account_usage(call, _json(body))
-        return web.Response(body=body, headers=call.decisions, content_type="application/json")
+        return web.Response(body=body, headers=call.shown_decisions(),
+                            content_type="application/json")
 
     async def _stream(self, request: web.Request, call: Call) -> web.StreamResponse:
         items = self.plane.stream(call)
@@ -220,11 +221,11 @@ class OpenAIFront:
         if first is None or isinstance(first, LocalReply):
             await items.aclose()
             return openai_error(first or LocalReply(ErrorKind.INTERNAL, "empty stream"),
-                                call.decisions)
+                                call.shown_decisions())
         backend = call.target.backend if call.target else ""
         ttft, inter_token, duration = self._stream_metrics(call.model, backend)
         ttft.observe(time.monotonic() - call.started)
-        resp = web.StreamResponse(headers={**SSE_HEADERS, **call.decisions})
+        resp = web.StreamResponse(headers={**SSE_HEADERS, **call.shown_decisions()})
         await resp.prepare(request)
         rename = call.target is not None and call.target.model != call.model
         item: Any = first

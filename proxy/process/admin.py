@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -26,6 +25,7 @@ from proxy.engine.dataplane import DataPlane
 from proxy.fronts.body import INLINE_JSON_BYTES
 from proxy.lifecycle import Access, AdminRequest, AdminRoute
 from proxy.registry import filter_factories
+from proxy.wire.numbers import json_loads
 
 
 class Outcome(Protocol):
@@ -89,17 +89,20 @@ def _index(plane: DataPlane) -> Handler:
 def _admin_request(plane: DataPlane, request: web.Request) -> AdminRequest:
     """What a filter's admin code sees: the serving runtime's state (a reload is seen at once)."""
     runtime = plane.runtime
+    async def read_json() -> Any:
+        """The body as JSON; any failure (nesting, a number too long) a ValueError. Bounded by
+        the admin listener's ``max_request_bytes`` (at most 1 MiB), parsed in a worker thread
+        when not small."""
+        body = await request.read()
+        try:
+            if len(body) > INLINE_JSON_BYTES:
+                return await asyncio.to_thread(json_loads, body)
+            return json_loads(body)
+        except RecursionError:
+            raise ValueError("the JSON is nested too deeply") from None
+
     return AdminRequest(params=request.match_info, state=runtime.state, local=runtime.local,
-                        read_json=lambda: _json_body(request))
-
-
-async def _json_body(request: web.Request) -> Any:
-    """An admin body as JSON (``ValueError`` when it is not): bounded by the admin listener's
-    ``max_request_bytes`` (at most 1 MiB), parsed in a worker thread when not small."""
-    body = await request.read()
-    if len(body) > INLINE_JSON_BYTES:
-        return await asyncio.to_thread(json.loads, body)
-    return json.loads(body)
+                        read_json=read_json)
 
 
 def _refused(request: web.Request, token: str | None, access: Access) -> web.Response | None:

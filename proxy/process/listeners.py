@@ -13,6 +13,7 @@ What MUST hold (every refusal counted in ``mmguard_listener_refusals_total{liste
 - A body arrives within ``body_timeout_s`` and, after a 5 s start, at ``min_body_bytes_per_s``
   or more; otherwise 408 and the connection is closed.
 - Header bytes in all, concurrent requests and (admin) body size, as before: see each guard.
+- A request aiohttp's parser refuses is answered and logged by mmguard (``malformed``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from aiohttp.web_protocol import RequestHandler
 from proxy.call import LocalReply
 from proxy.errors import ErrorKind
 from proxy.fronts.http_v2 import error_response
+from proxy.process import malformed
 
 RATE_GRACE_S = 5.0
 """A body's first seconds are not held to the minimum rate (TCP slow start, a client's pause)."""
@@ -44,6 +46,7 @@ class ConnectionCap:
         self.busy: set[RequestHandler] = set()
         """Connections with a request in progress (kept by ``middleware``)."""
         self._opened: dict[RequestHandler, None] = {}  # insertion order: oldest first
+        self._handler_cls = malformed.handler_class(listener, refused)
 
     def protocol_factory(self, server: web.Server) -> Any:
         def admit() -> asyncio.BaseProtocol:
@@ -53,7 +56,7 @@ class ConnectionCap:
             if len(live) >= self.limit and not self._evict_one(live):
                 self.refused.labels(self.listener, "max_connections").inc()
                 return _Refused(self.limit, self.listener)
-            handler = server()
+            handler = malformed.adopt(server(), self._handler_cls)
             self._opened[handler] = None
             return handler
 

@@ -56,7 +56,7 @@ from proxy.telemetry import Telemetry
 log = logging.getLogger("mmguard.server")
 
 _CAPS = ("max_header_bytes", "max_request_bytes", "max_connections", "max_connections_evicted",
-         "body_timeout_s", "min_body_bytes_per_s")
+         "body_timeout_s", "min_body_bytes_per_s", "malformed")
 LISTENER_LIMITS: tuple[tuple[str, str], ...] = (
     *((listener, limit) for listener in ("http", "admin") for limit in _CAPS),
     ("http", "max_concurrent_requests"))
@@ -225,7 +225,9 @@ class Server:
                                max_line_size=cfg.max_header_bytes,
                                max_field_size=cfg.max_header_bytes,
                                keepalive_timeout=cfg.header_timeout_s,
-                               auto_decompress=False)
+                               auto_decompress=False,
+                               # what aiohttp logs goes through mmguard's redacting handler
+                               logger=logging.getLogger("mmguard.http"))
         await runner.setup()
         tls = self._tls.get(name)
         site = guard.CappedSite(runner, cfg.host, port, cap=cap,
@@ -412,6 +414,9 @@ def _grpc_options(cfg: GrpcListener, max_connections: int) -> list[tuple[str, An
         # the handshake; a handshake that does not finish in time is dropped).
         ("grpc.max_allowed_incoming_connections", max_connections),
         ("grpc.server_handshake_timeout_ms", int(cfg.handshake_timeout_s * 1000)),
+        # The handshake timeout ends at the client's first SETTINGS frame; a client that then
+        # never acknowledges ours held its connection for minutes (issue 26). The same bound.
+        ("grpc.http2.settings_timeout", int(cfg.handshake_timeout_s * 1000)),
         ("grpc.max_connection_idle_ms", int(cfg.max_connection_idle_s * 1000)),
     ]
     return options

@@ -8,7 +8,6 @@ regions answer truthfully that there are none, as a Triton without GPUs does. ""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,6 +19,7 @@ from proxy.errors import STATUS, ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.shm.peer import Connection, Peer
 from proxy.shm.regions import SharedMemory
+from proxy.wire.numbers import json_loads
 
 HttpHandler = Callable[[web.Request], Awaitable[web.Response]]
 _CUDA_WHY = ("CUDA shared memory is not supported by mmguard: it opens no CUDA context, so it "
@@ -177,10 +177,13 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
         if len(body) > CONTROL_BODY_BYTES:  # chunked: stop at the limit, not at the end
             raise too_large
     try:
-        doc = json.loads(body or b"{}")
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        doc = json_loads(body or b"{}")
+    except (ValueError, UnicodeDecodeError) as exc:
         raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                          f"failed to parse the request JSON buffer: {exc}") from None
+    except RecursionError:
+        raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                         "failed to parse the request JSON buffer: nested too deeply") from None
     if not isinstance(doc, dict):
         raise ProxyError(ErrorKind.INVALID_ARGUMENT, "the request body must be a JSON object")
     return doc

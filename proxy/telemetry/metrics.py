@@ -26,6 +26,7 @@ from prometheus_client import (
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 
+from proxy.call import TREATMENT
 from proxy.errors import header_value
 
 if TYPE_CHECKING:
@@ -251,15 +252,20 @@ class Telemetry:
                                           "sample": self.access_sample}})
 
     def decide(self, call: Call, filter_name: str, decision: str, detail: str = "",
-               header: str | None = None, **attributes: Any) -> None:
+               header: str | None = None, treatment: bool = False, **attributes: Any) -> None:
         """Record one filter decision everywhere at once: the ``mmguard-<filter>`` header /
         trailer (``mmguard-<filter>-<header>`` when a filter makes several kinds of decision;
         the counter's label is then ``<header>:<decision>``), a counter, a span event and a
         DEBUG log line (decisions are per request: at INFO they would be a log line per request;
-        the sampled access log carries them at INFO when asked for)."""
+        the sampled access log carries them at INFO when asked for). ``treatment``: the header
+        reveals the call's treatment (mirrored, faulted) and reaches only clients of a listener
+        that shows treatment (``Call.shown_decisions``); counter, span and log are the
+        operator's and always get it."""
         value = header_value(f"{decision}; {detail}" if detail else decision)
         name = f"mmguard-{filter_name}" + (f"-{header}" if header else "")
         call.decisions[name] = value
+        if treatment:
+            call.state.setdefault(TREATMENT, set).add(name)
         if header:
             decision = f"{header}:{decision}"
         labels = (filter_name, call.model, decision)

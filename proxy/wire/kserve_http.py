@@ -26,6 +26,7 @@ from proxy.tensor import (
 )
 from proxy.wire.answers import answer_error, output_problem
 from proxy.wire.kserve_raw import check_byte_size, header_length_value
+from proxy.wire.numbers import json_loads
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_TYPE = "application/json"
@@ -49,7 +50,7 @@ def split_body(body: bytes, header_length: str | None,
         hlen = header_length_value(header_length, len(body))
     head = body if hlen is None else body[:hlen]
     try:
-        doc = json.loads(head)
+        doc = json_loads(head)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad(f"failed to parse the {what} JSON buffer: malformed JSON in the {what} body: "
                   f"{exc}") from None

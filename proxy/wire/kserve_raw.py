@@ -18,6 +18,7 @@ from proxy.call import Call, Wire
 from proxy.contract import ModelContract
 from proxy.errors import ErrorKind, ProxyError
 from proxy.tensor import Payload, Tensor, itemsize
+from proxy.wire.numbers import MAX_COUNT_DIGITS, shown_value
 
 
 def bad(message: str) -> ProxyError:
@@ -28,11 +29,30 @@ def header_length_value(text: str, body_size: int) -> int:
     """``Inference-Header-Content-Length`` as Triton 2.51 reads it: the leading integer of the
     value (C ``atoi``: junk after it is ignored, no number at all is 0, the raw form), which
     must lie in [0, body size]."""
-    match = _LEADING_INT.match(text)
-    value = int(match.group(0)) if match else 0
+    value = header_length_number(text, body_size)
     if not 0 <= value <= body_size:
-        raise bad(f"inference header size should be in range (0, {body_size}), got: {text}")
+        raise _out_of_range(text, body_size)
     return value
+
+
+def _out_of_range(text: str, body_size: int) -> ProxyError:
+    shown = text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
+    return bad(f"inference header size should be in range (0, {body_size}), got: {shown}")
+
+
+def header_length_number(text: str, body_size: int | None = None) -> int:
+    """The leading integer of ``Inference-Header-Content-Length`` as C's ``atoi`` reads it (no
+    number at all is 0); one of more than ``MAX_COUNT_DIGITS`` digits is a 400, not a 500 (and
+    not a 4301-digit conversion): out of the body's range when its size is known."""
+    match = _LEADING_INT.match(text)
+    if match is None:
+        return 0
+    if len(match.group(0).strip().lstrip("+-")) > MAX_COUNT_DIGITS:
+        if body_size is not None:
+            raise _out_of_range(text, body_size)
+        raise bad(f"Inference-Header-Content-Length must be an integer of at most "
+                  f"{MAX_COUNT_DIGITS} ASCII digits, got {shown_value(text)}")
+    return int(match.group(0))
 
 
 _LEADING_INT = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+")

@@ -28,6 +28,7 @@ from proxy.wire import openai_parts
 from proxy.wire.image_decode import MAX_IMAGE_PIXELS as MAX_IMAGE_PIXELS  # where it was
 from proxy.wire.image_decode import decode_rgb
 from proxy.wire.media_urls import HostAllowList
+from proxy.wire.numbers import json_loads
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -139,7 +140,7 @@ def decode_request(body: bytes, endpoint: str,
 def parse_request(body: bytes, endpoint: str) -> Call:
     """The body as a call, its content parts checked for the endpoint (URLs not yet)."""
     try:
-        doc = json.loads(body)
+        doc = json_loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad(f"malformed JSON in the request body: {exc}") from None
     except RecursionError:

@@ -39,6 +39,9 @@ def canary_served(ort_models: Path, tmp_path_factory: pytest.TempPathFactory
     fault = {"fault": {"experiments": [{"name": "mark", "actions": [{"kind": "delay",
                                                                      "ms": 0}]}]}}
     cfg = ort_config(ort_models, canary={"share": SHARE, "secret_file": str(tmp / "secret")})
+    # The attacker is given its treatment here (mmguard-fault), which an untrusted listener
+    # never shows (test_treatment.py): even knowing it, it cannot choose it.
+    cfg["listeners"] = {"http": {"treatment_headers": True}}
     cfg["models"] = [{"name": "identity_fp32", "backend": "ort", "filters": [fault]}]
     with serve(tmp, cfg) as proc:
         yield proc

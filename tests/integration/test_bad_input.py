@@ -98,6 +98,7 @@ def test_malformed_protobuf_json_and_header_length(proxy: RunningMmguard) -> Non
     # "abc") is the raw form, whose one input here gets bytes that do not fit it.
     for bad_len, expect in (("999999", "inference header size should be in range (0, "),
                             ("abc", "input byte size mismatch for input 'raw_input'"),
+                            ("9" * 5000, "at most 19 ASCII digits"),
                             (str(hlen - 3), "malformed JSON")):
         status, _, body = http_post(proxy.http_url, "/v2/models/identity_fp32/infer", good,
                                     {"Inference-Header-Content-Length": bad_len})

@@ -73,6 +73,8 @@ def shadow_config(ort_models: Path, triton: TritonServer, **shadow: Any) -> dict
         {"name": "clip_canary", "backend": "triton", "backend_model": "clip_demo",
          "filters": [{"fault": {}}]},
     ]
+    # these tests read the treatment headers an untrusted client never gets (docs/security.md)
+    cfg["listeners"] = {"grpc": {"treatment_headers": True}, "http": {"treatment_headers": True}}
     return cfg
 
 
@@ -122,7 +124,7 @@ def test_a_drifting_canary_is_caught_and_aborted(ort_models: Path, triton: Trito
         # half the copies delayed: a copy a fault touched is excluded from the verdict (issue 16)
         {"name": "chaos", "actions": [{"kind": "delay", "ms": 1, "percent": 50}],
          "stop": {"max_error_rate": None, "max_p99_ms": None}}]}}]
-    cfg["listeners"] = {"admin": {"token": "op"}}
+    cfg["listeners"]["admin"] = {"token": "op"}
     with RunningMmguard(cfg) as m:
         m.wait_ready(timeout=60)
         for i in range(30):

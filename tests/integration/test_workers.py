@@ -50,7 +50,9 @@ def _config(model_dir: Path, fake_port: int, extra_route: bool = False) -> dict[
     return {
         "workers": 2,
         "watch_config_s": 0,  # reloads only when asked: an edited file alone changes nothing
-        "listeners": {"admin": {"token_env": "MMGUARD_TEST_ADMIN_TOKEN"}},
+        # the tests read mmguard-fault, which only a listener showing treatment sends
+        "listeners": {"admin": {"token_env": "MMGUARD_TEST_ADMIN_TOKEN"},
+                      "http": {"treatment_headers": True}},
         "canary": {"share": 1.0},
         "backends": [
             {"kind": "onnxruntime", "name": "ort", "model_dir": str(model_dir),

@@ -9,8 +9,10 @@ stalled event loop (seconds) or a gigabyte held, never a few milliseconds.
 
 from __future__ import annotations
 
+import copy
 import http.client
 import json
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +31,12 @@ PROBE_PATH = "/v2/models/identity_fp32/infer"
 PROBE_WAIT_S = 1.0
 """A probe that waits longer than this saw a stalled proxy (the issue's bound)."""
 
+ADMIN_TOKEN = f"adversary-admin-token-{secrets.token_hex(8)}"
+"""The admin token of every ``serve``d process that names none: the log must never hold it."""
+CLIENT_CREDENTIAL = f"adversary-client-credential-{secrets.token_hex(8)}"
+"""Every ``http_call`` sends ``Authorization: Bearer`` this (unless it sends its own): the log
+must never hold a client's credential either."""
+
 
 def rss_mib(pid: int) -> float:
     """Resident set size of a process, in MiB (from /proc)."""
@@ -42,8 +50,11 @@ def http_call(port: int, method: str, path: str, body: bytes | None = None,
               headers: dict[str, str] | None = None,
               timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    sent = dict(headers or {})
+    if not any(k.lower() == "authorization" for k in sent):
+        sent["Authorization"] = f"Bearer {CLIENT_CREDENTIAL}"
     try:
-        conn.request(method, path, body=body, headers=headers or {})
+        conn.request(method, path, body=body, headers=sent)
         r = conn.getresponse()
         return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
     finally:
@@ -117,15 +128,44 @@ def write_config(path: Path, config: dict[str, Any]) -> Path:
     return path
 
 
+def assert_log_holds_no_secret(log_path: Path, secret_values: list[str]) -> None:
+    """The whole log of a served process: no secret, no third-party traceback of client input
+    (aiohttp's ``Error handling request`` with the raw bytes it quotes)."""
+    text = log_path.read_text(errors="replace")
+    for value in secret_values:
+        assert value not in text, f"the log {log_path} holds a secret ({value[:12]}...)"
+    assert "Error handling request" not in text, f"aiohttp's own traceback in {log_path}"
+
+
+def _secrets(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``config`` with the adversary's admin token unless it names one; the secrets to look
+    for in its log."""
+    config = copy.deepcopy(config)
+    admin = config.setdefault("listeners", {}).setdefault("admin", {})
+    if not any(k in admin for k in ("token", "token_file", "token_env")):
+        admin["token"] = ADMIN_TOKEN
+    found = [CLIENT_CREDENTIAL]
+    if isinstance(admin.get("token"), str):
+        found.append(admin["token"])
+    return config, found
+
+
 @contextmanager
 def serve(tmp_path: Path, config: dict[str, Any], ready_timeout: float = 90,
           args: tuple[str, ...] = (), nofile: int | None = None) -> Iterator[MmguardProcess]:
     """``mmguard serve --config`` as a real process on free ports, ready before it is yielded.
-    The process is stopped (SIGTERM, then SIGKILL) afterwards; its log stays in ``tmp_path``."""
+    The process is stopped (SIGTERM, then SIGKILL) afterwards; its log stays in ``tmp_path``.
+    Every attack of the tier is then checked for secrets in the log: the process has an admin
+    token (``ADMIN_TOKEN`` unless the config names one), every ``http_call`` carries a client
+    credential, and after a clean exit neither may be in the log."""
+    config, secret_values = _secrets(config)
     cfg = write_config(tmp_path / "mmguard.yaml", config)
     proc = MmguardProcess(["--config", str(cfg), *args], tmp_path / "mmguard.log", nofile=nofile)
     try:
         proc.wait_ready(ready_timeout)
         yield proc
-    finally:
+    except BaseException:
         proc.stop()
+        raise
+    proc.stop()
+    assert_log_holds_no_secret(proc.log_path, secret_values)

@@ -60,3 +60,22 @@ def write_text_encoder(model_dir: Path) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, path)
     return "text_encoder"
+
+
+def write_wrong_above_half(model_dir: Path) -> str:
+    """``wrong_above_half_fp32``: INPUT0 FP32 [n] → OUTPUT0, the input where it is at most 0.5
+    and its negation above: a canary that is wrong on part of the traffic (issue 26)."""
+    name = "wrong_above_half_fp32"
+    half = helper.make_tensor("half", TensorProto.FLOAT, [], [0.5])
+    graph = helper.make_graph(
+        [helper.make_node("Greater", ["INPUT0", "half"], ["above"]),
+         helper.make_node("Neg", ["INPUT0"], ["negated"]),
+         helper.make_node("Where", ["above", "negated", "INPUT0"], ["OUTPUT0"])], name,
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["n"])], [half])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = model_dir / name / "1" / "model.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, path)
+    return name

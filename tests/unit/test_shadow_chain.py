@@ -62,8 +62,8 @@ async def test_the_client_gets_production_and_a_disagreeing_canary_is_counted() 
 
 async def test_an_agreeing_canary_is_counted_as_agreeing() -> None:
     async with ChainHarness.open(SHADOWED) as h:  # echo: both answer alike
-        for _ in range(2):
-            await h.infer("prod")
+        for i in range(2):
+            await h.infer("prod", [x(value=float(i))])  # two requests (a replay is one)
         await compared(h, 2)
         shadow = (h.runtime.local.get(SHADOWS) or {})["prod"]
     assert shadow.state.verdict.snapshot()["agreement"] == 1.0

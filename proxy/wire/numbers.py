@@ -1,0 +1,59 @@
+"""Numbers a client sends, parsed so that every oversized or malformed one is a 400.
+
+Seed scenario (issue 26): ``Inference-Header-Content-Length`` of 4301+ digits got a 500 and a
+traceback: ``str.isdigit()`` let it through and ``int()`` refused it past Python's limit on
+digits (``sys.get_int_max_str_digits()``, 4300), outside any ``try``. The same limit makes
+``json.loads`` refuse a 5000-digit number with a message that names a Python setting.
+
+Rules that MUST hold, on every front:
+- A count in a header (a length, a size) is ASCII digits only — not ``+5``, `` 5``, ``5_0``
+  nor other scripts' digits, all of which ``int()`` takes — and at most ``MAX_COUNT_DIGITS``
+  long; anything else is ``INVALID_ARGUMENT`` naming the header, what was expected, what came.
+- JSON bodies parse through ``json_loads``: a number past the digit limit is a ``ValueError``
+  that says so in words; nesting past the interpreter's recursion limit stays a
+  ``RecursionError`` (each caller names its body).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from typing import Any
+
+from proxy.errors import ErrorKind, ProxyError
+
+MAX_COUNT_DIGITS = 19
+"""Digits of the largest count a header may carry (int64 has 19)."""
+
+_DIGITS = re.compile(r"value has (\d+) digits")
+
+
+def header_count(name: str, value: str) -> int:
+    """``value`` of header ``name`` as a non-negative integer; ProxyError INVALID_ARGUMENT
+    otherwise (the value shown cut to 40 characters)."""
+    if value.isascii() and value.isdigit() and len(value) <= MAX_COUNT_DIGITS:
+        return int(value)
+    raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                     f"{name} must be a non-negative integer of at most {MAX_COUNT_DIGITS} "
+                     f"ASCII digits, got {shown_value(value)}")
+
+
+def shown_value(value: str) -> str:
+    """A client's value as an error shows it: at most 40 characters, and how long it was."""
+    return repr(value[:40]) + (f" ... ({len(value)} characters)" if len(value) > 40 else "")
+
+
+def json_loads(data: bytes | bytearray | str) -> Any:
+    """``json.loads``; a number with more digits than Python converts is a ValueError saying
+    so (not naming an interpreter setting). RecursionError passes through."""
+    try:
+        return json.loads(data)
+    except UnicodeDecodeError:
+        raise
+    except ValueError as exc:
+        found = _DIGITS.search(str(exc))
+        if found is None:
+            raise
+        raise ValueError(f"a number has {found[1]} digits; numbers have at most "
+                         f"{sys.get_int_max_str_digits()} digits") from None
