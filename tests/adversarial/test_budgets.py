@@ -234,18 +234,22 @@ def reloadable(ort_models: Path, tmp_path: Path) -> Iterator[tuple[MmguardProces
         yield proc, tmp_path / "mmguard.yaml"
 
 
+RELOAD_TOKEN = "budget-reload-token"
+"""Long enough to be a secret the log is searched for (a one-letter token is in every line)."""
+
+
 def _reload_config(ort_models: Path, extra: dict[str, Any]) -> dict[str, Any]:
-    listeners: dict[str, dict[str, Any]] = {"admin": {"token": "t"}}
+    listeners: dict[str, dict[str, Any]] = {"admin": {"token": RELOAD_TOKEN}}
     for name, block in extra.get("listeners", {}).items():
         listeners[name] = {**listeners.get(name, {}), **block}
     if "token_file" in listeners["admin"]:
-        del listeners["admin"]["token"]  # one source (the running token stays "t")
+        del listeners["admin"]["token"]  # one source (the running token stays RELOAD_TOKEN)
     return ort_config(ort_models, watch_config_s=0, **{**extra, "listeners": listeners})
 
 
 def _reload(proc: MmguardProcess) -> tuple[int, dict[str, Any]]:
     status, _, body = http_call(proc.ports["admin"], "POST", "/admin/reload",
-                                headers={"Authorization": "Bearer t"}, timeout=60)
+                                headers={"Authorization": f"Bearer {RELOAD_TOKEN}"}, timeout=60)
     return status, json.loads(body)
 
 

@@ -67,6 +67,8 @@ def proxy(triton: TritonServer, tmp_path_factory: pytest.TempPathFactory
         ],
         "canary": {"share": 1.0, "eligible": [{"score": "quality.alignment",
                                                "at_least": ELIGIBLE}]},
+        # the tests read the mmguard-fault trailer, which only a listener showing treatment sends
+        "listeners": {"grpc": {"treatment_headers": True}},
     }
     with RunningMmguard(cfg) as m:
         m.wait_ready()

@@ -47,9 +47,9 @@ def _compared(m: RunningMmguard) -> int:
 def test_each_mirrored_copy_has_its_own_trace_linked_to_its_request(
         proxy: RunningMmguard) -> None:
     exporter = span_exporter()
-    for _ in range(REQUESTS):
+    for i in range(REQUESTS):  # distinct requests: a replay is mirrored once per verdict
         grpc_infer_raw(proxy.grpc_url, grpc_request("prod", [("INPUT0", "FP32", [2],
-                                                               X.tobytes())]))
+                                                               (X + i).tobytes())]))
     deadline = time.monotonic() + 30
     while _compared(proxy) < REQUESTS and time.monotonic() < deadline:
         time.sleep(0.05)
