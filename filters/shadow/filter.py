@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 from prometheus_client import Counter, Gauge
 
-from filters.call_keys import FAULTS
+from filters.call_keys import FAULTS, OFF_LANE
 from filters.compare import (
     Comparison,
     compare_status,
@@ -90,6 +90,8 @@ class Shadow:
         ctx.on_activate(self._take_over)
         self.queue: asyncio.Queue[_Copy] | None = None
         self.workers: list[asyncio.Task[None]] = []
+        self.waiting: set[asyncio.Task[None]] = set()
+        """Copies a fault made wait, off their lane (``_work``)."""
         self.robustness = self.robustness_metrics = None  # no robustness block: no experiment
         if cfg.robustness is not None and found.verdict.robustness is not None:
             # Measured into a scratch table, handed to the state per copy (``robust``): the
@@ -116,6 +118,11 @@ class Shadow:
         self.m_verdict_status = t.one_hot(
             "mmguard_shadow_verdict_status", "The canary verdict, one-hot (sum by state across "
             "pods).", labels, list(_STATES))
+        self.m_evidence = t.metric(
+            Gauge, "mmguard_shadow_evidence", "The verdict's evidence: the estimate and anytime "
+            "bounds of each test (test: agreement, latency; figure: estimate, lower, upper, "
+            "samples; latency = share of pairs slower than the margin).",
+            [*labels, "test", "figure"])
         for reason in ("v2-stream", "queue-full"):  # known values at 0 from the start
             self.m_dropped.labels(ctx.route, cfg.canary, reason)
         for agree in ("true", "false"):
@@ -209,21 +216,42 @@ class Shadow:
     # --- off the request path -----------------------------------------------------------------
 
     async def _work(self) -> None:
+        """One lane: a copy at a time, unless a fault makes the copy wait (``OFF_LANE``): then
+        the copy waits on its own (at most ``queue_size`` of them) and the lane goes on."""
         assert self.queue is not None
+        loop = asyncio.get_running_loop()
         while True:
             item = await self.queue.get()
             try:
-                await self._compare(item)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a broken comparison must not stop the mirroring
-                log.exception("shadow comparison on route %r failed: %s", self.ctx.route, exc)
+                freed: asyncio.Future[None] = loop.create_future()
+
+                def leave(freed: asyncio.Future[None] = freed) -> None:
+                    if not freed.done():
+                        freed.set_result(None)
+
+                task = asyncio.create_task(self._compare_logged(item, leave))
+                task.add_done_callback(lambda _t, leave=leave: leave())
+                await freed
+                if not task.done():
+                    self.waiting.add(task)
+                    task.add_done_callback(self.waiting.discard)
+                    while len(self.waiting) > self.cfg.queue_size:
+                        await asyncio.wait(set(self.waiting), return_when=asyncio.FIRST_COMPLETED)
             finally:
                 self.queue.task_done()
 
-    async def _send(self, item: _Copy,
-                    route: str | None) -> tuple[Reply, float, str | None, list[str]]:
+    async def _compare_logged(self, item: _Copy, leave: Callable[[], None]) -> None:
+        try:
+            await self._compare(item, leave)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a broken comparison must not stop the mirroring
+            log.exception("shadow comparison on route %r failed: %s", self.ctx.route, exc)
+
+    async def _send(self, item: _Copy, route: str | None,
+                    leave: Callable[[], None]) -> tuple[Reply, float, str | None, list[str]]:
         call = _fresh(item.call, self.cfg.timeout_s)
+        call.state[OFF_LANE] = leave
         start = time.monotonic()
         if route is None:  # noise floor: the primary again, through the rest of its chain
             reply = await item.resend(call)
@@ -243,9 +271,9 @@ class Shadow:
         faults: list[str] = call.state.get(FAULTS) or []
         return reply, time.monotonic() - start, text, list(faults)
 
-    async def _compare(self, item: _Copy) -> None:
+    async def _compare(self, item: _Copy, leave: Callable[[], None]) -> None:
         st = self.state
-        reply, latency, text, faults = await self._send(item, self.cfg.canary)
+        reply, latency, text, faults = await self._send(item, self.cfg.canary, leave)
         c = self._judge(item.primary, item.primary_text, reply, text)
         self.m_compared.labels(self.ctx.route, self.cfg.canary, str(c.agree).lower()).inc()
         if not c.agree:
@@ -259,7 +287,7 @@ class Shadow:
             for route in {self.ctx.route, self.cfg.canary}:
                 experiments.observe_divergence(route, c.agree)
         if item.noise:
-            again, _, again_text, _ = await self._send(item, None)
+            again, _, again_text, _ = await self._send(item, None, leave)
             st.noise(self._judge(item.primary, item.primary_text, again, again_text))
         await self._measure_robustness(item, None if faults else (reply, text))  # chaos
 
@@ -311,6 +339,11 @@ class Shadow:
             self.m_agreement.labels(*labels).set(agreement)
         self.m_verdict.labels(*labels).set(_STATES[snap["state"]])
         self.m_verdict_status.set(labels, snap["state"])
+        for test, figs in (snap.get("evidence") or {}).items():
+            if isinstance(figs, dict) and "samples" in figs:
+                for figure in ("estimate", "lower", "upper", "samples"):
+                    if figs.get(figure) is not None:
+                        self.m_evidence.labels(*labels, test, figure).set(figs[figure])
         table = self.state.verdict.robustness
         if self.robustness_metrics is not None and table is not None:
             self.robustness_metrics.publish(table)
@@ -350,13 +383,14 @@ class Shadow:
         self.state.reset()
 
     def cancel(self) -> None:
-        for task in self.workers:
+        for task in [*self.workers, *self.waiting]:
             task.cancel()
 
     async def close(self) -> None:
         self.cancel()
-        await asyncio.gather(*self.workers, return_exceptions=True)
+        await asyncio.gather(*self.workers, *self.waiting, return_exceptions=True)
         self.workers = []
+        self.waiting.clear()
 
 
 def _snapshot(call: Call) -> Call:
