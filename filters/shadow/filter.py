@@ -230,7 +230,7 @@ class Shadow:
                         freed.set_result(None)
 
                 task = asyncio.create_task(self._compare_logged(item, leave))
-                task.add_done_callback(lambda _t, leave=leave: leave())
+                task.add_done_callback(_freeing(leave))
                 await freed
                 if not task.done():
                     self.waiting.add(task)
@@ -391,6 +391,10 @@ class Shadow:
         await asyncio.gather(*self.workers, *self.waiting, return_exceptions=True)
         self.workers = []
         self.waiting.clear()
+
+
+def _freeing(leave: Callable[[], None]) -> Callable[[asyncio.Task[None]], None]:
+    return lambda _task: leave()
 
 
 def _snapshot(call: Call) -> Call:
