@@ -44,7 +44,8 @@ def test_injected_refusals_do_not_count_against_the_success_slo() -> None:
         if not exp.running:
             break
     assert exp.state == "stopped"
-    assert exp.stop_reason.startswith("success ") and "< 99.5% over the last 30 s" in exp.stop_reason
+    assert exp.stop_reason.startswith("success ")
+    assert "< 99.5% over the last 30 s" in exp.stop_reason
     assert "injected refusals not counted; bounds " in exp.stop_reason
     assert "false-stop rate 0.01" in exp.stop_reason
     assert exp.snapshot()["stop_slo"] == "success"
