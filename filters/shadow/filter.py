@@ -376,6 +376,7 @@ class Shadow:
         return {"canary": self.cfg.canary, "mirroring": st.mirroring,
                 "stop_reason": st.stop_reason, "mirrored": st.mirrored, "dropped": st.dropped,
                 "compared": st.compared, "queued": self.queue.qsize() if self.queue else 0,
+                "waiting": len(self.waiting),
                 **st.verdict.snapshot()}
 
     def reset(self) -> None:
