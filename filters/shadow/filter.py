@@ -231,7 +231,11 @@ class Shadow:
 
                 task = asyncio.create_task(self._compare_logged(item, leave))
                 task.add_done_callback(_freeing(leave))
-                await freed
+                try:
+                    await freed
+                except asyncio.CancelledError:
+                    task.cancel()  # the lane ends (reload, shutdown): so does its copy
+                    raise
                 if not task.done():
                     self.waiting.add(task)
                     task.add_done_callback(self.waiting.discard)
