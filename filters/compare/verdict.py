@@ -1,4 +1,11 @@
-"""The verdict over a sliding window of comparisons: promote, hold or abort."""
+"""The release verdict: promote, hold or abort, each a test with a stated error rate.
+
+Every decision is read off anytime-valid confidence sequences (``filters.compare.sequential``),
+so the verdict may be consulted after every comparison without its error rates growing with the
+number of looks: ``alpha`` bounds the chance of aborting a canary that meets its SLO, ``beta``
+the chance of promoting one that misses it. Correctness and latency are judged on clean copies
+(``filters.compare.evidence``); ``filters.robustness.verdict.ReleaseVerdict`` adds robustness.
+"""
 
 from __future__ import annotations
 
@@ -15,41 +22,47 @@ from filters.compare.answers import (
     Comparison,
     State,
 )
+from filters.compare.evidence import AgreementEvidence, LatencyEvidence, Levels
+from filters.compare.sequential import METHOD
 from proxy.clock import Clock
 from proxy.strict import Strict
 
 
 class VerdictConfig(Strict):
-    window: int = Field(200, gt=0)
-    """The verdict judges the last ``window`` comparisons (and as many primary self-comparisons)."""
-    window_s: float | None = Field(None, gt=0)
-    """Also forget samples older than this many seconds; None: only the count bounds them."""
-    min_samples: int = Field(20, ge=1)
-    """Below this many comparisons the state is ``collecting``; also the number of
-    primary self-comparisons needed before the noise floor is used."""
+    alpha: float = Field(0.01, gt=0, lt=0.5)
+    """Probability of aborting a canary that meets its SLO (split evenly over the abort tests:
+    agreement, latency centre, latency tail, each robustness perturbation)."""
+    beta: float = Field(0.05, gt=0, lt=0.5)
+    """Probability of promoting a canary that misses its SLO (each promote condition alone)."""
     promote_agreement: float = Field(0.995, ge=0, le=1)
-    """Effective agreement at or above which the canary may be promoted (the correctness SLI)."""
+    """Promote only once the lower bound of effective agreement is at or above this."""
     abort_agreement: float = Field(0.95, ge=0, le=1)
-    """Effective agreement below which the canary is aborted; in between: hold."""
-    max_latency_ratio: float | None = Field(1.5, gt=0)
-    """Canary p99 latency / primary p99 latency above this aborts (judged once ``min_samples``
-    canary latencies are in the window). None: latency is not judged."""
+    """Abort once the upper bound of effective agreement is below this; in between: hold."""
+    min_samples: int = Field(20, ge=1)
+    """No decision at all below this many comparisons (the bounds decide; this is a floor)."""
+    window: int = Field(200, gt=0)
+    """Recent comparisons kept for the report's quantiles and histograms (the tests use every
+    comparison since the last reset: a confidence sequence does not forget)."""
+    max_latency_ratio: float | None = Field(1.1, ge=1)
+    """The latency margin: the canary may take up to this many times production's latency
+    (and ``min_effect_ms`` more); slower than that in most pairs aborts. None: latency is not
+    judged."""
+    min_effect_ms: float = Field(1.0, ge=0)
+    """The smallest latency difference that matters, whatever the ratio."""
+    tail_quantile: float | None = Field(0.99, gt=0.5, lt=1)
+    """Also abort when this quantile of the canary's latency is beyond the margin of
+    production's, judged once the sample supports a distribution-free bound. None: no tail."""
     noise_floor: bool = True
-    """Judge the canary against what the primary agrees with itself (see ``Verdict``), once
-    ``min_samples`` primary-vs-primary comparisons are in the window."""
+    """Judge the canary against what the primary agrees with itself (``Verdict.add_noise``)."""
     min_self_agreement: float = Field(0.5, ge=0, le=1)
-    """A primary that agrees with itself less than this cannot tell a good canary from a bad
-    one: the verdict holds (never promotes, and aborts on latency only) while that lasts; the
-    comparison's tolerances are tighter than the model's own noise."""
+    """A primary shown to agree with itself less than this cannot tell a good canary from a bad
+    one: the verdict holds (never promotes; aborts on latency only)."""
 
     @model_validator(mode="after")
     def _ordered(self) -> VerdictConfig:
         if self.abort_agreement > self.promote_agreement:
             raise ValueError(f"abort_agreement {self.abort_agreement} is above "
                              f"promote_agreement {self.promote_agreement}")
-        if self.min_samples > self.window:
-            raise ValueError(f"min_samples {self.min_samples} can never be reached in a window "
-                             f"of {self.window}")
         return self
 
 
@@ -62,57 +75,47 @@ class _Sample:
     canary_s: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class _Figures:
-    samples: int
-    agreed: int
-    agreement: float | None
-    noise_samples: int
-    self_agreement: float | None
-    effective: float | None
-    primary_p99_ms: float | None
-    canary_p99_ms: float | None
-    latency_ratio: float | None
-
-
 OnChange = Callable[[State, State, list[str]], None]
-_EPS = 1e-9
 _DISAGREEMENTS_KEPT = 50
 _BINS = 20
 
 
 class Verdict:
-    """Promote / hold / abort over a sliding window of comparisons, on an injected clock.
+    """Promote / hold / abort from anytime-valid bounds, on an injected clock.
 
-    With the noise floor on and ``min_samples`` primary-vs-primary comparisons in the window
-    (``add_noise``), the effective agreement is ``min(1, agreement / max(self_agreement, ε))``:
-    agreement = comparisons where the canary agreed with the primary / comparisons, and
-    self_agreement = the same share for two answers of the primary to one request. A sampling
-    LLM whose answers agree with themselves 90 % of the time and with a canary 90 % of the time
-    has an effective agreement of 1: the canary is as consistent with production as production
-    is with itself. Otherwise the effective agreement is the raw agreement. A primary that agrees
-    with itself less than ``min_self_agreement`` holds the verdict: the ratio means nothing there.
+    Effective agreement = agreement / self-agreement when the noise floor is in use (``add_noise``
+    or ``expect_noise``): a sampling LLM that agrees with itself 90 % of the time and with the
+    canary 90 % of the time has an effective agreement of 1. Both are bounded, and the floor's
+    uncertainty is carried through the ratio; until self-comparisons come, the upper bound is 1
+    (no abort on agreement) and the lower bound the raw one.
 
-    ``state``: ``collecting`` below ``min_samples``; ``abort`` below ``abort_agreement`` or past
-    ``max_latency_ratio``; ``promote`` at or above ``promote_agreement``; ``hold`` in between.
-    ``abort`` latches until ``reset``: the callbacks stop mirroring and fault experiments on it,
-    and samples ageing out of the window MUST NOT silently turn it back into ``collecting``.
-    Memory is bounded: ``window`` samples of each kind and 50 disagreement reasons.
+    ``collecting`` below ``min_samples``; ``abort`` when any abort test rejects at its share of
+    ``alpha``; ``promote`` when every promote condition holds at ``beta``; ``hold`` otherwise,
+    saying what is missing and about how many comparisons a decision needs. ``abort`` latches
+    until ``reset``; ``promote`` latches too and carries its evidence, and only an abort test
+    (evidence of a regression) revokes it — never one sample.
     """
 
     def __init__(self, cfg: VerdictConfig, clock: Clock, expect_noise: bool = False) -> None:
         self.cfg = cfg
         self.clock = clock
         self.expect_noise = expect_noise and cfg.noise_floor
-        """Self-comparisons are coming (the mirror sends some calls twice): judge nothing until
-        the noise floor is known, rather than abort a non-deterministic model on raw figures."""
+        """Self-comparisons are coming (the mirror sends some calls twice): the noise floor
+        takes its share of the error rates from the first comparison."""
+        self.agreement = AgreementEvidence(cfg.promote_agreement, cfg.abort_agreement)
+        self.agreement.noise = self.expect_noise
+        self.latency = (None if cfg.max_latency_ratio is None else
+                        LatencyEvidence(cfg.max_latency_ratio, cfg.min_effect_ms,
+                                        cfg.tail_quantile))
         self._samples: deque[_Sample] = deque(maxlen=cfg.window)
-        self._noise: deque[tuple[float, bool]] = deque(maxlen=cfg.window)
         self._disagreements: deque[tuple[float, str]] = deque(maxlen=_DISAGREEMENTS_KEPT)
         self._callbacks: list[OnChange] = []
         self._state: State = "collecting"
-        self._reasons: list[str] = []
+        self._decided: dict[str, Any] | None = None
+        """The evidence of the latched decision (promote or abort)."""
         self._judge()
+
+    # --- feeding ------------------------------------------------------------------------------
 
     def add(self, c: Comparison, primary_latency_s: float,
             canary_latency_s: float | None = None) -> None:
@@ -120,15 +123,23 @@ class Verdict:
         metrics = dict(c.metrics)
         if canary_latency_s is not None:
             metrics["latency_diff_ms"] = (canary_latency_s - primary_latency_s) * 1000
+            if self.latency is not None:
+                self.latency.add(primary_latency_s * 1000, canary_latency_s * 1000)
         self._samples.append(_Sample(self.clock.monotonic(), c.agree, metrics,
                                      primary_latency_s, canary_latency_s))
+        self.agreement.n += 1
+        self.agreement.agreed += c.agree
         if not c.agree:
             self._disagreements.append((self.clock.wall(), c.reason or "disagreed"))
         self._judge()
 
     def add_noise(self, c: Comparison) -> None:
         """One comparison of two primary answers to the same request (the noise floor)."""
-        self._noise.append((self.clock.monotonic(), c.agree))
+        if not self.cfg.noise_floor:
+            return
+        self.agreement.noise = True
+        self.agreement.self_n += 1
+        self.agreement.self_agreed += c.agree
         self._judge()
 
     def on_change(self, callback: OnChange) -> None:
@@ -137,128 +148,202 @@ class Verdict:
         self._callbacks.append(callback)
 
     def state(self) -> State:
-        self._judge()
         return self._state
 
     def reasons(self) -> list[str]:
-        """Why the state is what it is (empty for ``promote``), with figures; for ``abort``,
-        the figures of the moment it aborted."""
-        self._judge()
-        return list(self._reasons)
+        """Why the state is what it is, with figures: for ``promote`` and ``abort`` the evidence
+        of the moment it was decided; for ``hold`` what is missing."""
+        if self._decided is not None:
+            return list(self._decided["reasons"])
+        return self._missing()
 
     def reset(self) -> None:
-        """Forget every sample and un-latch an abort (an operator's decision)."""
+        """Forget every sample and un-latch a decision (an operator's decision)."""
         self._samples.clear()
-        self._noise.clear()
         self._disagreements.clear()
-        self._move("collecting", self._decide(self._figures())[1])
+        self.agreement.clear()
+        self.agreement.noise = self.expect_noise
+        if self.latency is not None:
+            self.latency.clear()
+        self._decided = None
+        self._move("collecting")
 
-    def _prune(self) -> None:
-        if self.cfg.window_s is None:
-            return
-        cutoff = self.clock.monotonic() - self.cfg.window_s
-        while self._samples and self._samples[0].at < cutoff:
-            self._samples.popleft()
-        while self._noise and self._noise[0][0] < cutoff:
-            self._noise.popleft()
+    # --- the tests ----------------------------------------------------------------------------
 
-    def _figures(self) -> _Figures:
-        self._prune()
-        cfg, n, n_noise = self.cfg, len(self._samples), len(self._noise)
-        agreed = sum(s.agree for s in self._samples)
-        agreement = agreed / n if n else None
-        self_agreement = (sum(a for _, a in self._noise) / n_noise
-                          if n_noise >= cfg.min_samples else None)
-        effective = agreement
-        if cfg.noise_floor and agreement is not None and self_agreement is not None:
-            effective = min(1.0, agreement / max(self_agreement, _EPS))
-        primary = [s.primary_s * 1000 for s in self._samples]
-        canary = [s.canary_s * 1000 for s in self._samples if s.canary_s is not None]
-        p99_p = float(np.percentile(primary, 99)) if primary else None
-        p99_c = float(np.percentile(canary, 99)) if canary else None
-        ratio = (p99_c / p99_p if p99_c is not None and p99_p and len(canary) >= cfg.min_samples
-                 else None)
-        return _Figures(n, agreed, agreement, n_noise, self_agreement, effective, p99_p, p99_c,
-                        ratio)
+    def _abort_tests(self) -> int:
+        """How many tests may abort (each gets ``alpha`` / this)."""
+        lat = self.latency
+        return 1 + (0 if lat is None else 1 + (lat.tail is not None))
 
-    def _decide(self, f: _Figures) -> tuple[State, list[str]]:
-        cfg = self.cfg
-        if f.samples < cfg.min_samples or f.effective is None:
-            return "collecting", [f"{f.samples} of {cfg.min_samples} samples collected"]
-        if self.expect_noise and f.self_agreement is None:
-            return "collecting", [f"waiting for the noise floor: {f.noise_samples} of "
-                                  f"{cfg.min_samples} self-comparisons"]
-        basis = f"the canary agreed in {f.agreed} of {f.samples}"
-        if f.self_agreement is not None and cfg.noise_floor:
-            basis += (f"; the primary agrees with itself {f.self_agreement:.1%} "
-                      f"over {f.noise_samples}")
-        elif cfg.noise_floor and f.noise_samples:
-            basis += (f"; noise floor unknown yet ({f.noise_samples} of {cfg.min_samples} "
-                      f"self-comparisons): raw agreement used")
-        latest = ([f"latest disagreement: {self._disagreements[-1][1]}"]
-                  if self._disagreements and f.agreed < f.samples else [])
-        aborts: list[str] = []
-        blind = (cfg.noise_floor and f.self_agreement is not None
-                 and f.self_agreement < cfg.min_self_agreement)
-        # A primary that mostly disagrees with itself cannot convict the canary either: with
-        # such a noise floor only latency may abort.
-        if f.effective < cfg.abort_agreement and not blind:
-            aborts.append(f"effective agreement {f.effective:.1%} < abort threshold "
-                          f"{cfg.abort_agreement:.1%} ({basis})")
-        if (cfg.max_latency_ratio is not None and f.latency_ratio is not None
-                and f.latency_ratio > cfg.max_latency_ratio):
-            aborts.append(f"canary p99 latency {f.canary_p99_ms:.1f} ms is {f.latency_ratio:.2f}× "
-                          f"the primary's {f.primary_p99_ms:.1f} ms "
-                          f"(limit {cfg.max_latency_ratio:.2f}×)")
-        if aborts:
-            return "abort", aborts + latest
-        holds: list[str] = []
-        if blind:
-            holds.append(f"the primary agrees with itself only {f.self_agreement:.1%} "
-                         f"(< {cfg.min_self_agreement:.1%}): comparisons cannot judge the canary")
-        if f.effective < cfg.promote_agreement:
-            holds.append(f"effective agreement {f.effective:.1%} < promote threshold "
-                         f"{cfg.promote_agreement:.1%} ({basis})")
-        return ("hold", holds + latest) if holds else ("promote", [])
+    def levels(self) -> Levels:
+        return Levels(self.cfg.alpha / self._abort_tests(), self.cfg.beta)
+
+    def _aborts(self) -> list[str]:
+        """The abort tests that reject now (cheap when none does)."""
+        lv, cfg, out = self.levels(), self.cfg, []
+        a = self.agreement
+        if a.aborts(lv) and not a.blind(lv, cfg.min_self_agreement):
+            f = a.figures(lv)
+            out.append(f"effective agreement ≤ {f['upper']:.2%} (anytime upper bound, "
+                       f"false-abort rate {f['alpha']:.2g}) < abort line "
+                       f"{cfg.abort_agreement:.1%}: {self._basis(f)}")
+        lat = self.latency
+        if lat is not None and lat.n and lat.centre_aborts(lv.abort):
+            f = lat.figures(lv, lv.abort)
+            out.append(f"latency: the canary took longer than {f['margin']} in {f['slower']} of "
+                       f"{f['samples']} pairs ({f['estimate']:.1%}, lower bound "
+                       f"{f['lower']:.1%} > 50 %; {_SIGN}, false-abort rate {lv.abort:.2g})")
+        if lat is not None:
+            tail = lat.tail_aborts(lv.abort)
+            if tail:
+                out.append(f"latency tail: {tail}")
+        return out
+
+    def _promotes(self) -> bool:
+        lv, a, lat = self.levels(), self.agreement, self.latency
+        if not a.promotes(lv) or a.blind(lv, self.cfg.min_self_agreement):
+            return False
+        return lat is None or (lat.n > 0 and lat.centre_promotes(lv.promote))
+
+    def _basis(self, f: dict[str, Any]) -> str:
+        out = f"the canary agreed in {f['agreed']} of {f['samples']}"
+        s = f.get("self_agreement")
+        if s is not None:
+            est = "unknown yet" if s["estimate"] is None else f"{s['estimate']:.1%}"
+            out += (f"; the primary agrees with itself {est} over {s['samples']} "
+                    f"(bounds {s['lower']:.1%} to {s['upper']:.1%})")
+        if self._disagreements and f["agreed"] < f["samples"]:
+            out += f"; latest disagreement: {self._disagreements[-1][1]}"
+        return out
+
+    def _evidence(self) -> list[str]:
+        """The promote evidence, one line per test."""
+        lv = self.levels()
+        f = self.agreement.figures(lv)
+        out = [f"effective agreement ≥ {f['lower']:.2%} (anytime lower bound, false-promote "
+               f"rate {f['beta']:.2g}) ≥ promote bar {self.cfg.promote_agreement:.1%}: "
+               f"{self._basis(f)}"]
+        if self.latency is not None:
+            g = self.latency.figures(lv, lv.abort)
+            out.append(f"latency: the canary took longer than {g['margin']} in {g['slower']} of "
+                       f"{g['samples']} pairs, upper bound {g['upper']:.1%} < 50 % ({_SIGN}, "
+                       f"false-promote rate {lv.promote:.2g})")
+        return out
+
+    def _missing(self) -> list[str]:
+        """What a decision still needs (hold / collecting)."""
+        lv, cfg, out = self.levels(), self.cfg, []
+        a = self.agreement
+        if a.n < cfg.min_samples:
+            out.append(f"{a.n} of {cfg.min_samples} samples collected")
+        f = a.figures(lv)
+        if a.blind(lv, cfg.min_self_agreement):
+            out.append(f"the primary agrees with itself at most {f['self_agreement']['upper']:.1%}"
+                       f" (< {cfg.min_self_agreement:.1%}): comparisons cannot judge the canary")
+        elif not a.promotes(lv) and f["estimate"] is not None:
+            out.append(f"effective agreement {f['estimate']:.2%}, anytime bounds "
+                       f"{f['lower']:.2%} to {f['upper']:.2%}: promote needs the lower bound ≥ "
+                       f"{cfg.promote_agreement:.1%}, abort the upper < "
+                       f"{cfg.abort_agreement:.1%} ({self._basis(f)}); "
+                       f"{_more(a.n, a.needed(lv))}")
+        lat = self.latency
+        if lat is not None:
+            g = lat.figures(lv, lv.abort)
+            if not lat.n:
+                out.append("latency: no canary latency yet")
+            elif not lat.centre_promotes(lv.promote):
+                out.append(f"latency: the canary took longer than {g['margin']} in "
+                           f"{g['slower']} of {g['samples']} pairs, bounds {g['lower']:.1%} to "
+                           f"{g['upper']:.1%}: promote needs the upper bound < 50 %; "
+                           f"{_more(lat.n, lat.needed(lv))}")
+            tail = g.get("tail")
+            if tail is not None and not tail["judged"]:
+                out.append(f"latency {tail['name']} not judged yet: a distribution-free bound "
+                           f"needs {tail['supported_from']} pairs, {lat.n} so far")
+        return out
 
     def _judge(self) -> None:
         if self._state == "abort":
             return
-        self._move(*self._decide(self._figures()))
+        if self.agreement.n >= self.cfg.min_samples:
+            why = self._aborts()
+            if why:
+                self._decide("abort", why)
+                return
+        if self._state == "promote":
+            return
+        if self.agreement.n < self.cfg.min_samples:
+            self._move("collecting")
+        elif self._promotes():
+            self._decide("promote", self._evidence())
+        else:
+            self._move("hold")
 
-    def _move(self, state: State, reasons: list[str]) -> None:
-        old, self._state, self._reasons = self._state, state, reasons
-        if old != state:
+    def _decide(self, state: State, reasons: list[str]) -> None:
+        self._decided = {"state": state, "reasons": reasons, "at": self.clock.wall(),
+                         "comparisons": self.agreement.n, "figures": self._figures()}
+        self._move(state)
+
+    def _move(self, state: State) -> None:
+        old, self._state = self._state, state
+        if old != state and self._callbacks:
+            reasons = self.reasons()
             for callback in list(self._callbacks):
                 callback(old, state, list(reasons))
 
+    def _figures(self) -> dict[str, Any]:
+        lv = self.levels()
+        out: dict[str, Any] = {"method": METHOD, "alpha": self.cfg.alpha, "beta": self.cfg.beta,
+                               "abort_tests": self._abort_tests(),
+                               "agreement": self.agreement.figures(lv)}
+        if self.latency is not None:
+            out["latency"] = self.latency.figures(lv, lv.abort)
+        return out
+
     def snapshot(self) -> dict[str, Any]:
         """JSON-able evidence for the admin API and ``mmguard canary-report``."""
-        state, reasons = self.state(), self.reasons()
-        f = self._figures()
-        cfg = self.cfg
+        state, reasons, cfg = self.state(), self.reasons(), self.cfg
+        a, lv = self.agreement, self.levels()
+        fa = a.figures(lv)
         names = sorted({k for s in self._samples for k in s.metrics})
         values = {k: [s.metrics[k] for s in self._samples if k in s.metrics] for k in names}
         primary = [s.primary_s * 1000 for s in self._samples]
         canary = [s.canary_s * 1000 for s in self._samples if s.canary_s is not None]
+        self_a = fa["self_agreement"]
         return {
             "state": state, "reasons": reasons,
-            "samples": f.samples, "agreed": f.agreed, "agreement": f.agreement,
-            "noise_samples": f.noise_samples, "self_agreement": f.self_agreement,
-            "effective_agreement": f.effective,
-            "thresholds": {"promote_agreement": cfg.promote_agreement,
+            "missing": [] if state in ("promote", "abort") else self._missing(),
+            "samples": a.n, "agreed": a.agreed,
+            "agreement": a.agreed / a.n if a.n else None,
+            "noise_samples": a.self_n,
+            "self_agreement": None if self_a is None else self_a["estimate"],
+            "effective_agreement": fa["estimate"],
+            "evidence": self._figures(),
+            "decided": self._decided,
+            "thresholds": {"alpha": cfg.alpha, "beta": cfg.beta,
+                           "promote_agreement": cfg.promote_agreement,
                            "abort_agreement": cfg.abort_agreement,
                            "max_latency_ratio": cfg.max_latency_ratio,
-                           "min_samples": cfg.min_samples, "window": cfg.window,
-                           "window_s": cfg.window_s},
+                           "min_effect_ms": cfg.min_effect_ms,
+                           "tail_quantile": cfg.tail_quantile,
+                           "min_samples": cfg.min_samples, "window": cfg.window},
             "metrics": {k: q for k in names if (q := _quantiles(values[k]))},
             "latency_ms": {"primary": _quantiles(primary, (50, 99)),
                            "canary": _quantiles(canary, (50, 99)),
-                           "p99_ratio": f.latency_ratio},
+                           "recent": len(primary)},
             "disagreements": [{"at": at, "reason": why} for at, why in self._disagreements],
             "histograms": {"metrics": {k: h for k in names if (h := _histogram(values[k]))},
                            "latency_ms": _latency_histogram(primary, canary)},
         }
+
+
+_SIGN = "sequential sign test"
+
+
+def _more(n: int, needed: int | None) -> str:
+    if needed is None:
+        return "no decision in sight at the observed rates (the estimate sits at a bar)"
+    return f"about {max(needed - n, 1)} more at the observed rates"
 
 
 def _finite(values: list[float]) -> NDArray[np.float64]:

@@ -11,7 +11,7 @@ import numpy as np
 from prometheus_client import Counter
 from pydantic import BaseModel
 
-from filters.call_keys import FAULTS
+from filters.call_keys import FAULTS, OFF_LANE
 from filters.fault import rules
 from filters.fault.admin import ROUTES, experiments_summary
 from filters.fault.config import (
@@ -148,6 +148,7 @@ class Fault:
             if isinstance(action, Delay):
                 seconds = self._delay_s(action, _seed(exp.cfg.seed, exp.name, i, key))
                 self._mark(call, exp, action, f"delay {seconds * 1000:.0f} ms")
+                _leave_lane(call)
                 await self.ctx.clock.sleep(seconds)
             elif isinstance(action, Abort):
                 tag = self._mark(call, exp, action, "abort")
@@ -178,6 +179,8 @@ class Fault:
                     self._mark(call, exp, action, detail)
             elif isinstance(action, StreamFault) and reply.stream is not None:
                 tag = self._mark(call, exp, action, _stream_detail(action))
+                if action.kind == "slow_stream":
+                    _leave_lane(call)
                 reply.stream = self._faulty_stream(reply.stream, action, tag,
                                                    _shown(call, tag))
             elif isinstance(action, OutputFault) and reply.stream is not None:
@@ -219,6 +222,13 @@ class Fault:
         if call.api is Api.OPENAI:
             return _perturb_openai(call, a, seed)
         return _perturb_tensors(call, a, seed)
+
+
+def _leave_lane(call: Call) -> None:
+    """A faulted copy is about to wait: free the shadow worker that sent it (``OFF_LANE``)."""
+    leave = call.state.get(OFF_LANE)
+    if leave is not None:
+        leave()
 
 
 def _stream_detail(a: StreamFault) -> str:

@@ -88,24 +88,17 @@ class Experiment:
         why = rules.check(self, now)  # the golden rules: baseline, success, 15 s
         if why:
             return why
-        n = len(self.window)
-        if n >= stop.min_requests:
-            errors = sum(1 for _, ok, _ in self.window if not ok)
-            rate = errors / n
-            if stop.max_error_rate is not None and rate > stop.max_error_rate:
-                return (f"error rate {rate:.3f} > {stop.max_error_rate:g} over the last "
-                        f"{stop.window_s:g} s ({errors} of {n} canary calls)")
-            if stop.max_p99_ms is not None:
-                p99 = float(np.quantile([lat for _, _, lat in self.window], 0.99)) * 1000
-                if p99 > stop.max_p99_ms:
-                    return (f"p99 latency {p99:.0f} ms > {stop.max_p99_ms:g} ms over the last "
-                            f"{stop.window_s:g} s ({n} canary calls)")
+        if len(self.window) >= stop.min_requests:
+            why = rules.judged_window(self)
+            if why:
+                return why
         m = len(self.divergence)
         if stop.max_divergence is not None and m >= stop.min_requests:
-            rate = sum(1 for _, agree in self.divergence if not agree) / m
-            if rate > stop.max_divergence:
-                return (f"divergence from production {rate:.3f} > {stop.max_divergence:g} over "
-                        f"the last {stop.window_s:g} s ({m} shadow comparisons)")
+            bad = sum(1 for _, agree in self.divergence if not agree)
+            if rules.rate_above(bad, m, stop.max_divergence, stop.alpha):
+                return (f"divergence from production {bad / m:.3f} > {stop.max_divergence:g} "
+                        f"over the last {stop.window_s:g} s ({m} shadow comparisons; "
+                        f"{rules.rate_bounds(bad, m, stop.alpha)})")
         return ""
 
     def snapshot(self) -> dict[str, Any]:

@@ -16,6 +16,11 @@ are in. This module adds, as ``stop`` options:
 
 Every stop reason starts with the figure it is about, and ``slo_of`` names it (``error_rate``,
 ``p99``, ``success``, ``divergence``, ``duration``) for the admin API.
+
+A stop is a statistic, not a threshold on a few calls: a rate stops the experiment only when
+its confidence-sequence bound (``filters.compare.sequential``, at the stop's ``alpha``) is past
+the limit, and a p99 only when its distribution-free lower bound is — a p99 of five calls is
+their maximum, and one scheduler stall must not stop an experiment.
 """
 
 from __future__ import annotations
@@ -24,7 +29,41 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+from filters.compare.sequential import (
+    LogHistogram,
+    lower_bound,
+    prior_around,
+    quantile_bounds,
+    rejects,
+    upper_bound,
+)
+
+_RATE = prior_around(0.05, 0.5)
+_TAIL = prior_around(0.99)
+
+
+def rate_above(bad: int, n: int, limit: float, alpha: float) -> bool:
+    """The share ``bad / n`` is shown above ``limit`` (its lower bound is)."""
+    return n > 0 and bad > limit * n and rejects(bad, n, limit, alpha, _RATE)
+
+
+def rate_below(good: int, n: int, limit: float, alpha: float) -> bool:
+    """The share ``good / n`` is shown below ``limit`` (its upper bound is)."""
+    return n > 0 and good < limit * n and rejects(good, n, limit, alpha, _RATE)
+
+
+def rate_bounds(k: int, n: int, alpha: float) -> str:
+    return (f"bounds {lower_bound(k, n, alpha, _RATE):.3f} to "
+            f"{upper_bound(k, n, alpha, _RATE):.3f}, false-stop rate {alpha:g}")
+
+
+def p99_lower_ms(latencies_s: list[float], alpha: float) -> float | None:
+    """The distribution-free lower bound of the calls' p99 (ms); None when the calls cannot
+    bound it yet."""
+    h = LogHistogram()
+    for x in latencies_s:
+        h.add(x * 1000)
+    return quantile_bounds(h, 0.99, alpha, _TAIL).lower
 
 
 @dataclass
@@ -72,22 +111,33 @@ def check(exp: Any, now: float) -> str:
         return ""
     own = len(st.own)
     if stop.min_success is not None and own:
-        success = 1 - sum(1 for _, bad in st.own if bad) / own
-        if success < stop.min_success:
-            return (f"success {success:.3%} < {stop.min_success:.1%} over the last "
-                    f"{stop.window_s:g} s ({own} canary calls, injected refusals not counted)")
+        good = own - sum(1 for _, bad in st.own if bad)
+        if rate_below(good, own, stop.min_success, stop.alpha):
+            return (f"success {good / own:.3%} < {stop.min_success:.1%} over the last "
+                    f"{stop.window_s:g} s ({own} canary calls, injected refusals not counted; "
+                    f"{rate_bounds(good, own, stop.alpha)})")
     if early:  # fault's own checks wait for min_requests; past first_assertion_s, not so
-        errors = sum(1 for _, ok, _ in exp.window if not ok)
-        if stop.max_error_rate is not None and errors / n > stop.max_error_rate:
-            return (f"error rate {errors / n:.3f} > {stop.max_error_rate:g} over the last "
-                    f"{stop.window_s:g} s ({errors} of {n} canary calls; first assertion "
-                    f"{stop.first_assertion_s:g} s after the first injection)")
-        if stop.max_p99_ms is not None:
-            p99 = float(np.quantile([lat for _, _, lat in exp.window], 0.99)) * 1000
-            if p99 > stop.max_p99_ms:
-                return (f"p99 latency {p99:.0f} ms > {stop.max_p99_ms:g} ms over the last "
-                        f"{stop.window_s:g} s ({n} canary calls; first assertion "
-                        f"{stop.first_assertion_s:g} s after the first injection)")
+        return judged_window(exp, f"; first assertion {stop.first_assertion_s:g} s after the "
+                                  f"first injection")
+    return ""
+
+
+def judged_window(exp: Any, note: str = "") -> str:
+    """The error-rate and p99 stops over the window's canary calls, as statistics."""
+    stop = exp.cfg.stop
+    n = len(exp.window)
+    errors = sum(1 for _, ok, _ in exp.window if not ok)
+    if stop.max_error_rate is not None and rate_above(errors, n, stop.max_error_rate,
+                                                        stop.alpha):
+        return (f"error rate {errors / n:.3f} > {stop.max_error_rate:g} over the last "
+                f"{stop.window_s:g} s ({errors} of {n} canary calls; "
+                f"{rate_bounds(errors, n, stop.alpha)}{note})")
+    if stop.max_p99_ms is not None and n:
+        low = p99_lower_ms([lat for _, _, lat in exp.window], stop.alpha)
+        if low is not None and low > stop.max_p99_ms:
+            return (f"p99 latency ≥ {low:.0f} ms > {stop.max_p99_ms:g} ms over the last "
+                    f"{stop.window_s:g} s ({n} canary calls; distribution-free lower bound, "
+                    f"false-stop rate {stop.alpha:g}{note})")
     return ""
 
 

@@ -15,8 +15,8 @@ as well as production does?". Rules that MUST hold:
 - Production's extra calls are counted and capped (``max_qps``, the seeds' blast radius of
   ≤ 10 QPS): a copy that would exceed the cap is not perturbed, and that is counted too.
 
-No verdict here: ``RobustnessTable`` keeps the paired samples and its figures (Wilson intervals);
-``filters.robustness.verdict.ReleaseVerdict`` judges them.
+No verdict here: ``RobustnessTable`` keeps the paired samples, their figures and anytime-valid
+tests (``filters.robustness.stats``); ``filters.robustness.verdict.ReleaseVerdict`` decides.
 """
 
 from __future__ import annotations
@@ -41,7 +41,12 @@ from filters.compare import (
 )
 from filters.robustness.config import RobustnessConfig
 from filters.robustness.perturb import clean_copy, perturbed_copy, seed_for
-from filters.robustness.stats import difference_interval, wilson
+from filters.robustness.stats import (
+    difference_interval,
+    paired_difference_bounds,
+    share_bounds,
+    wilson,
+)
 from proxy.call import Call, LocalReply, Reply, Result, SseEvent
 
 
@@ -56,66 +61,101 @@ class Pair:
 
 
 class RobustnessTable:
-    """Paired samples per perturbation (bounded by ``window``) and their figures."""
+    """Paired samples per perturbation (the last ``window`` for the figures, counts since the
+    last reset for the tests) and the anytime-valid tests the verdict decides on."""
 
     def __init__(self, cfg: RobustnessConfig) -> None:
         self.cfg = cfg
         self.pairs: dict[str, deque[Pair]] = {p.label: deque(maxlen=cfg.window)
                                               for p in cfg.perturbations}
+        self.totals: dict[str, list[int]] = {p.label: [0, 0, 0, 0, 0] for p in cfg.perturbations}
+        """label → [pairs, production kept, canary kept, production only, canary only]."""
         self.counts: dict[str, int] = {"drawn": 0, "production_calls": 0, "canary_calls": 0,
                                        "skipped_cap": 0, "skipped_baseline": 0,
                                        "not_applicable": 0}
+        self.levels = (0.01, 0.05)
+        """(false abort, false promote) per perturbation: set by the verdict."""
 
     def add(self, label: str, pair: Pair) -> None:
         self.pairs[label].append(pair)
+        t = self.totals[label]
+        t[0] += 1
+        t[1] += pair.production
+        t[2] += pair.canary
+        t[3] += pair.production and not pair.canary
+        t[4] += pair.canary and not pair.production
 
     def reset(self) -> None:
         for pairs in self.pairs.values():
             pairs.clear()
+        for t in self.totals.values():
+            t[:] = [0, 0, 0, 0, 0]
         for key in self.counts:
             self.counts[key] = 0
 
     def row(self, label: str) -> dict[str, Any]:
-        pairs = self.pairs[label]
-        n = len(pairs)
-        kp, kc = sum(p.production for p in pairs), sum(p.canary for p in pairs)
+        n, kp, kc, p_only, c_only = self.totals[label]
+        alpha, beta = self.levels
         out: dict[str, Any] = {"perturbation": label, "samples": n,
                                "production": {"kept": kp}, "canary": {"kept": kc}}
         for side, kept in (("production", kp), ("canary", kc)):
-            lo, hi = wilson(kept, n)
-            metrics = [getattr(p, f"{side}_metrics") for p in pairs]
-            out[side] |= {"robustness": kept / n if n else None, "ci95": [lo, hi],
-                          "metrics": _means(metrics)}
-        if n:
-            lo, hi = difference_interval((kc, n), (kp, n))
-            out["difference"] = (kc - kp) / n
-            out["difference_ci95"] = [lo, hi]
-        else:
-            out["difference"], out["difference_ci95"] = None, None
+            metrics = [getattr(p, f"{side}_metrics") for p in self.pairs[label]]
+            out[side] |= {"robustness": kept / n if n else None,
+                          "bounds": list(share_bounds(kept, n, alpha)),
+                          "ci95": list(wilson(kept, n)), "metrics": _means(metrics)}
+        lo, hi = paired_difference_bounds(n, p_only, c_only, beta, alpha)
+        out |= {"difference": (kc - kp) / n if n else None, "difference_bounds": [lo, hi],
+                "difference_ci95": list(difference_interval((kc, n), (kp, n))) if n else None,
+                "production_only": p_only, "canary_only": c_only,
+                "test": "paired anytime-valid bounds (production only vs canary only)",
+                "alpha": alpha, "beta": beta,
+                "verdict": ("not judged yet" if n < self.cfg.min_samples else
+                            "fails" if hi < -self.cfg.max_drop else
+                            "passes" if lo >= -self.cfg.max_drop else "undecided")}
         return out
 
     def failures(self) -> list[str]:
-        """Why the canary is less robust than production by more than the margin (empty: it is
-        not, on every perturbation with ``min_samples`` pairs)."""
+        """Why the canary is shown less robust than production by more than the margin: the
+        upper bound of the difference below ``-max_drop`` (false-abort rate ``levels[0]``)."""
         out = []
         for label in self.pairs:
             row = self.row(label)
-            if row["samples"] < self.cfg.min_samples or row["difference"] is None:
+            if row["verdict"] != "fails":
                 continue
-            if row["difference"] < -self.cfg.max_drop - 1e-12:
-                p, c = row["production"], row["canary"]
-                lo, hi = row["difference_ci95"]
-                out.append(
-                    f"robustness under '{label}': canary keeps {c['robustness']:.1%} of its "
-                    f"clean answers, production {p['robustness']:.1%} over {row['samples']} "
-                    f"pairs: {row['difference'] * 100:+.1f} points (95 % CI {lo * 100:+.1f} to "
-                    f"{hi * 100:+.1f}), below the margin of -{self.cfg.max_drop * 100:.1f}")
+            p, c = row["production"], row["canary"]
+            lo, hi = row["difference_bounds"]
+            out.append(
+                f"robustness under '{label}': canary keeps {c['robustness']:.1%} of its "
+                f"clean answers, production {p['robustness']:.1%} over {row['samples']} "
+                f"pairs: {row['difference'] * 100:+.1f} points (anytime bounds {lo * 100:+.1f} "
+                f"to {hi * 100:+.1f}, false-abort rate {row['alpha']:.2g}), below the margin "
+                f"of -{self.cfg.max_drop * 100:.1f}")
         return out
 
+    def passes(self) -> list[str]:
+        """The promote evidence per perturbation (all of them pass) or [] (one does not yet)."""
+        rows = [self.row(label) for label in self.pairs]
+        if any(r["verdict"] != "passes" for r in rows):
+            return []
+        return [f"robustness under '{r['perturbation']}': difference ≥ "
+                f"{r['difference_bounds'][0] * 100:+.1f} points over {r['samples']} pairs "
+                f"(anytime lower bound, false-promote rate {r['beta']:.2g}) ≥ "
+                f"-{self.cfg.max_drop * 100:.1f}" for r in rows]
+
     def pending(self) -> list[str]:
-        """Perturbations not judged yet (fewer than ``min_samples`` pairs)."""
-        return [f"robustness under '{label}': {len(pairs)} of {self.cfg.min_samples} pairs"
-                for label, pairs in self.pairs.items() if len(pairs) < self.cfg.min_samples]
+        """Perturbations not shown within the margin yet, with their figures."""
+        out = []
+        for label in self.pairs:
+            row = self.row(label)
+            if row["verdict"] == "not judged yet":
+                out.append(f"robustness under '{label}': {row['samples']} of "
+                           f"{self.cfg.min_samples} pairs")
+            elif row["verdict"] == "undecided":
+                lo, hi = row["difference_bounds"]
+                out.append(f"robustness under '{label}': difference bounds {lo * 100:+.1f} to "
+                           f"{hi * 100:+.1f} points over {row['samples']} pairs; promote needs "
+                           f"the lower ≥ -{self.cfg.max_drop * 100:.1f}, abort the upper below")
+        return out
 
     def snapshot(self) -> dict[str, Any]:
         return {"rows": [self.row(label) for label in self.pairs],

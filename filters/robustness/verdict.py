@@ -8,19 +8,19 @@ experiment is not convicted for mmguard's own faults. With a robustness experime
 the verdict also needs the canary to be no less robust than production by more than the margin
 on every perturbation measured:
 
-- ``abort`` when a perturbation with ``min_samples`` pairs shows the canary below production by
-  more than ``max_drop`` (the reason names the perturbation and the figures), or as the
-  correctness verdict says;
-- ``promote`` only when correctness promotes and every perturbation has been measured and
-  passed; until then ``hold``, naming what is still missing.
+- ``abort`` when, on some perturbation, the anytime upper bound of canary − production
+  robustness (paired: copies kept by one side only) is below ``-max_drop``; each perturbation
+  takes its share of ``alpha`` beside the correctness and latency tests;
+- ``promote`` only when correctness and latency promote and every perturbation's lower bound is
+  at or above ``-max_drop`` (false-promote rate ``beta`` each); until then ``hold``, naming what
+  is still missing.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from filters.compare.answers import State
-from filters.compare.verdict import Verdict, VerdictConfig, _Figures
+from filters.compare.verdict import Verdict, VerdictConfig
 from filters.robustness.config import RobustnessConfig
 from filters.robustness.experiment import RobustnessTable
 from proxy.clock import Clock
@@ -48,19 +48,42 @@ class ReleaseVerdict(Verdict):
         """New robustness pairs are in: judge again."""
         self._judge()
 
-    def _decide(self, f: _Figures) -> tuple[State, list[str]]:
-        state, reasons = super()._decide(f)
+    def _abort_tests(self) -> int:
         table = self.robustness
-        if table is None or state == "collecting":
-            return state, reasons
-        failures = table.failures()
-        if failures:
-            return "abort", (reasons if state == "abort" else []) + failures
-        if state == "promote":
-            pending = table.pending()
-            if pending:
-                return "hold", [f"{p} (robustness not measured yet)" for p in pending]
-        return state, reasons
+        return super()._abort_tests() + (0 if table is None else len(table.pairs))
+
+    def _sync_levels(self) -> None:
+        if self.robustness is not None:
+            lv = self.levels()
+            self.robustness.levels = (lv.abort, lv.promote)
+
+    def _aborts(self) -> list[str]:
+        out = super()._aborts()
+        if self.robustness is not None:
+            self._sync_levels()
+            out += self.robustness.failures()
+        return out
+
+    def _promotes(self) -> bool:
+        if not super()._promotes():
+            return False
+        if self.robustness is None:
+            return True
+        self._sync_levels()
+        return bool(self.robustness.passes())
+
+    def _evidence(self) -> list[str]:
+        out = super()._evidence()
+        if self.robustness is not None:
+            out += self.robustness.passes()
+        return out
+
+    def _missing(self) -> list[str]:
+        out = super()._missing()
+        if self.robustness is not None:
+            self._sync_levels()
+            out += self.robustness.pending()
+        return out
 
     def reset(self) -> None:
         self.excluded = 0
@@ -75,5 +98,6 @@ class ReleaseVerdict(Verdict):
         snap["excluded"] = self.excluded
         snap["excluded_by"] = dict(self.excluded_by)
         if self.robustness is not None:
+            self._sync_levels()
             snap["robustness"] = self.robustness.snapshot()
         return snap

@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import logging
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import numpy as np
-from numpy.typing import NDArray
 from opentelemetry.trace import SpanContext
 from prometheus_client import Counter, Gauge
 
-from filters.call_keys import FAULTS
+from filters.call_keys import FAULTS, OFF_LANE
 from filters.compare import (
     Comparison,
     compare_status,
@@ -38,10 +34,10 @@ from filters.shadow.admin import SHADOW_STATES, shadow_routes, verdicts_summary
 from filters.shadow.config import (
     ShadowConfig,
 )
+from filters.shadow.copies import Copy, arrays, code, freeing, fresh, snapshot, stream_text
 from filters.shadow.replay import UNJUDGED_REASONS, client_caused, content_key_of
 from filters.shadow.state import ShadowState
 from proxy.call import (
-    CANARY,
     CANARY_ELIGIBLE,
     CANARY_POPULATION,
     Api,
@@ -69,18 +65,6 @@ LIVE_SHADOWS: StateKey[dict[str, Shadow]] = StateKey("shadow_filters")
 next one takes over, or after the drain on shutdown."""
 
 
-@dataclass
-class _Copy:
-    call: Call
-    primary: Reply
-    primary_latency_s: float
-    primary_text: str | None  # streams: the assembled text
-    noise: bool
-    resend: Next
-    primary_faults: tuple[str, ...] = ()  # faults on production's answer: that copy is not judged
-    cause: SpanContext | None = None  # the request's span: the copy's trace links to it
-
-
 class Shadow:
     def __init__(self, cfg: ShadowConfig, ctx: FilterContext) -> None:
         self.cfg = cfg
@@ -95,8 +79,10 @@ class Shadow:
         self.state: ShadowState = found
         ctx.local.setdefault(SHADOWS, dict)[ctx.route] = self
         ctx.on_activate(self._take_over)
-        self.queue: asyncio.Queue[_Copy] | None = None
+        self.queue: asyncio.Queue[Copy] | None = None
         self.workers: list[asyncio.Task[None]] = []
+        self.waiting: set[asyncio.Task[None]] = set()
+        """Copies a fault made wait, off their lane (``_work``)."""
         self.robustness = self.robustness_metrics = None  # no robustness block: no experiment
         if cfg.robustness is not None and found.verdict.robustness is not None:
             # Measured into a scratch table, handed to the state per copy (``robust``): the
@@ -131,6 +117,11 @@ class Shadow:
             "pods).", labels, list(_STATES))
         self.population = "every call in the share"
         """Which calls the verdict judges (``canary.eligible``), as the last call said."""
+        self.m_evidence = t.metric(
+            Gauge, "mmguard_shadow_evidence", "The verdict's evidence: the estimate and anytime "
+            "bounds of each test (test: agreement, latency; figure: estimate, lower, upper, "
+            "samples; latency = share of pairs slower than the margin).",
+            [*labels, "test", "figure"])
         for reason in ("v2-stream", "queue-full"):  # known values at 0 from the start
             self.m_dropped.labels(ctx.route, cfg.canary, reason)
         for agree in ("true", "false"):
@@ -166,7 +157,7 @@ class Shadow:
             # A v2 decoupled stream has no one answer to compare: not mirrored, and counted.
             self.m_dropped.labels(self.ctx.route, self.cfg.canary, "v2-stream").inc()
             return await next(call)
-        copy = _snapshot(call)
+        copy = snapshot(call)
         start = time.monotonic()
         reply = await next(call)
         latency = time.monotonic() - start
@@ -176,7 +167,7 @@ class Shadow:
             reply.stream = self._tee(reply.stream, copy, latency, noise, next, call, caused_by())
             return reply
         if self._admitted(call, reply):
-            self._enqueue(call, _Copy(copy, reply, latency, None, noise, next, cause=caused_by()))
+            self._enqueue(call, Copy(copy, reply, latency, None, noise, next, cause=caused_by()))
         return reply
 
     def _admitted(self, call: Call, primary: Reply) -> bool:
@@ -208,16 +199,16 @@ class Shadow:
         failed: LocalReply | None = None
         async for item in items:
             if isinstance(item, SseEvent):
-                pieces.extend(_stream_text(item))
+                pieces.extend(stream_text(item))
             elif isinstance(item, LocalReply):
                 failed = item
             yield item
         primary: Reply = failed if failed is not None else Result(call.model)
         if self._admitted(call, primary):
-            self._enqueue(call, _Copy(copy, primary, latency, "".join(pieces), noise, resend,
+            self._enqueue(call, Copy(copy, primary, latency, "".join(pieces), noise, resend,
                                       cause=cause))
 
-    def _enqueue(self, call: Call, item: _Copy) -> None:
+    def _enqueue(self, call: Call, item: Copy) -> None:
         st = self.state
         faults: list[str] = call.state.get(FAULTS) or []  # a copy a fault touched is not judged
         item.primary_faults = tuple(faults)
@@ -250,23 +241,48 @@ class Shadow:
     # --- off the request path -----------------------------------------------------------------
 
     async def _work(self) -> None:
+        """One lane: a copy at a time, unless a fault makes the copy wait (``OFF_LANE``): then
+        the copy waits on its own (at most ``queue_size`` of them) and the lane goes on."""
         assert self.queue is not None
+        loop = asyncio.get_running_loop()
         while True:
             item = await self.queue.get()
             try:
-                with linked_span(f"shadow copy {self.ctx.route} -> {self.cfg.canary}",
-                                 item.cause, **{"mmguard.route": self.ctx.route}):
-                    await self._compare(item)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a broken comparison must not stop the mirroring
-                log.exception("shadow comparison on route %r failed: %s", self.ctx.route, exc)
+                freed: asyncio.Future[None] = loop.create_future()
+
+                def leave(freed: asyncio.Future[None] = freed) -> None:
+                    if not freed.done():
+                        freed.set_result(None)
+
+                task = asyncio.create_task(self._compare_logged(item, leave))
+                task.add_done_callback(freeing(leave))
+                try:
+                    await freed
+                except asyncio.CancelledError:
+                    task.cancel()  # the lane ends (reload, shutdown): so does its copy
+                    raise
+                if not task.done():
+                    self.waiting.add(task)
+                    task.add_done_callback(self.waiting.discard)
+                    while len(self.waiting) > self.cfg.queue_size:
+                        await asyncio.wait(set(self.waiting), return_when=asyncio.FIRST_COMPLETED)
             finally:
                 self.queue.task_done()
 
-    async def _send(self, item: _Copy,
-                    route: str | None) -> tuple[Reply, float, str | None, list[str]]:
-        call = _fresh(item.call, self.cfg.timeout_s)
+    async def _compare_logged(self, item: Copy, leave: Callable[[], None]) -> None:
+        try:
+            with linked_span(f"shadow copy {self.ctx.route} -> {self.cfg.canary}",
+                             item.cause, **{"mmguard.route": self.ctx.route}):
+                await self._compare(item, leave)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a broken comparison must not stop the mirroring
+            log.exception("shadow comparison on route %r failed: %s", self.ctx.route, exc)
+
+    async def _send(self, item: Copy, route: str | None,
+                    leave: Callable[[], None]) -> tuple[Reply, float, str | None, list[str]]:
+        call = fresh(item.call, self.cfg.timeout_s)
+        call.state[OFF_LANE] = leave
         start = time.monotonic()
         if route is None:  # noise floor: the primary again, through the rest of its chain
             reply = await item.resend(call)
@@ -278,7 +294,7 @@ class Shadow:
             pieces: list[str] = []
             async for piece in reply.stream:
                 if isinstance(piece, SseEvent):
-                    pieces.extend(_stream_text(piece))
+                    pieces.extend(stream_text(piece))
                 elif isinstance(piece, LocalReply):
                     reply = piece
                     break
@@ -286,12 +302,12 @@ class Shadow:
         faults: list[str] = call.state.get(FAULTS) or []
         return reply, time.monotonic() - start, text, list(faults)
 
-    async def _compare(self, item: _Copy) -> None:
+    async def _compare(self, item: Copy, leave: Callable[[], None]) -> None:
         st = self.state
         key = await content_key_of(item.call, self.ctx.share_hash.secret)  # a replay: nothing
         if not st.admit(key):
             return
-        reply, latency, text, faults = await self._send(item, self.cfg.canary)
+        reply, latency, text, faults = await self._send(item, self.cfg.canary, leave)
         c = self._judge(item.primary, item.primary_text, reply, text)
         self.m_compared.labels(self.ctx.route, self.cfg.canary, str(c.agree).lower()).inc()
         if not c.agree:
@@ -305,11 +321,11 @@ class Shadow:
             for route in {self.ctx.route, self.cfg.canary}:
                 experiments.observe_divergence(route, c.agree)
         if item.noise:
-            again, _, again_text, _ = await self._send(item, None)
+            again, _, again_text, _ = await self._send(item, None, leave)
             st.noise(self._judge(item.primary, item.primary_text, again, again_text))
         await self._measure_robustness(item, None if faults else (reply, text))  # chaos
 
-    async def _measure_robustness(self, item: _Copy,
+    async def _measure_robustness(self, item: Copy,
                                   canary: tuple[Reply, str | None] | None) -> None:
         """The same seeded perturbations for both sides (filters/robustness)."""
         if self.robustness is None or self.robustness_metrics is None or item.primary_faults:
@@ -340,14 +356,14 @@ class Shadow:
     def _judge(self, primary: Reply, primary_text: str | None, canary: Reply,
                canary_text: str | None) -> Comparison:
         if isinstance(primary, LocalReply) or isinstance(canary, LocalReply):
-            return compare_status(not isinstance(primary, LocalReply), _code(primary),
-                                  not isinstance(canary, LocalReply), _code(canary))
+            return compare_status(not isinstance(primary, LocalReply), code(primary),
+                                  not isinstance(canary, LocalReply), code(canary))
         if primary_text is not None or canary_text is not None:
             return compare_text(primary_text or "", canary_text or "", self.cfg.compare)
         a, b = openai_text(primary), openai_text(canary)
         if a is not None or b is not None:
             return compare_text(a or "", b or "", self.cfg.compare)
-        return compare_tensors(_arrays(primary), _arrays(canary), self.cfg.compare)
+        return compare_tensors(arrays(primary), arrays(canary), self.cfg.compare)
 
     def _publish(self) -> None:
         snap = self.state.verdict.snapshot()
@@ -357,6 +373,11 @@ class Shadow:
             self.m_agreement.labels(*labels).set(agreement)
         self.m_verdict.labels(*labels).set(_STATES[snap["state"]])
         self.m_verdict_status.set(labels, snap["state"])
+        for test, figs in (snap.get("evidence") or {}).items():
+            if isinstance(figs, dict) and "samples" in figs:
+                for figure in ("estimate", "lower", "upper", "samples"):
+                    if figs.get(figure) is not None:
+                        self.m_evidence.labels(*labels, test, figure).set(figs[figure])
         table = self.state.verdict.robustness
         if self.robustness_metrics is not None and table is not None:
             self.robustness_metrics.publish(table)
@@ -391,6 +412,7 @@ class Shadow:
                 "compared": st.compared, "queued": self.queue.qsize() if self.queue else 0,
                 "population": self.population,
                 "unjudged": dict(st.unjudged),
+                "waiting": len(self.waiting),
                 **st.verdict.snapshot()}
 
     def reset(self) -> None:
@@ -398,54 +420,14 @@ class Shadow:
         self.state.reset()
 
     def cancel(self) -> None:
-        for task in self.workers:
+        for task in [*self.workers, *self.waiting]:
             task.cancel()
 
     async def close(self) -> None:
         self.cancel()
-        await asyncio.gather(*self.workers, return_exceptions=True)
+        await asyncio.gather(*self.workers, *self.waiting, return_exceptions=True)
         self.workers = []
-
-
-def _snapshot(call: Call) -> Call:
-    """The request as it is now, safe from the edits inner filters make to the call."""
-    return replace(call, inputs=list(call.inputs), headers=dict(call.headers),
-                   document=json.loads(json.dumps(call.document)) if call.document else None,
-                   outputs=list(call.outputs), parameters=dict(call.parameters),
-                   state=Store(), decisions={},
-                   target=replace(call.target) if call.target is not None else None)
-
-
-def _fresh(call: Call, timeout_s: float) -> Call:
-    out = replace(call, inputs=list(call.inputs), headers=dict(call.headers),
-                  document=json.loads(json.dumps(call.document)) if call.document else None,
-                  state=Store(), decisions={}, started=time.monotonic(),
-                  deadline=time.monotonic() + timeout_s)
-    out.state[CANARY] = True  # a mirrored copy is canary traffic
-    return out
-
-
-def _code(reply: Reply) -> str:
-    return "ok" if isinstance(reply, Result) else reply.kind.value
-
-
-def _stream_text(event: SseEvent) -> list[str]:
-    doc = event.json()
-    if doc is None:
-        return []
-    out = []
-    for choice in doc.get("choices") or []:
-        if not isinstance(choice, dict):
-            continue
-        delta = choice.get("delta")
-        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-        if isinstance(text, str):
-            out.append(text)
-    return out
-
-
-def _arrays(reply: Result) -> dict[str, NDArray[Any]]:
-    return {t.name: np.asarray(t.numpy()) for t in reply.outputs}
+        self.waiting.clear()
 
 
 class ShadowFactory(FilterFactoryBase):

@@ -72,6 +72,7 @@ def render_table(shadows: dict[str, dict[str, Any]]) -> str:
     rows += [_summary(route, snap) for route, snap in sorted(shadows.items())]
     out = _fixed(rows)
     for route, snap in sorted(shadows.items()):
+        out += evidence_text(route, snap)
         if "excluded" in snap:
             out += (f"\n{route}: correctness on {snap.get('samples', 0)} clean copies; "
                     f"{snap['excluded']} copies a fault touched left out\n")
@@ -79,6 +80,53 @@ def render_table(shadows: dict[str, dict[str, Any]]) -> str:
         if len(table) > 1:
             out += f"robustness of {route} vs {snap.get('canary', '-')}:\n" + _fixed(table)
     return out
+
+
+def evidence_text(route: str, snap: dict[str, Any]) -> str:
+    """Each figure the verdict decides on, with its anytime bounds, its test and error rate,
+    and what a decision still needs."""
+    ev = snap.get("evidence")
+    if not isinstance(ev, dict):
+        return ""
+    state = str(snap.get("state", "?")).upper()
+    decided = snap.get("decided") or {}
+    at = f" at {decided.get('comparisons')} comparisons" if decided else ""
+    out = [f"\nverdict of {route} vs {snap.get('canary', '-')}: {state}{at}; "
+           f"alpha {ev.get('alpha')} (false abort, split over {ev.get('abort_tests')} abort "
+           f"tests), beta {ev.get('beta')} (false promote); {ev.get('method')}"]
+    a = ev.get("agreement") or {}
+    if a:
+        out.append(f"  agreement  {_pct(a.get('estimate'))} of {a.get('samples', 0)}, bounds "
+                   f"[{_pct(a.get('lower'))}, {_pct(a.get('upper'))}]: promote when the lower "
+                   f"≥ {_pct(a.get('promote_at'))} (beta {_g(a.get('beta'))}), abort when the "
+                   f"upper < {_pct(a.get('abort_at'))} (alpha {_g(a.get('alpha'))})")
+        floor = a.get("self_agreement")
+        if isinstance(floor, dict):
+            out.append(f"  noise floor  the primary agrees with itself "
+                       f"{_pct(floor.get('estimate'))} over {floor.get('samples')}, bounds "
+                       f"[{_pct(floor.get('lower'))}, "
+                       f"{_pct(floor.get('upper'))}] (carried through the ratio)")
+    lat = ev.get("latency") or {}
+    if lat:
+        out.append(f"  latency  slower than {lat.get('margin')} in {_pct(lat.get('estimate'))} of "
+                   f"{lat.get('samples', 0)} pairs, bounds [{_pct(lat.get('lower'))}, "
+                   f"{_pct(lat.get('upper'))}]: {lat.get('test')}; abort when the lower > 50 %, "
+                   f"promote needs the upper < 50 %")
+        tail = lat.get("tail") or {}
+        if tail and not tail.get("judged"):
+            out.append(f"  latency {tail.get('name')}  not judged yet: a distribution-free bound "
+                       f"needs {tail.get('supported_from')} pairs, {lat.get('samples', 0)} so far")
+        elif tail:
+            p, c = tail.get("production") or {}, tail.get("canary") or {}
+            out.append(f"  latency {tail.get('name')}  production ≤ {_ms(p.get('upper_ms'))}, "
+                       f"canary ≥ {_ms(c.get('lower_ms'))} (distribution-free anytime bounds)")
+    for line in snap.get("missing") or []:
+        out.append(f"  missing: {line}")
+    return "\n".join(out) + "\n"
+
+
+def _g(x: Any) -> str:
+    return f"{x:.2g}" if isinstance(x, int | float) else "-"
 
 
 def _fixed(rows: list[list[str]]) -> str:
@@ -94,19 +142,22 @@ def _ci(ci: Any) -> str:
 
 
 def robustness_rows(snap: dict[str, Any]) -> list[list[str]]:
-    """Header + one row per perturbation: each side's robustness with its interval, the
-    difference (canary − production, in points) with its interval, and the pairs."""
-    rows = [["perturbation", "pairs", "production", "95% CI", "canary", "95% CI", "difference",
-             "95% CI"]]
+    """Header + one row per perturbation: each side's robustness with its anytime bounds, the
+    difference (canary − production, in points) with its paired anytime bounds, the pairs and
+    the test's outcome (passes / fails / undecided / not judged yet)."""
+    rows = [["perturbation", "pairs", "production", "bounds", "canary", "bounds", "difference",
+             "bounds", "verdict"]]
     for row in ((snap.get("robustness") or {}).get("rows") or []):
         p, c = row.get("production") or {}, row.get("canary") or {}
-        diff, dci = row.get("difference"), row.get("difference_ci95")
+        diff = row.get("difference")
+        dci = row.get("difference_bounds", row.get("difference_ci95"))
         rows.append([str(row.get("perturbation", "?")), str(row.get("samples", 0)),
-                     _pct(p.get("robustness")), _ci(p.get("ci95")),
-                     _pct(c.get("robustness")), _ci(c.get("ci95")),
+                     _pct(p.get("robustness")), _ci(p.get("bounds", p.get("ci95"))),
+                     _pct(c.get("robustness")), _ci(c.get("bounds", c.get("ci95"))),
                      f"{_num(diff) * 100:+.1f} pts" if isinstance(diff, int | float) else "-",
                      (f"[{_num(dci[0]) * 100:+.1f}, {_num(dci[1]) * 100:+.1f}]"
-                      if isinstance(dci, list) and len(dci) == 2 else "-")])
+                      if isinstance(dci, list) and len(dci) == 2 else "-"),
+                     str(row.get("verdict", "-"))])
     return rows
 
 
@@ -226,6 +277,10 @@ def _route_section(route: str, snap: dict[str, Any]) -> str:
     if snap.get("reasons"):
         parts.append("<ul>" + "".join(f"<li>{escape(str(r))}</li>" for r in snap["reasons"])
                      + "</ul>")
+    evidence = evidence_text(route, snap)
+    if evidence:
+        parts.append(f"<h3>evidence (anytime-valid bounds, tests, error rates)</h3>"
+                     f"<pre>{escape(evidence.strip())}</pre>")
     robustness = robustness_rows(snap)
     if len(robustness) > 1:
         parts.append("<h3>robustness (same seeded perturbation on both sides)</h3>"

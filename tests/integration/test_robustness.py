@@ -35,7 +35,10 @@ from tests.support.wire import grpc_infer_raw, grpc_request
 # backend in ~3 ms, so on a busy machine one scheduling stall of the canary's process moves the
 # p99 ratio past any bar. That the injected delays never reach the latency figures is in
 # tests/unit/test_verdict.py.
-VERDICT = {"window": 200, "min_samples": 8, "promote_agreement": 0.99, "abort_agreement": 0.9,
+# The integration-test scale of the bar: 90 % needs ~77 clean comparisons of an identical canary
+# (the chaos experiment takes about half the copies); latency is judged in
+# test_release_verdict.py, where both sides are Triton.
+VERDICT = {"window": 200, "min_samples": 8, "promote_agreement": 0.9, "abort_agreement": 0.5,
            "max_latency_ratio": None}
 ROBUSTNESS: dict[str, Any] = {"perturbations": [{"kind": "gaussian_noise", "sigma": 0.08},
                                 {"kind": "patch_mask", "ratio": 0.25}],
@@ -47,7 +50,7 @@ CHAOS = {"name": "canary-chaos", "seed": 3, "actions": [
     {"kind": "patch_mask", "ratio": 0.25, "percent": 20},
     {"kind": "delay", "mean_ms": 50, "std_ms": 15, "percent": 30}],
     "stop": {"max_error_rate": None, "max_p99_ms": None}}
-CALLS = 40
+CALLS = 220
 
 
 def smooth_body(model: str, seed: int) -> bytes:

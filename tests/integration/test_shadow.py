@@ -26,7 +26,9 @@ from tests.support.triton import TritonServer
 from tests.support.vllm import VllmServer
 from tests.support.wire import grpc_infer_raw, grpc_request, http_post
 
-VERDICT = {"window": 50, "min_samples": 8, "promote_agreement": 0.99, "abort_agreement": 0.9,
+# A 90 % bar: an identical canary shows it after ~77 comparisons (at 99.5 % it takes ~1,000,
+# bench/verdict_sim); production (ONNX Runtime) and canary (Triton) differ in speed by design.
+VERDICT = {"window": 50, "min_samples": 8, "promote_agreement": 0.9, "abort_agreement": 0.5,
            "max_latency_ratio": None}
 
 
@@ -107,12 +109,22 @@ def test_an_identical_canary_agrees_and_is_promoted(ort_models: Path,
                            "data": tokenize("a dog").tolist()}]}
         assert http_post(m.http_url, "/v2/models/clip/infer", json.dumps(doc).encode())[0] == 200
         snap = wait_compared(m, "clip", 11)
-        assert snap["agreement"] == 1.0 and snap["state"] == "promote"
+        # 11 of 11 is not evidence of 90 %: hold, saying how much is missing
+        assert snap["agreement"] == 1.0 and snap["state"] == "hold", snap["reasons"]
+        assert "more at the observed rates" in snap["reasons"][0]
+        for i in range(11, 90):
+            grpc_infer_raw(m.grpc_url, clip_body("clip", i))
+        snap = wait_compared(m, "clip", 90)
+        assert snap["agreement"] == 1.0 and snap["state"] == "promote", snap["reasons"]
+        assert snap["decided"]["figures"]["agreement"]["lower"] >= 0.9
+        assert "anytime lower bound" in snap["reasons"][0]
         assert snap["metrics"]["cosine"]["min"] > 0.999
         metrics = urllib.request.urlopen(m.admin_url + "/metrics").read().decode()
         assert 'mmguard_shadow_verdict{canary="clip_canary",model="clip"} 1.0' in metrics
         assert 'mmguard_shadow_comparisons_total{agree="true",canary="clip_canary",' \
-               'model="clip"} 11.0' in metrics
+               'model="clip"} 90.0' in metrics
+        assert 'mmguard_shadow_evidence{canary="clip_canary",figure="lower",model="clip",' \
+               'test="agreement"}' in metrics
 
 
 @pytest.mark.triton
@@ -187,16 +199,23 @@ def test_a_dead_or_slow_canary_never_touches_the_primary(ort_models: Path,
         snap = shadows(m)["clip"]
         assert snap["compared"] == 0  # every primary answer came before any canary answer
         assert snap["mirrored"] + snap["dropped"] == 20
-        assert snap["mirrored"] <= 3 + 1 and snap["queued"] <= 3  # the bound: queue + worker
+        # the bound: the queue, the copies a delay took off the lane (at most queue_size, so
+        # clean copies never wait behind them) and the lane itself
+        assert snap["mirrored"] <= 3 + 3 + 1 and snap["queued"] <= 3
+        assert 0 < snap["waiting"] <= 3 + 1  # + the one its lane waits on
         metrics = urllib.request.urlopen(m.admin_url + "/metrics").read().decode()
         assert 'mmguard_shadow_dropped_total{canary="clip_canary",model="clip",' \
                'reason="queue-full"}' in metrics
         # a dead canary: every answer still right, the failures are the canary's
-        for i in range(8):
+        for i in range(16):  # 0 of 16 shows agreement under the 50 % line (0 of 8 does not)
             body, _ = grpc_infer_raw(m.grpc_url, clip_body("clip2", i))
             direct, _ = grpc_infer_raw(m.grpc_url, clip_body("clip_direct", i))
             assert same_answer(body, direct)
-        snap = wait_compared(m, "clip2", 8)
+        deadline = time.monotonic() + 60
+        snap = shadows(m)["clip2"]
+        while snap["state"] != "abort" and time.monotonic() < deadline:
+            time.sleep(0.05)  # the abort stops the mirror: fewer than 16 comparisons then
+            snap = shadows(m)["clip2"]
         assert snap["agreement"] == 0.0 and snap["state"] == "abort"
         assert "unavailable" in snap["disagreements"][0]["reason"]
 
@@ -222,7 +241,8 @@ def test_openai_chat_shadow_compares_text_streaming_and_not(vllm_llama: VllmServ
                                    stream=True, **kw) if c.choices)
             assert text
         snap = wait_compared(m, "chat", 4, timeout=120)
-        assert snap["agreement"] == 1.0 and snap["state"] == "promote"
+        # four agreeing comparisons are not evidence of anything: hold, not promote
+        assert snap["agreement"] == 1.0 and snap["state"] == "hold"
         assert snap["metrics"]["token_f1"]["min"] == 1.0
 
 
@@ -246,13 +266,17 @@ def test_the_noise_floor_judges_a_nondeterministic_model_against_itself(
                 "filters": []}]}
     with RunningMmguard(cfg) as m:
         m.wait_ready(timeout=60)
-        for i in range(12):
+        for i in range(30):
             grpc_infer_raw(m.grpc_url, clip_body("strict", i))
             grpc_infer_raw(m.grpc_url, clip_body("floored", i))
-        strict = wait_compared(m, "strict", 10)
-        floored = wait_compared(m, "floored", 10)
+        deadline = time.monotonic() + 60
+        strict = shadows(m)["strict"]
+        while strict["state"] != "abort" and time.monotonic() < deadline:
+            time.sleep(0.05)  # an abort stops the mirror: fewer than 30 comparisons then
+            strict = shadows(m)["strict"]
+        floored = wait_compared(m, "floored", 30)
         deadline = time.monotonic() + 30
-        while floored["noise_samples"] < 10 and time.monotonic() < deadline:
+        while floored["noise_samples"] < 30 and time.monotonic() < deadline:
             time.sleep(0.05)
             floored = shadows(m)["floored"]
     # judged against zero difference, a canary identical to production is aborted ...

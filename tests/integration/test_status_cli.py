@@ -62,11 +62,13 @@ def running(ort_models: Path) -> Iterator[RunningMmguard]:
     cfg["listeners"] = {"admin": {"token": "op-token"}}  # forcing a breaker needs it
     with RunningMmguard(cfg) as m:
         m.wait_ready()
-        for _ in range(2):
+        # 0 of 2 is no evidence; 0 of 3 shows agreement under the 95 % line at alpha / 3
+        for _ in range(4):
             grpc_infer_raw(m.grpc_url, clip_body("shadowed_clip"))
         deadline = time.monotonic() + 30
-        while m.server.plane.runtime.local[SHADOWS]["shadowed_clip"].state.compared < 2:  # type: ignore[union-attr]
-            assert time.monotonic() < deadline
+        shadow = m.server.plane.runtime.local[SHADOWS]["shadowed_clip"]  # type: ignore[union-attr]
+        while shadow.state.verdict.state() != "abort":
+            assert time.monotonic() < deadline, shadow.state.verdict.reasons()
             time.sleep(0.05)
         for _ in range(3):
             grpc_infer_raw(m.grpc_url, clip_body("guarded_clip"))
@@ -145,7 +147,7 @@ def test_status_shows_experiments_and_canary_verdicts(running: RunningMmguard) -
     out = done.stdout
     (verdict,) = rows(out, "shadowed_clip", "canary_clip")
     # the broken canary disagrees with production on every clean copy ...
-    assert verdict[2] == "ABORT" and verdict[3] == "2" and verdict[4] == "0.0%"
+    assert verdict[2] == "ABORT" and verdict[3] in ("3", "4") and verdict[4] == "0.0%"
     assert verdict[5] == "stopped"  # ... so mirroring stopped
     # and the abort stopped the canary's experiment too (it had matched nothing)
     (exp,) = rows(out, "masked", "canary_clip", "STOPPED", "0")

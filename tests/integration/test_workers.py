@@ -37,9 +37,12 @@ def _config(model_dir: Path, fake_port: int, extra_route: bool = False) -> dict[
             "minimum_calls": 10, "window_size": 40, "failure_rate": 0.5,
             "wait_in_open_s": 300}}}]},
         {"name": "mirrored", "backend": "ort", "backend_model": "identity_fp32",
-         # the copies queue behind the primary on a busy machine: judge agreement, not latency
+         # the copies queue behind the primary on a busy machine: judge agreement, not latency;
+         # a bar that 30 agreeing comparisons can show (anytime lower bound of 30 of 30: ~0.7)
          "filters": [{"shadow": {"canary": "canary_copy", "percent": 100,
-                                 "verdict": {"max_latency_ratio": None}}}]},
+                                 "verdict": {"max_latency_ratio": None,
+                                             "promote_agreement": 0.7,
+                                             "abort_agreement": 0.3}}}]},
         {"name": "canary_copy", "backend": "ort", "backend_model": "identity_fp32"},
         {"name": "slow", "backend": "fake", "backend_model": "echo",
          "filters": [{"limits": {"max_in_flight": 2}}]},

@@ -36,10 +36,17 @@ def test_needs_min_requests_then_stops_on_the_breaching_answer() -> None:
     for _ in range(3):
         observe(reg, False)  # 3 errors: below min_requests, no judgement yet
     assert exp.running
-    observe(reg, True)  # 4th answer: 3/4 = 0.75 > 0.25
+    observe(reg, True)  # 3 of 4: the rate's lower bound is not above 0.25 yet
+    assert exp.running
+    for _ in range(20):  # errors keep coming: now it is evidence
+        observe(reg, False)
+        if not exp.running:
+            break
     assert exp.state == "stopped"
-    assert exp.stop_reason == ("error rate 0.750 > 0.25 over the last 30 s "
-                               "(3 of 4 canary calls)")
+    n = len(exp.window)
+    assert exp.stop_reason.startswith(f"error rate {(n - 1) / n:.3f} > 0.25 over the last 30 s "
+                                      f"({n - 1} of {n} canary calls; bounds ")
+    assert exp.stop_reason.endswith("false-stop rate 0.01)") and n < 15
 
 
 def test_old_answers_leave_the_window() -> None:
@@ -61,8 +68,9 @@ def test_p99_and_duration() -> None:
     for _ in range(3):
         observe(reg, True, 0.5)
     assert exp.running
-    observe(reg, True, 0.5)
-    assert exp.stop_reason.startswith("p99 latency 500 ms > 100 ms")
+    observe(reg, True, 0.5)  # 4 of 4 at 500 ms: the p99's lower bound is past 100 ms
+    assert exp.stop_reason.startswith("p99 latency ≥ 49")
+    assert "ms > 100 ms over the last 30 s (4 canary calls; distribution-free" in exp.stop_reason
     clock2 = ManualClock()
     reg2 = ExperimentRegistry(clock2, Telemetry())
     exp2 = reg2.start(ExperimentConfig.model_validate(
@@ -82,7 +90,13 @@ def test_divergence_from_the_shadow_stops_it() -> None:
         reg.observe_divergence("m", agree)
     assert exp.running  # 2 of 4 = 0.5: not above
     reg.observe_divergence("m", False)
-    assert exp.stop_reason.startswith("divergence from production 0.600 > 0.5")
+    assert exp.running  # 3 of 5: above, but no evidence it is
+    for _ in range(30):
+        reg.observe_divergence("m", False)
+        if not exp.running:
+            break
+    assert exp.stop_reason.startswith("divergence from production 0.")
+    assert "> 0.5 over the last 30 s" in exp.stop_reason and "bounds" in exp.stop_reason
     reg.observe_divergence("other-route", False)  # another route's comparisons: not this one
 
 

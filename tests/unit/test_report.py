@@ -23,11 +23,12 @@ from tests.support.loop import BackgroundLoop
 EVIL = "<script>alert('x')</script>"
 
 
-def snapshot(agreed: int, total: int, canary_s: float = 0.012, route: str = "") -> dict[str, Any]:
-    """A real ``Verdict.snapshot()`` through JSON: the admin API's wire shape."""
+def snapshot(agreed: int, total: int, canary_s: float = 0.0102, route: str = "") -> dict[str, Any]:
+    """A real ``Verdict.snapshot()`` through JSON: the admin API's wire shape (disagreements
+    spread evenly over the ``total``)."""
     v = Verdict(VerdictConfig(window=100, min_samples=10), ManualClock())
     for i in range(total):
-        ok = i < agreed
+        ok = (i * agreed) // total != ((i + 1) * agreed) // total
         v.add(Comparison(ok, {"cosine": 1.0 if ok else 0.8, "max_abs": 0.0 if ok else 0.3},
                          "" if ok else f"output 'logits{route}': cosine 0.800 < 0.990"),
               0.010, canary_s)
@@ -36,8 +37,8 @@ def snapshot(agreed: int, total: int, canary_s: float = 0.012, route: str = "") 
 
 
 def shadows(abort: bool = True) -> dict[str, dict[str, Any]]:
-    return {"clip": {"canary": "clip_canary", **snapshot(50, 50)},
-            "llm": {"canary": "llm_v2", **snapshot(40 if abort else 50, 50)},
+    return {"clip": {"canary": "clip_canary", **snapshot(1100, 1100)},
+            "llm": {"canary": "llm_v2", **snapshot(25 if abort else 50, 50)},
             "new": {"canary": "new_canary", **snapshot(3, 3)}}
 
 
@@ -51,18 +52,28 @@ def test_table_has_one_row_per_route() -> None:
     header = cells(out, "route")
     assert header == ["route", "canary", "state", "samples", "agreement", "effective",
                       "p99 primary", "p99 canary", "reasons"]
-    assert cells(out, "clip") == ["clip", "clip_canary", "PROMOTE", "50", "100.0%", "100.0%",
-                                  "10.0 ms", "12.0 ms"]
+    clip = cells(out, "clip")
+    assert clip[:8] == ["clip", "clip_canary", "PROMOTE", "1100", "100.0%", "100.0%",
+                        "10.0 ms", "10.2 ms"]
+    # a promote carries its evidence: the bound, its error rate, the test
+    assert clip[8].startswith("effective agreement ≥ 99.5")
+    assert "anytime lower bound, false-promote rate 0.05" in clip[8]
     llm = cells(out, "llm")
-    assert llm[:6] == ["llm", "llm_v2", "ABORT", "50", "80.0%", "80.0%"]
-    # an abort latches with the figures of the moment it fell: 40 agreed of the first 43
-    assert llm[8].startswith("effective agreement 93.0% < abort threshold 95.0% (the canary "
-                             "agreed in 40 of 43); latest disagreement: output 'logits'")
+    assert llm[:3] == ["llm", "llm_v2", "ABORT"]
+    # an abort latches with the figures of the moment it fell
+    assert llm[8].startswith("effective agreement ≤ ") and "< abort line 95.0%" in llm[8]
+    assert "latest disagreement: output 'logits'" in llm[8]
     assert cells(out, "new")[:4] == ["new", "new_canary", "COLLECTING", "3"]
+    # below the table: each figure with its bounds, test, error rates, and what is missing
+    assert "verdict of clip vs clip_canary: PROMOTE at 1" in out
+    assert "alpha 0.01 (false abort, split over 3 abort tests), beta 0.05" in out
+    assert "  agreement  100.0% of 1100, bounds [99.5%, 100.0%]" in out
+    assert "  latency p99  not judged yet: a distribution-free bound needs" in out
+    assert "  missing: 3 of 10 samples collected" in out
     # fixed-width: every column starts at the same offset on each row
-    head, clip, llm_line, new = out.splitlines()
-    assert clip.index("clip_canary") == llm_line.index("llm_v2") == head.index("canary")
-    assert clip.index("PROMOTE") == llm_line.index("ABORT") == new.index("COLLECTING")
+    head, clip_line, llm_line, new = out.splitlines()[:4]
+    assert clip_line.index("clip_canary") == llm_line.index("llm_v2") == head.index("canary")
+    assert clip_line.index("PROMOTE") == llm_line.index("ABORT") == new.index("COLLECTING")
     assert render_table({}) == "no shadowed routes (no route uses the shadow filter)\n"
 
 

@@ -78,3 +78,37 @@ async def test_after_drain_the_live_shadows_workers_end() -> None:
         await ShadowFactory().after_drain(h.runtime.state)
         assert shadow.workers == []
         await ShadowFactory().after_drain(Store())  # a process without shadows: nothing to do
+
+
+LANES = {"models": [
+    {"name": "prod", "filters": [{"shadow": {"canary": "cand", "percent": 100, "workers": 1}}]},
+    {"name": "cand", "filters": [{"fault": {"experiments": [{
+        "name": "slow", "actions": [{"kind": "delay", "ms": 60000, "percent": 50}],
+        "stop": {"max_error_rate": None, "max_p99_ms": None}}]}}]}]}
+
+
+async def test_a_delayed_copy_never_holds_the_lane_of_clean_ones() -> None:
+    # one worker; half the copies are delayed, and their delay lasts until the test ends it:
+    # every clean copy is still compared, none queued behind a delayed one
+    gate = asyncio.Event()
+
+    async def held(seconds: float) -> None:
+        await gate.wait()
+
+    async with ChainHarness.open(LANES) as h:
+        h.clock.sleep = held  # type: ignore[method-assign]
+        for i in range(12):
+            await h.infer("prod", [x(value=float(i + 1))])
+        shadow = (h.runtime.local.get(SHADOWS) or {})["prod"]
+        for _ in range(1000):
+            if shadow.state.compared + len(shadow.waiting) >= 12:
+                break
+            await asyncio.sleep(0)
+        snap = shadow.snapshot()
+        gate.set()  # the delays end: those copies are compared too, and left out of the verdict
+        await compared(h, 12)
+        after = shadow.snapshot()
+    assert 0 < snap["waiting"] < 12  # the delayed copies wait off the lane ...
+    assert snap["compared"] == 12 - snap["waiting"]  # ... and every clean one was compared
+    assert snap["queued"] == 0 and snap["samples"] == snap["compared"]
+    assert after["excluded"] == snap["waiting"] and after["samples"] == snap["samples"]

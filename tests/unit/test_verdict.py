@@ -1,5 +1,5 @@
-"""The release verdict: clean-copy correctness, robustness side by side, Wilson intervals, and
-the rate cap on production's extra calls."""
+"""The release verdict: clean-copy correctness, robustness side by side (paired anytime-valid
+bounds; Wilson intervals beside them), and the rate cap on production's extra calls."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from filters.robustness.stats import difference_interval, wilson
 from filters.robustness.verdict import ReleaseVerdict
 from proxy.clock import ManualClock
 
-CFG = VerdictConfig(window=100, min_samples=5, promote_agreement=0.99, abort_agreement=0.9,
-                    max_latency_ratio=1.5)
+CFG = VerdictConfig(promote_agreement=0.99, abort_agreement=0.9)
 ROBUST = RobustnessConfig(perturbations=({"kind": "gaussian_noise"}, {"kind": "patch_mask"}),
                           min_samples=10, max_drop=0.05)
 AGREE = Comparison(True, {"cosine": 1.0})
@@ -31,15 +30,19 @@ def test_wilson_matches_the_textbook_figures() -> None:
     assert difference_interval((2, 20), (19, 20))[1] < 0
 
 
+def correct(v: ReleaseVerdict, n: int = 600) -> None:
+    for _ in range(n):
+        v.add(AGREE, 0.001, 0.001)
+
+
 def test_faulted_copies_never_count_toward_correctness_or_latency() -> None:
     v = ReleaseVerdict(CFG, ManualClock())
-    for _ in range(5):
-        v.add(AGREE, 0.001, 0.001)
+    correct(v)
     for _ in range(50):  # delayed 80 ms and disagreeing: all touched by a fault
         v.exclude(["chaos/delay", "chaos/gaussian_noise"])
     assert v.state() == "promote"
     snap = v.snapshot()
-    assert snap["excluded"] == 50 and snap["samples"] == 5
+    assert snap["excluded"] == 50 and snap["samples"] == 600
     assert snap["excluded_by"] == {"chaos/delay": 50, "chaos/gaussian_noise": 50}
 
 
@@ -50,38 +53,50 @@ def pairs(v: ReleaseVerdict, label: str, n: int, production: bool, canary: bool)
     v.judge_robustness()
 
 
-def test_promote_needs_every_perturbation_measured_and_passed() -> None:
+def test_promote_needs_every_perturbation_shown_within_the_margin() -> None:
     v = ReleaseVerdict(CFG, ManualClock(), robustness=ROBUST)
-    for _ in range(5):
-        v.add(AGREE, 0.001, 0.001)
+    correct(v)
     assert v.state() == "hold"
-    assert any("'gaussian_noise': 0 of 10" in r for r in v.reasons())
-    pairs(v, "gaussian_noise", 10, True, True)
-    assert v.state() == "hold" and all("patch_mask" in r for r in v.reasons())
-    pairs(v, "patch_mask", 10, True, True)
+    assert "robustness under 'gaussian_noise': 0 of 10 pairs" in v.reasons()
+    pairs(v, "gaussian_noise", 10, True, True)  # 10 identical pairs: not evidence yet
+    assert v.state() == "hold"
+    assert any(r.startswith("robustness under 'gaussian_noise': difference bounds")
+               for r in v.reasons())
+    pairs(v, "gaussian_noise", 200, True, True)
+    assert v.state() == "hold"
+    assert [r for r in v.reasons() if "robustness" in r] == [
+        "robustness under 'patch_mask': 0 of 10 pairs"]
+    pairs(v, "patch_mask", 200, False, False)  # neither side keeps: as robust as production
     assert v.state() == "promote"
+    assert any("robustness under 'patch_mask': difference ≥" in r for r in v.reasons())
+    row = v.snapshot()["robustness"]["rows"][0]
+    assert row["verdict"] == "passes" and row["difference_bounds"][0] >= -0.05
 
 
 def test_a_less_robust_canary_aborts_naming_the_perturbation() -> None:
     v = ReleaseVerdict(CFG, ManualClock(), robustness=ROBUST)
-    for _ in range(5):
-        v.add(AGREE, 0.001, 0.001)
+    correct(v, 20)
     pairs(v, "patch_mask", 20, True, True)
-    pairs(v, "gaussian_noise", 17, True, True)
-    pairs(v, "gaussian_noise", 3, True, False)  # 85 % vs 100 %: 15 points below
+    for _ in range(10):  # 70 % vs 100 %: 30 points below
+        pairs(v, "gaussian_noise", 7, True, True)
+        pairs(v, "gaussian_noise", 3, True, False)
+        if v.state() == "abort":
+            break
     assert v.state() == "abort"
     (why,) = v.reasons()
-    assert "'gaussian_noise'" in why and "-15.0 points" in why and "-5.0" in why
-    assert v.snapshot()["robustness"]["rows"][0]["difference"] == pytest.approx(-0.15)
+    assert why.startswith("robustness under 'gaussian_noise': canary keeps 70.0% of its clean "
+                          "answers, production 100.0%")
+    assert "-30.0 points (anytime bounds" in why and "below the margin of -5.0" in why
+    assert v.snapshot()["robustness"]["rows"][0]["difference"] == pytest.approx(-0.3)
 
 
 def test_within_the_margin_is_not_an_abort() -> None:
     v = ReleaseVerdict(CFG, ManualClock(), robustness=ROBUST)
-    for _ in range(5):
-        v.add(AGREE, 0.001, 0.001)
-    pairs(v, "patch_mask", 20, True, True)
-    pairs(v, "gaussian_noise", 19, True, True)
-    pairs(v, "gaussian_noise", 1, True, False)  # 5 points: at the margin, not beyond
+    correct(v)
+    pairs(v, "patch_mask", 400, True, True)
+    for _ in range(20):  # 2 points below production: inside the 5-point margin
+        pairs(v, "gaussian_noise", 49, True, True)
+        pairs(v, "gaussian_noise", 1, True, False)
     assert v.state() == "promote"
     v.reset()
     assert v.state() == "collecting" and v.snapshot()["robustness"]["rows"][0]["samples"] == 0

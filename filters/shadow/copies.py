@@ -1,0 +1,78 @@
+"""A mirrored copy of a request: what the shadow's lanes carry, how a copy is made from the
+call (a snapshot the inner filters cannot edit, a fresh canary call under its own deadline) and
+how an answer is read for the comparison (status code, streamed text, arrays)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from opentelemetry.trace import SpanContext
+
+from proxy.call import CANARY, Call, Reply, Result, SseEvent
+from proxy.chain import Next
+from proxy.keys import Store
+
+
+@dataclass
+class Copy:
+    call: Call
+    primary: Reply
+    primary_latency_s: float
+    primary_text: str | None  # streams: the assembled text
+    noise: bool
+    resend: Next
+    primary_faults: tuple[str, ...] = ()  # faults on production's answer: that copy is not judged
+    cause: SpanContext | None = None  # the request's span: the copy's trace links to it
+
+
+
+def freeing(leave: Callable[[], None]) -> Callable[[asyncio.Task[None]], None]:
+    return lambda _task: leave()
+
+
+def snapshot(call: Call) -> Call:
+    """The request as it is now, safe from the edits inner filters make to the call."""
+    return replace(call, inputs=list(call.inputs), headers=dict(call.headers),
+                   document=json.loads(json.dumps(call.document)) if call.document else None,
+                   outputs=list(call.outputs), parameters=dict(call.parameters),
+                   state=Store(), decisions={},
+                   target=replace(call.target) if call.target is not None else None)
+
+
+def fresh(call: Call, timeout_s: float) -> Call:
+    out = replace(call, inputs=list(call.inputs), headers=dict(call.headers),
+                  document=json.loads(json.dumps(call.document)) if call.document else None,
+                  state=Store(), decisions={}, started=time.monotonic(),
+                  deadline=time.monotonic() + timeout_s)
+    out.state[CANARY] = True  # a mirrored copy is canary traffic
+    return out
+
+
+def code(reply: Reply) -> str:
+    return "ok" if isinstance(reply, Result) else reply.kind.value
+
+
+def stream_text(event: SseEvent) -> list[str]:
+    doc = event.json()
+    if doc is None:
+        return []
+    out = []
+    for choice in doc.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+        if isinstance(text, str):
+            out.append(text)
+    return out
+
+
+def arrays(reply: Result) -> dict[str, NDArray[Any]]:
+    return {t.name: np.asarray(t.numpy()) for t in reply.outputs}
