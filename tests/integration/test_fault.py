@@ -393,15 +393,19 @@ def test_stop_condition_stops_the_experiment_and_traffic_goes_on(models: Path) -
     with RunningMmguard(cfg) as m:
         m.wait_ready()
         failed = 0
-        for i in range(12):
+        for i in range(20):
             try:
                 infer(m, mm_request(), request_id=f"q{i}")
             except grpc.RpcError:
                 failed += 1
-        assert failed == 5  # the fifth error in the window stopped it
+        # a stop is a statistic: at the stop's alpha (0.01), 13 errors of 13 calls are the
+        # first evidence that the error rate is above 0.5 (5 of 5 are not)
+        assert failed == 13
         _status, snap = admin(m, "/admin/experiments/bad")
         assert snap["state"] == "stopped"
-        assert snap["stop_reason"].startswith("error rate 1.000 > 0.5 over the last 30 s")
+        assert snap["stop_reason"].startswith("error rate 1.000 > 0.5 over the last 30 s "
+                                              "(13 of 13 canary calls; bounds ")
+        assert "false-stop rate 0.01" in snap["stop_reason"]
         metrics = urllib.request.urlopen(m.admin_url + "/metrics").read().decode()
         assert 'mmguard_experiment_stops_total{cause="slo",experiment="bad",route="mm"} 1.0' \
             in metrics
