@@ -28,8 +28,8 @@ def status(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)
 
 
-def clip_body(model: str) -> bytes:
-    px = np.random.default_rng(0).random((1, 3, 224, 224), np.float32)
+def clip_body(model: str, seed: int = 0) -> bytes:
+    px = np.random.default_rng(seed).random((1, 3, 224, 224), np.float32)
     return grpc_request(model, [("pixel_values", "FP32", [1, 3, 224, 224], px.tobytes()),
                                 ("input_ids", "INT64", [1, 77],
                                  tokenize("a red bus")[None, :].tobytes())])
@@ -63,8 +63,8 @@ def running(ort_models: Path) -> Iterator[RunningMmguard]:
     with RunningMmguard(cfg) as m:
         m.wait_ready()
         # 0 of 2 is no evidence; 0 of 3 shows agreement under the 95 % line at alpha / 3
-        for _ in range(4):
-            grpc_infer_raw(m.grpc_url, clip_body("shadowed_clip"))
+        for seed in range(4):  # distinct requests: a replay adds no evidence
+            grpc_infer_raw(m.grpc_url, clip_body("shadowed_clip", seed))
         deadline = time.monotonic() + 30
         shadow = m.server.plane.runtime.local[SHADOWS]["shadowed_clip"]  # type: ignore[union-attr]
         while shadow.state.verdict.state() != "abort":

@@ -8,10 +8,9 @@ from collections.abc import AsyncIterator, Iterator
 import numpy as np
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tests.integration.test_signals import span_exporter
 from tests.support.fake_v2 import FakeV2
 from tests.support.mmguard import RunningMmguard
 from tests.support.wire import grpc_infer_raw, grpc_request, http_binary_body, http_post
@@ -23,11 +22,8 @@ X = ("INPUT0", "FP32", [2], np.array([1.5, -2], "<f4").tobytes())
 
 @pytest.fixture(scope="module")
 def exporter() -> InMemorySpanExporter:
-    exp = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exp))
-    trace.set_tracer_provider(provider)
-    return exp
+    # on the process's one SDK provider: another tier's test may have installed it first
+    return span_exporter()
 
 
 @pytest.fixture(scope="module")

@@ -91,6 +91,8 @@ async def test_a_replayed_request_is_judged_once_and_sent_to_the_canary_once() -
             await h.infer("prod", [x(value=0.1)], request_id=f"replay-{i}")
         await _settle(h, 6)
         shadow = (h.runtime.local.get(SHADOWS) or {})["prod"]
+        assert shadow.queue is not None
+        await asyncio.wait_for(shadow.queue.join(), 30)  # every replay seen, however busy
         snap = shadow.snapshot()
     assert snap["compared"] == 6, snap
     assert snap["unjudged"] == {"replay": 49}, snap
