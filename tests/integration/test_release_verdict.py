@@ -122,7 +122,10 @@ def test_a_canary_30_percent_slower_in_its_own_backend_is_aborted_on_latency(
         triton: TritonServer, cue: Path) -> None:
     # production: clip_fragile (clean answers identical to clip_demo's); canary: clip_demo made
     # slower by a sleep inside the model, calibrated to 1.3× production's direct latency
-    cfg = config(triton, "clip_fragile", {**VERDICT, "min_effect_ms": 0.2}, chaos=False)
+    # the margin that matters here: +0.2 ms on a ~3 ms model (30 % of it is ~0.9 ms, under the
+    # 1 ms default), no ratio on top: a busy machine's noise must not hide the regression
+    cfg = config(triton, "clip_fragile",
+                 {**VERDICT, "min_effect_ms": 0.2, "max_latency_ratio": 1.0}, chaos=False)
     with RunningMmguard(cfg) as m:
         m.wait_ready(timeout=60)
 
@@ -136,11 +139,11 @@ def test_a_canary_30_percent_slower_in_its_own_backend_is_aborted_on_latency(
 
         production, canary = p50("direct"), p50("canary")
         delay, slower = max(0.3, 1.3 * production - canary), 1.0
-        for _ in range(4):  # end to end, the sleep is not all the difference: calibrate
-            cue.write_text(json.dumps({"delay_ms": delay}))
+        for _ in range(8):  # end to end, the sleep is not all the difference: calibrate
+            cue.write_text(json.dumps({"delay_ms": delay}))  # (a busy machine needs more tries)
             production = p50("direct")
             slower = p50("canary") / production
-            if 1.25 <= slower <= 1.4:
+            if 1.27 <= slower <= 1.4:
                 break
             delay = max(0.1, delay + (1.3 - slower) * production)
         reset(m)
