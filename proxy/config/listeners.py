@@ -15,7 +15,25 @@ from proxy.strict import Strict
 MiB = 1024 * 1024
 
 
-class HttpListener(Strict):
+class ClientTrust(Strict):
+    """What a data listener trusts its clients with: the canary headers they send, and the
+    headers that tell them their treatment."""
+
+    trust_canary_headers: bool = False
+    """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
+    treatment_headers: bool | None = None
+    """Send this listener's clients the headers / trailers that reveal a call's treatment
+    (``mmguard-shadow``, ``mmguard-fault``, an injected fault's tag in its message). None (the
+    default) follows ``trust_canary_headers``: a trusted mesh sees its treatment, an untrusted
+    client never learns whether it was mirrored or faulted (docs/security.md)."""
+
+    @property
+    def shows_treatment(self) -> bool:
+        return (self.trust_canary_headers if self.treatment_headers is None
+                else self.treatment_headers)
+
+
+class HttpListener(ClientTrust):
     host: str = "0.0.0.0"
     """Address the KServe v2 HTTP front binds."""
     port: int = Field(9000, ge=0, le=65535)
@@ -33,18 +51,6 @@ class HttpListener(Strict):
     cores). 16 MiB still takes two 224x224 RGB images as JSON (5.8 MB each, as tritonclient
     writes them). Binary tensors cost neither, and tritonclient sends inputs binary by
     default; raise this only for clients that cannot, knowing the stall grows with it."""
-    trust_canary_headers: bool = False
-    """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
-    treatment_headers: bool | None = None
-    """Send this listener's clients the headers / trailers that reveal a call's treatment
-    (``mmguard-shadow``, ``mmguard-fault``, an injected fault's tag in its message). None (the
-    default) follows ``trust_canary_headers``: a trusted mesh sees its treatment, an untrusted
-    client never learns whether it was mirrored or faulted (docs/security.md)."""
-
-    @property
-    def shows_treatment(self) -> bool:
-        return (self.trust_canary_headers if self.treatment_headers is None
-                else self.treatment_headers)
     tls: TlsServer | None = None
     """TLS (and mutual TLS with ``client_ca_file``); plain HTTP when absent."""
     max_header_bytes: int = Field(16 * 1024, gt=0)
@@ -70,23 +76,11 @@ class HttpListener(Strict):
     the connection closed, however long ``body_timeout_s`` is. 0: no minimum rate."""
 
 
-class GrpcListener(Strict):
+class GrpcListener(ClientTrust):
     host: str = "0.0.0.0"
     port: int = Field(9001, ge=0, le=65535)
     max_request_bytes: int = Field(64 * MiB, gt=0)
     """Messages above this are refused by gRPC with RESOURCE_EXHAUSTED."""
-    trust_canary_headers: bool = False
-    """Keep the canary headers (``canary.headers``) that clients send; stripped otherwise."""
-    treatment_headers: bool | None = None
-    """Send this listener's clients the headers / trailers that reveal a call's treatment
-    (``mmguard-shadow``, ``mmguard-fault``, an injected fault's tag in its message). None (the
-    default) follows ``trust_canary_headers``: a trusted mesh sees its treatment, an untrusted
-    client never learns whether it was mirrored or faulted (docs/security.md)."""
-
-    @property
-    def shows_treatment(self) -> bool:
-        return (self.trust_canary_headers if self.treatment_headers is None
-                else self.treatment_headers)
     tls: TlsServer | None = None
     """TLS (and mutual TLS with ``client_ca_file``); plaintext HTTP/2 when absent."""
     max_header_bytes: int = Field(16 * 1024, gt=0)
