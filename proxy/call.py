@@ -87,6 +87,10 @@ CLIENT_DEADLINE: CallKey[float] = CallKey("client_deadline")
 """The deadline the client asked for (``mmguard-timeout-ms``, a gRPC deadline), as the front
 set it, before any route or level timeout narrowed it; absent without one. A timeout under a
 deadline the client chose short is the client's doing, not the backend failing."""
+BACKEND_S: CallKey[float] = CallKey("backend_s")
+"""Seconds the call spent waiting on its backends' unary answers, summed over every try (the
+terminal adds each one); absent for a stream and for a call no backend was asked. What a
+canary's latency is judged on: the model's time, not the proxy's own path to it."""
 
 
 @dataclass(slots=True)

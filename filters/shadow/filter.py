@@ -34,10 +34,21 @@ from filters.shadow.admin import SHADOW_STATES, shadow_routes, verdicts_summary
 from filters.shadow.config import (
     ShadowConfig,
 )
-from filters.shadow.copies import Copy, arrays, code, freeing, fresh, snapshot, stream_text
+from filters.shadow.copies import (
+    Copy,
+    Sent,
+    arrays,
+    code,
+    freeing,
+    fresh,
+    paired_latency,
+    snapshot,
+    stream_text,
+)
 from filters.shadow.replay import UNJUDGED_REASONS, client_caused, content_key_of
 from filters.shadow.state import ShadowState
 from proxy.call import (
+    BACKEND_S,
     CANARY_ELIGIBLE,
     CANARY_POPULATION,
     Api,
@@ -158,16 +169,20 @@ class Shadow:
             self.m_dropped.labels(self.ctx.route, self.cfg.canary, "v2-stream").inc()
             return await next(call)
         copy = snapshot(call)
+        before = call.state.get(BACKEND_S) or 0.0  # an outer filter's earlier try: not ours
         start = time.monotonic()
         reply = await next(call)
         latency = time.monotonic() - start
+        spent = call.state.get(BACKEND_S)
+        backend_s = None if spent is None else spent - before
         noise = (self.cfg.noise_floor_percent > 0
                  and self.ctx.rng.random() * 100 < self.cfg.noise_floor_percent)
         if isinstance(reply, Result) and reply.stream is not None:
             reply.stream = self._tee(reply.stream, copy, latency, noise, next, call, caused_by())
             return reply
         if self._admitted(call, reply):
-            self._enqueue(call, Copy(copy, reply, latency, None, noise, next, cause=caused_by()))
+            self._enqueue(call, Copy(copy, reply, latency, None, noise, next, cause=caused_by(),
+                                     primary_backend_s=backend_s))
         return reply
 
     def _admitted(self, call: Call, primary: Reply) -> bool:
@@ -280,7 +295,7 @@ class Shadow:
             log.exception("shadow comparison on route %r failed: %s", self.ctx.route, exc)
 
     async def _send(self, item: Copy, route: str | None,
-                    leave: Callable[[], None]) -> tuple[Reply, float, str | None, list[str]]:
+                    leave: Callable[[], None]) -> Sent:
         call = fresh(item.call, self.cfg.timeout_s)
         call.state[OFF_LANE] = leave
         start = time.monotonic()
@@ -300,14 +315,15 @@ class Shadow:
                     break
             text = "".join(pieces)
         faults: list[str] = call.state.get(FAULTS) or []
-        return reply, time.monotonic() - start, text, list(faults)
+        return Sent(reply, time.monotonic() - start, text, list(faults), call.state.get(BACKEND_S))
 
     async def _compare(self, item: Copy, leave: Callable[[], None]) -> None:
         st = self.state
         key = await content_key_of(item.call, self.ctx.share_hash.secret)  # a replay: nothing
         if not st.admit(key):
             return
-        reply, latency, text, faults = await self._send(item, self.cfg.canary, leave)
+        sent = await self._send(item, self.cfg.canary, leave)
+        reply, text, faults = sent.reply, sent.text, sent.faults
         c = self._judge(item.primary, item.primary_text, reply, text)
         self.m_compared.labels(self.ctx.route, self.cfg.canary, str(c.agree).lower()).inc()
         if not c.agree:
@@ -315,14 +331,14 @@ class Shadow:
                      c.reason, extra={"fields": {"model": self.ctx.route,
                                                  "canary": self.cfg.canary,
                                                  "reason": c.reason}})
-        st.judged(c, item.primary_latency_s, latency, [*item.primary_faults, *faults], key)
+        st.judged(c, *paired_latency(item, sent), [*item.primary_faults, *faults], key)
         experiments = self.ctx.state.get(EXPERIMENTS)
         if experiments is not None:
             for route in {self.ctx.route, self.cfg.canary}:
                 experiments.observe_divergence(route, c.agree)
         if item.noise:
-            again, _, again_text, _ = await self._send(item, None, leave)
-            st.noise(self._judge(item.primary, item.primary_text, again, again_text))
+            again = await self._send(item, None, leave)
+            st.noise(self._judge(item.primary, item.primary_text, again.reply, again.text))
         await self._measure_robustness(item, None if faults else (reply, text))  # chaos
 
     async def _measure_robustness(self, item: Copy,

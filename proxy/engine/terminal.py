@@ -3,7 +3,7 @@
 The target, not the route: a fallback level or a reroute hands the call on with another
 route's target, and the same terminal serves it. A backend that has not started yet answers
 UNAVAILABLE with a Retry-After; a streamed call gets the backend's stream as its result; every
-unary call's backend latency is observed.
+unary call's backend latency is observed, and added to the call's ``BACKEND_S``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Mapping
 
 from proxy.backends.base import Backend
-from proxy.call import Call, LocalReply, Reply, Result
+from proxy.call import BACKEND_S, Call, LocalReply, Reply, Result
 from proxy.clock import Clock
 from proxy.errors import ErrorKind, ProxyError
 from proxy.telemetry import Telemetry
@@ -40,5 +40,6 @@ class Terminal:
         except ProxyError as err:
             return LocalReply.from_error(err)
         finally:
-            self.telemetry.backend_latency.labels(call.model, target.backend).observe(
-                self.clock.monotonic() - start)
+            took = self.clock.monotonic() - start
+            call.state[BACKEND_S] = (call.state.get(BACKEND_S) or 0.0) + took
+            self.telemetry.backend_latency.labels(call.model, target.backend).observe(took)

@@ -6,14 +6,17 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 
 from filters.shadow import ShadowFactory
+from filters.shadow.copies import Copy, Sent, paired_latency
 from filters.shadow.filter import SHADOWS
 from proxy.call import Call, Result, Target
+from proxy.clock import ManualClock
 from proxy.keys import Store
 from proxy.lifecycle import AdminRequest
 from proxy.tensor import Tensor
-from tests.support.chain_harness import ChainHarness, x
+from tests.support.chain_harness import ChainHarness, echo, x
 
 SHADOWED = {"models": [{"name": "prod", "filters": [{"shadow": {"canary": "cand",
                                                                 "percent": 100}}]},
@@ -112,3 +115,41 @@ async def test_a_delayed_copy_never_holds_the_lane_of_clean_ones() -> None:
     assert snap["compared"] == 12 - snap["waiting"]  # ... and every clean one was compared
     assert snap["queued"] == 0 and snap["samples"] == snap["compared"]
     assert after["excluded"] == snap["waiting"] and after["samples"] == snap["samples"]
+
+
+class TimedBackend:
+    """Answers after advancing the harness's clock: production's model takes 10 ms, the
+    canary's 13 ms (30 % slower), measured by the terminal on the injected clock."""
+
+    def __init__(self) -> None:
+        self.clock: ManualClock | None = None
+
+    def __call__(self, call: Call, target: Target) -> Result:
+        assert self.clock is not None
+        self.clock.advance(0.013 if target.model == "cand" else 0.010)
+        return echo(call, target)
+
+
+async def test_pairs_are_judged_on_the_backends_time_not_the_copys_path() -> None:
+    timed = TimedBackend()
+    async with ChainHarness.open(SHADOWED, answer=timed) as h:
+        timed.clock = h.clock
+        for i in range(4):
+            await h.infer("prod", [x(value=float(i + 1))])
+        await compared(h, 4)
+        shadow = (h.runtime.local.get(SHADOWS) or {})["prod"]
+        pairs = [(s.primary_s, s.canary_s)
+                 for s in shadow.state.verdict._samples]
+    assert len(pairs) == 4
+    for primary, canary in pairs:  # exactly the models' times: the path around them is not
+        assert primary == pytest.approx(0.010) and canary == pytest.approx(0.013)
+
+
+def test_a_pair_without_backend_time_on_either_side_falls_back_to_both_whole_paths() -> None:
+    call = Call(model="prod", version="", inputs=[x()])
+    item = Copy(call, Result("prod"), 0.020, None, False, None,  # type: ignore[arg-type]
+                primary_backend_s=0.010)
+    assert paired_latency(item, Sent(Result("cand"), 0.030, None, [], 0.012)) == (0.010, 0.012)
+    assert paired_latency(item, Sent(Result("cand"), 0.030, "a", [], None)) == (0.020, 0.030)
+    item.primary_backend_s = None
+    assert paired_latency(item, Sent(Result("cand"), 0.030, None, [], 0.012)) == (0.020, 0.030)
