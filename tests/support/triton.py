@@ -324,9 +324,8 @@ def write_model_repository(dst: Path, onnx_demo_path: Path) -> Path:
         version_dir = dst / model.name / "1"
         version_dir.mkdir(parents=True, exist_ok=True)
         extra = ({"onnx_path": str(onnx_demo_path),
-                  "cue_file": str(dst.resolve() / "clip_demo.cue.json")}
-                 if model.name == "clip_demo" else
-                 {"onnx_path": str(onnx_demo_path)} if model.name == "clip_fragile" else None)
+                  "cue_file": str(dst.resolve() / f"{model.name}.cue.json")}
+                 if model.name in ("clip_demo", "clip_fragile") else None)
         (dst / model.name / "config.pbtxt").write_text(model.pbtxt(extra))
         shutil.copyfile(_SOURCES / model.source, version_dir / "model.py")
         for name, source in model.files:

@@ -6,9 +6,13 @@ rough — the mean absolute difference between horizontally neighbouring pixels 
 ``roughness`` parameter (0.03), as Gaussian or sign noise makes it — its image embeddings flip
 sign (and the similarity with them): a model whose answers break under small noise. Patch
 masking or occlusion of a smooth image adds only a few edges and leaves it as it was.
+While the file named by the parameter ``cue_file`` exists (JSON), each request first sleeps
+``delay_ms``: a model of realistic latency, for the verdict's latency tests.
 """
 
 import json
+import os
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -28,10 +32,21 @@ class TritonPythonModel:
         self.session = ort.InferenceSession(params["onnx_path"]["string_value"], options,
                                             providers=["CPUExecutionProvider"])
         self.roughness = float(params.get("roughness", {}).get("string_value", "0.03"))
+        self.cue_file = params.get("cue_file", {}).get("string_value", "")
+
+    def _delay_s(self):
+        if self.cue_file and os.path.exists(self.cue_file):
+            try:
+                with open(self.cue_file) as f:
+                    return float(json.load(f).get("delay_ms", 0)) / 1000
+            except (OSError, ValueError):
+                pass
+        return 0.0
 
     def execute(self, requests):
         responses = []
         for request in requests:
+            time.sleep(self._delay_s())
             feeds = {
                 name: pb_utils.get_input_tensor_by_name(request, name).as_numpy()
                 for name in ("pixel_values", "input_ids")
