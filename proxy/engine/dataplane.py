@@ -98,8 +98,11 @@ class DataPlane:
     async def ready(self) -> bool:
         if self.ready_override is not None:
             return not self.draining and self.ready_override()
+        ready = await self.runtime.ready()
+        # After the await: a contract that arrived while readiness was polled is checked on
+        # this pass, so "ready" never comes before the error saying a route cannot work.
         self._check_contracts()
-        return not self.draining and await self.runtime.ready()
+        return not self.draining and ready
 
     def readiness(self) -> dict[str, Any]:
         """Each backend and route, ready or not and why (none for a pod's supervisor: its

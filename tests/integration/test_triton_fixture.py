@@ -590,7 +590,28 @@ def test_a_wedged_server_is_restarted_on_its_ports(tmp_path: Path) -> None:
         ports = (own.grpc_port, own.http_port)
         assert own.pid is not None  # the with block started it
         os.kill(own.pid, signal.SIGSTOP)  # wedged: alive, answers nothing
+        wait_stopped(own.pid)
         why = own.ensure_healthy(within_s=2)
         assert why is not None and "did not answer /v2/health/ready for 2 s" in why
         assert (own.grpc_port, own.http_port) == ports
         assert own.model_ready("small_fp32")
+
+
+def wait_stopped(pid: int, within_s: float = 10.0) -> None:
+    """Wait until every thread of ``pid`` is stopped. SIGSTOP starts the group stop only when
+    the thread it was given to runs; on a busy machine the other threads (the HTTP server's)
+    can answer a probe before that."""
+    tasks = Path(f"/proc/{pid}/task")
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        states = []
+        for task in tasks.iterdir():
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:
+                continue  # a thread that just ended
+            states.append(stat[stat.rindex(")") + 2])
+        if states and all(s in "tT" for s in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} not stopped within {within_s} s of SIGSTOP")
