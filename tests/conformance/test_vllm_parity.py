@@ -237,19 +237,22 @@ def _stream_chat(side: Side) -> tuple[str, int, int]:
     stream = side.sdk().chat.completions.create(
         model=LLAVA, messages=USER, max_tokens=8, temperature=0,
         stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-    text, chunks, completion = "", 0, 0
+    text, pieces, completion = "", 0, 0
     for chunk in stream:
-        chunks += 1
-        if chunk.choices:
-            text += chunk.choices[0].delta.content or ""
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces += 1
+            text += chunk.choices[0].delta.content
         if chunk.usage is not None:
             completion = chunk.usage.completion_tokens
-    return text, completion, chunks
+    return text, completion, pieces
 
 
 def test_streaming_chat(side: Side, direct: Side) -> None:
-    text, completion, chunks = _stream_chat(side)
-    assert completion == 8 and chunks >= 8, (text, completion, chunks)
+    text, completion, pieces = _stream_chat(side)
+    # Streamed, not buffered: the text comes in pieces. Not one piece per token: vLLM merges
+    # the tokens its API server has not sent yet into one delta when it falls behind (a busy
+    # machine: 8 tokens in 6 pieces, direct).
+    assert completion == 8 and pieces >= 2, (text, completion, pieces)
     assert text == _chat(side)[0]  # the stream says what the whole answer says
     same_as_direct(side, direct, "stream_chat", (text, completion), lambda s: _stream_chat(s)[:2])
 
