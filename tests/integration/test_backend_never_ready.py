@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from tests.support.process import MmguardProcess
+from tests.support.tools import promtool
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +51,7 @@ def _alert_fires_on(value: str, tmp: Path) -> subprocess.CompletedProcess[str]:
                                  "the pod takes no traffic. `mmguard status` in the pod says "
                                  "why (start failure, contract unknown)."}}]}]}]}
     (tmp / "never_ready_test.yaml").write_text(yaml.safe_dump(test))
-    return subprocess.run(["promtool", "test", "rules", "never_ready_test.yaml"], cwd=tmp,
+    return subprocess.run([promtool(), "test", "rules", "never_ready_test.yaml"], cwd=tmp,
                           capture_output=True, text=True)
 
 
