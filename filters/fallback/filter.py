@@ -39,7 +39,7 @@ from proxy.errors import ErrorKind, ProxyError
 from proxy.lifecycle import AdminRequest, ConfigReferences, FilterFactoryBase, Summary
 from proxy.pod.state import share
 from proxy.strict import Strict
-from proxy.tensor import Tensor
+from proxy.tensor import Payload, Tensor
 from proxy.wire.openai import ChatView
 
 log = logging.getLogger("mmguard.fallback")
@@ -453,8 +453,19 @@ def _frozen(result: Result) -> Result:
     if result.wire is not None and result.wire.api is Api.OPENAI:
         return Result(result.model, wire=Wire("openai", bytes(result.wire.body)))
     return Result(result.model, result.version, result.id,
-                  [Tensor(t.name, t.datatype, t.shape, raw=bytes(t.raw_bytes()))
+                  [Tensor(t.name, t.datatype, t.shape, raw=_immutable(t.raw_bytes()))
                    for t in result.outputs], parameters=dict(result.parameters))
+
+
+def _immutable(raw: Payload) -> bytes | memoryview:
+    """``raw``, or a copy of it where it could change under the cache. A view into a ``bytes``
+    object (a decoded gRPC or HTTP answer's body) cannot change and is kept as it is: it pins
+    that body, which is the answer it came in, and saves copying every answer (~600 KB for an
+    image-sized output) on every call. A view into anything else (a shared-memory region, a
+    reused buffer) is copied."""
+    if isinstance(raw, memoryview) and type(raw.obj) is bytes:
+        return raw
+    return bytes(raw)
 
 
 class FallbackFactory(FilterFactoryBase):

@@ -150,3 +150,33 @@ async def test_the_cache_answers_only_the_identical_request() -> None:
         missed = await run(other)
         assert isinstance(missed, LocalReply) and missed.kind is ErrorKind.UNAVAILABLE
         assert "no level could answer" in missed.message
+
+
+async def test_a_cached_answer_never_changes_with_the_buffer_it_came_in() -> None:
+    """The cache keeps a view into an immutable body (a decoded answer's ``bytes``) without a
+    copy, and copies anything else: a shared-memory region or a reused buffer that is written
+    again after the call does not change the answer served from the cache."""
+    body = (PIXELS * 2).tobytes()
+    for label in ("bytes body", "reused buffer"):
+        reused = bytearray(body)
+        raw = memoryview(body) if label == "bytes body" else memoryview(reused)
+        healthy = [True]
+
+        async def terminal(c: Call, raw: memoryview = raw,
+                           healthy: list[bool] = healthy) -> Reply:
+            if not healthy[0]:
+                return LocalReply(ErrorKind.UNAVAILABLE, "backend down")
+            return Result("m", "1", "", [Tensor("y", "FP32", PIXELS.shape, raw=raw)])
+
+        ctx = FilterContext("m", Telemetry(), ManualClock(), random.Random(1), lambda: None)
+        fallback = Fallback(FallbackConfig(), ctx)
+        run = compose([("fallback", fallback)], terminal)
+        assert isinstance(await run(v2_call()), Result)
+        reused[:] = bytes(len(reused))  # the buffer is written again by the next request
+        healthy[0] = False
+        answer = await run(v2_call())
+        assert isinstance(answer, Result), label
+        np.testing.assert_array_equal(answer.outputs[0].numpy(), PIXELS * 2, err_msg=label)
+        kept = answer.outputs[0].raw
+        if label == "bytes body":  # not copied: the view over the immutable body itself
+            assert isinstance(kept, memoryview) and kept.obj is body
