@@ -266,9 +266,9 @@ class SseEvent:
 
     raw: bytes
     more: bool = False
-    """Another event of the same backend read follows at once: a writer may hold this one and
-    send both in one write (one syscall for what arrived in one). An event a filter makes
-    says False."""
+    """What follows this event is already here (another event of the same backend read, or
+    the stream's end): a writer may hold this one and send it with what follows in one write
+    (one syscall for what arrived in one). An event a filter makes says False."""
 
     @property
     def data(self) -> bytes:

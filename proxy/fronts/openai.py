@@ -266,8 +266,10 @@ class OpenAIFront:
                     now = time.monotonic()
                     gaps.add(now - last)
                     last = now
-            if held and not (request.transport is None or request.transport.is_closing()):
-                await resp.write(b"".join(held))  # an error event, or the stream's end
+            if not (request.transport is None or request.transport.is_closing()):
+                # what is still held (the last events, an error event) and the stream's end,
+                # in one write
+                await resp.write_eof(b"".join(held))
         except ConnectionResetError:  # per request: DEBUG (the metric counts it as cancelled)
             log.debug("client of model %r closed the stream early", call.model)
         finally:
@@ -275,7 +277,7 @@ class OpenAIFront:
             await items.aclose()
             duration.observe(time.monotonic() - call.started)
         with contextlib.suppress(ConnectionResetError):
-            await resp.write_eof()
+            await resp.write_eof()  # when the client left first (a no-op once it was sent)
         return resp
 
     def _stream_metrics(self, model: str, backend: str) -> tuple[Any, Any, Any]:
