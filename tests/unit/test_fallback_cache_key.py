@@ -67,6 +67,41 @@ def test_changing_any_one_input_byte_changes_the_key() -> None:
     assert base not in keys
 
 
+def test_every_byte_of_every_input_is_covered() -> None:
+    """Not only the first input's: a byte of the second input, and the bytes of an input whose
+    payload is a view into a larger buffer (a gRPC request's raw contents) — only the view's own
+    bytes count, and each of them does."""
+    base = cache_key(v2_call())
+    ids_size = len(v2_call().inputs[1].raw_bytes())
+    keys = set()
+    for i in range(ids_size):
+        c = v2_call()
+        raw = bytearray(c.inputs[1].raw_bytes())
+        raw[i] ^= 0x80
+        c.inputs[1] = Tensor("ids", "INT64", (1, 3), raw=bytes(raw))
+        keys.add(cache_key(c))
+    assert len(keys) == ids_size and base not in keys
+
+    body = b"\xff" * 16 + PIXELS.tobytes() + b"\xee" * 16  # the request around the tensor
+
+    def viewed(buffer: bytes) -> Call:
+        c = v2_call()
+        c.inputs[0] = Tensor("image", "FP32", PIXELS.shape,
+                             raw=memoryview(buffer)[16:16 + PIXELS.nbytes],
+                             parameters={"layout": "nchw"})
+        return c
+
+    assert cache_key(viewed(body)) == base  # the bytes around the view are not part of it
+    around = bytearray(body)
+    around[0] ^= 1
+    around[-1] ^= 1
+    assert cache_key(viewed(bytes(around))) == base
+    for i in (0, PIXELS.nbytes // 2, PIXELS.nbytes - 1):
+        inside = bytearray(body)
+        inside[16 + i] ^= 1
+        assert cache_key(viewed(bytes(inside))) != base
+
+
 def test_changing_the_model_version_parameters_names_or_shape_changes_the_key() -> None:
     def reshape(c: Call) -> None:  # the same bytes, another shape
         t = c.inputs[0]
