@@ -16,7 +16,6 @@ as it is and does not count against a breaker.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import OrderedDict
@@ -33,7 +32,7 @@ from filters.fallback.admin import BREAKERS, CACHED_ANSWERS, ROUTES, breakers_su
 from filters.fallback.breaker import Breaker, BreakerSettings, State
 from filters.fallback.cache_key import cache_key
 from filters.fallback.fuse_log import log_mismatch
-from proxy.call import CLIENT_DEADLINE, Api, Call, LocalReply, Reply, Result, Wire
+from proxy.call import CLIENT_DEADLINE, Api, Call, LocalReply, Reply, Result, Wire, document_copy
 from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind, ProxyError
 from proxy.lifecycle import AdminRequest, ConfigReferences, FilterFactoryBase, Summary
@@ -254,7 +253,7 @@ class Fallback:
     def _clone(self, call: Call) -> Call:
         assert call.target is not None
         return replace(call, target=replace(call.target), inputs=list(call.inputs),
-                       document=json.loads(json.dumps(call.document)) if call.document else None)
+                       document=document_copy(call.document) if call.document else None)
 
     def _rerouted(self, level: str) -> Callable[[Call], Awaitable[Reply]]:
         assert self.ctx.reroute is not None
