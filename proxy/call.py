@@ -76,6 +76,19 @@ def publish_scores(call: Call, scores: Mapping[str, float]) -> None:
     if gate is not None:
         gate(call)
 
+def document_copy(value: Any) -> Any:
+    """A copy of an OpenAI document that a copy of the call may edit without touching the
+    original: every dict and list is new, the leaves (strings, numbers) are shared — they cannot
+    change. Equal to ``json.loads(json.dumps(value))`` for a parsed document (a tuple becomes a
+    list, as JSON makes it), without re-encoding its text: a data: URL image of 500 KB took
+    ~3 ms through JSON and takes ~5 µs here."""
+    if isinstance(value, dict):
+        return {k: document_copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [document_copy(v) for v in value]
+    return value
+
+
 TREATMENT: CallKey[set[str]] = CallKey("treatment")
 """The names of the call's decision headers that reveal its treatment (mirrored to a canary, a
 fault injected): ``Telemetry.decide(..., treatment=True)`` records them. A client must not learn
@@ -266,9 +279,9 @@ class SseEvent:
 
     raw: bytes
     more: bool = False
-    """Another event of the same backend read follows at once: a writer may hold this one and
-    send both in one write (one syscall for what arrived in one). An event a filter makes
-    says False."""
+    """What follows this event is already here (another event of the same backend read, or
+    the stream's end): a writer may hold this one and send it with what follows in one write
+    (one syscall for what arrived in one). An event a filter makes says False."""
 
     @property
     def data(self) -> bytes:

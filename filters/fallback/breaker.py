@@ -62,6 +62,10 @@ class Breaker(Shared):
         self.clock = clock
         self.state = State.CLOSED
         self._window: deque[Outcome] = deque()
+        self._failed = 0
+        self._slow = 0
+        """Failed and slow outcomes in ``_window``, kept as it changes: ``record`` reads the
+        rates in O(1), not by summing a window that a time window can make thousands long."""
         self._opened_at = 0.0
         self._half_open_left = 0
         self._half_open_outcomes: list[Outcome] = []
@@ -77,6 +81,7 @@ class Breaker(Shared):
             self._half_open_outcomes = []
         if state == State.CLOSED:
             self._window.clear()
+            self._failed = self._slow = 0
         if self._on_change and old != state:
             self._on_change(old, state, reason)
 
@@ -118,10 +123,13 @@ class Breaker(Shared):
         if self.state != State.CLOSED:
             return
         self._window.append(outcome)
+        self._failed += outcome.failed
+        self._slow += outcome.slow
         self._trim()
-        if len(self._window) < self.s.minimum_calls:
+        n = len(self._window)
+        if n < self.s.minimum_calls:
             return
-        rate, slow = _rates(self._window)
+        rate, slow = self._failed / n, self._slow / n
         if rate >= self.s.failure_rate:
             self._move(State.OPEN, f"failure rate {rate:.0%} over the last {len(self._window)} "
                        f"calls (threshold {self.s.failure_rate:.0%})")
@@ -133,11 +141,16 @@ class Breaker(Shared):
     def _trim(self) -> None:
         if self.s.window == "count":
             while len(self._window) > self.s.window_size:
-                self._window.popleft()
+                self._drop_oldest()
         else:
             horizon = self.clock.monotonic() - self.s.window_size
             while self._window and self._window[0].at < horizon:
-                self._window.popleft()
+                self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        gone = self._window.popleft()
+        self._failed -= gone.failed
+        self._slow -= gone.slow
 
     @decided
     def force(self, action: Literal["open", "close", "reset"]) -> None:

@@ -16,7 +16,6 @@ as it is and does not count against a breaker.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import OrderedDict
@@ -33,13 +32,13 @@ from filters.fallback.admin import BREAKERS, CACHED_ANSWERS, ROUTES, breakers_su
 from filters.fallback.breaker import Breaker, BreakerSettings, State
 from filters.fallback.cache_key import cache_key
 from filters.fallback.fuse_log import log_mismatch
-from proxy.call import CLIENT_DEADLINE, Api, Call, LocalReply, Reply, Result, Wire
+from proxy.call import CLIENT_DEADLINE, Api, Call, LocalReply, Reply, Result, Wire, document_copy
 from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind, ProxyError
 from proxy.lifecycle import AdminRequest, ConfigReferences, FilterFactoryBase, Summary
 from proxy.pod.state import share
 from proxy.strict import Strict
-from proxy.tensor import Tensor
+from proxy.tensor import Payload, Tensor
 from proxy.wire.openai import ChatView
 
 log = logging.getLogger("mmguard.fallback")
@@ -254,7 +253,7 @@ class Fallback:
     def _clone(self, call: Call) -> Call:
         assert call.target is not None
         return replace(call, target=replace(call.target), inputs=list(call.inputs),
-                       document=json.loads(json.dumps(call.document)) if call.document else None)
+                       document=document_copy(call.document) if call.document else None)
 
     def _rerouted(self, level: str) -> Callable[[Call], Awaitable[Reply]]:
         assert self.ctx.reroute is not None
@@ -453,8 +452,19 @@ def _frozen(result: Result) -> Result:
     if result.wire is not None and result.wire.api is Api.OPENAI:
         return Result(result.model, wire=Wire("openai", bytes(result.wire.body)))
     return Result(result.model, result.version, result.id,
-                  [Tensor(t.name, t.datatype, t.shape, raw=bytes(t.raw_bytes()))
+                  [Tensor(t.name, t.datatype, t.shape, raw=_immutable(t.raw_bytes()))
                    for t in result.outputs], parameters=dict(result.parameters))
+
+
+def _immutable(raw: Payload) -> bytes | memoryview:
+    """``raw``, or a copy of it where it could change under the cache. A view into a ``bytes``
+    object (a decoded gRPC or HTTP answer's body) cannot change and is kept as it is: it pins
+    that body, which is the answer it came in, and saves copying every answer (~600 KB for an
+    image-sized output) on every call. A view into anything else (a shared-memory region, a
+    reused buffer) is copied."""
+    if isinstance(raw, memoryview) and type(raw.obj) is bytes:
+        return raw
+    return bytes(raw)
 
 
 class FallbackFactory(FilterFactoryBase):

@@ -205,8 +205,11 @@ class VllmBackend(HttpBackend):
             splitter = SseSplitter()  # \n\n, \r\n\r\n and \r\r all end an event
             async for chunk in resp.content.iter_any():
                 events = splitter.feed(chunk)
-                for i, event in enumerate(events, 1):  # all that came in this read, together
-                    yield SseEvent(event, more=i < len(events))
+                # All that came in this read goes out together; so does the stream's end when
+                # it came in the same read (vLLM's [DONE] and its last chunk often do).
+                ended = resp.content.at_eof()
+                for i, event in enumerate(events, 1):
+                    yield SseEvent(event, more=i < len(events) or ended)
             for event in splitter.end():
                 yield SseEvent(event)
             if splitter.pending.strip():

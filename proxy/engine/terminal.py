@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from typing import Any
 
 from proxy.backends.base import Backend
 from proxy.call import BACKEND_S, Call, LocalReply, Reply, Result
@@ -23,6 +24,9 @@ class Terminal:
                  telemetry: Telemetry, clock: Clock) -> None:
         self.backends, self.started = backends, started
         self.telemetry, self.clock = telemetry, clock
+        self._latency: dict[tuple[str, str], Any] = {}
+        """(model, backend) → its latency histogram's child: ``labels()`` takes a lock and
+        builds a key on every call."""
 
     async def __call__(self, call: Call) -> Reply:
         target = call.target
@@ -42,4 +46,8 @@ class Terminal:
         finally:
             took = self.clock.monotonic() - start
             call.state[BACKEND_S] = (call.state.get(BACKEND_S) or 0.0) + took
-            self.telemetry.backend_latency.labels(call.model, target.backend).observe(took)
+            child = self._latency.get((call.model, target.backend))
+            if child is None:
+                child = self._latency[(call.model, target.backend)] = \
+                    self.telemetry.backend_latency.labels(call.model, target.backend)
+            child.observe(took)

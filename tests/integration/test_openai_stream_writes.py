@@ -1,6 +1,7 @@
 """An OpenAI stream through mmguard, byte for byte, however the backend's events fall into
-reads: several events in one write, one event cut across two, usage and finish reasons counted
-(compact and spaced JSON, ``null`` ones not), renamed routes renamed on every event.
+reads: several events in one write, one event cut across two, every event and the stream's end
+in one read (mmguard then sends them and its own end in one write), usage and finish reasons
+counted (compact and spaced JSON, ``null`` ones not), renamed routes renamed on every event.
 
 The backend is hand-written: it speaks vLLM's SSE wire, and on cue writes its events in the
 groupings a real server only shows under load (events of one read sent together by mmguard is
@@ -91,6 +92,9 @@ class SseBackend:
         doc = await request.json()
         if "image_url" in json.dumps(doc):  # the image probe: a text-only model
             return web.json_response({"object": "error", "message": "text only"}, status=400)
+        if self.how == "whole":  # every event and the end in one read (Content-Length)
+            return web.Response(body=b"".join(_events()),
+                                headers={"Content-Type": "text/event-stream"})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for chunk in _writes(b"".join(_events()), self.how):
@@ -137,7 +141,7 @@ def _metric(proxy: RunningMmguard, name: str) -> float:
     return sum(found)
 
 
-@pytest.mark.parametrize("how", ["together", "pairs", "cut"])
+@pytest.mark.parametrize("how", ["together", "pairs", "cut", "whole"])
 def test_the_stream_arrives_byte_for_byte_however_it_was_read(
         proxy: RunningMmguard, backend: SseBackend, how: str) -> None:
     backend.how = how

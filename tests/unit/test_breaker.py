@@ -102,3 +102,20 @@ def test_forced_states_hold_until_reset() -> None:
     b.force("reset")
     assert state(b) == State.CLOSED
     assert b.snapshot()["state"] == "closed"
+
+
+def test_the_window_counts_follow_the_window_as_it_slides() -> None:
+    """The failed / slow counts the rates are read from are kept as calls enter and leave the
+    window: after any run of calls they equal a recount of the window."""
+    import random
+
+    rng = random.Random(7)
+    for window in ("count", "time"):
+        b, clock, _ = breaker(window=window, window_size=7, minimum_calls=50, slow_call_s=0.5)
+        for _ in range(400):
+            clock.advance(rng.uniform(0, 2))
+            b.record(rng.random() < 0.3, rng.uniform(0, 1))
+            assert b._failed == sum(o.failed for o in b._window)
+            assert b._slow == sum(o.slow for o in b._window)
+        snap = b.snapshot()
+        assert snap["calls_in_window"] == len(b._window) and state(b) == State.CLOSED

@@ -67,6 +67,41 @@ def test_changing_any_one_input_byte_changes_the_key() -> None:
     assert base not in keys
 
 
+def test_every_byte_of_every_input_is_covered() -> None:
+    """Not only the first input's: a byte of the second input, and the bytes of an input whose
+    payload is a view into a larger buffer (a gRPC request's raw contents) — only the view's own
+    bytes count, and each of them does."""
+    base = cache_key(v2_call())
+    ids_size = len(v2_call().inputs[1].raw_bytes())
+    keys = set()
+    for i in range(ids_size):
+        c = v2_call()
+        raw = bytearray(c.inputs[1].raw_bytes())
+        raw[i] ^= 0x80
+        c.inputs[1] = Tensor("ids", "INT64", (1, 3), raw=bytes(raw))
+        keys.add(cache_key(c))
+    assert len(keys) == ids_size and base not in keys
+
+    body = b"\xff" * 16 + PIXELS.tobytes() + b"\xee" * 16  # the request around the tensor
+
+    def viewed(buffer: bytes) -> Call:
+        c = v2_call()
+        c.inputs[0] = Tensor("image", "FP32", PIXELS.shape,
+                             raw=memoryview(buffer)[16:16 + PIXELS.nbytes],
+                             parameters={"layout": "nchw"})
+        return c
+
+    assert cache_key(viewed(body)) == base  # the bytes around the view are not part of it
+    around = bytearray(body)
+    around[0] ^= 1
+    around[-1] ^= 1
+    assert cache_key(viewed(bytes(around))) == base
+    for i in (0, PIXELS.nbytes // 2, PIXELS.nbytes - 1):
+        inside = bytearray(body)
+        inside[16 + i] ^= 1
+        assert cache_key(viewed(bytes(inside))) != base
+
+
 def test_changing_the_model_version_parameters_names_or_shape_changes_the_key() -> None:
     def reshape(c: Call) -> None:  # the same bytes, another shape
         t = c.inputs[0]
@@ -150,3 +185,33 @@ async def test_the_cache_answers_only_the_identical_request() -> None:
         missed = await run(other)
         assert isinstance(missed, LocalReply) and missed.kind is ErrorKind.UNAVAILABLE
         assert "no level could answer" in missed.message
+
+
+async def test_a_cached_answer_never_changes_with_the_buffer_it_came_in() -> None:
+    """The cache keeps a view into an immutable body (a decoded answer's ``bytes``) without a
+    copy, and copies anything else: a shared-memory region or a reused buffer that is written
+    again after the call does not change the answer served from the cache."""
+    body = (PIXELS * 2).tobytes()
+    for label in ("bytes body", "reused buffer"):
+        reused = bytearray(body)
+        raw = memoryview(body) if label == "bytes body" else memoryview(reused)
+        healthy = [True]
+
+        async def terminal(c: Call, raw: memoryview = raw,
+                           healthy: list[bool] = healthy) -> Reply:
+            if not healthy[0]:
+                return LocalReply(ErrorKind.UNAVAILABLE, "backend down")
+            return Result("m", "1", "", [Tensor("y", "FP32", PIXELS.shape, raw=raw)])
+
+        ctx = FilterContext("m", Telemetry(), ManualClock(), random.Random(1), lambda: None)
+        fallback = Fallback(FallbackConfig(), ctx)
+        run = compose([("fallback", fallback)], terminal)
+        assert isinstance(await run(v2_call()), Result)
+        reused[:] = bytes(len(reused))  # the buffer is written again by the next request
+        healthy[0] = False
+        answer = await run(v2_call())
+        assert isinstance(answer, Result), label
+        np.testing.assert_array_equal(answer.outputs[0].numpy(), PIXELS * 2, err_msg=label)
+        kept = answer.outputs[0].raw
+        if label == "bytes body":  # not copied: the view over the immutable body itself
+            assert isinstance(kept, memoryview) and kept.obj is body
