@@ -37,7 +37,8 @@ from numpy.typing import NDArray
 from scipy import stats
 
 from bench.verdict_sim import SCENARIOS, Scenario, simulate, stream
-from filters.compare import VerdictConfig
+from filters.compare import Verdict, VerdictConfig
+from proxy.clock import ManualClock
 
 MW_P, MEDIAN_RATIO = 0.05, 1.1
 """The Kayenta-style latency check, as in ``bench.verdict_sim.run_kayenta``."""
@@ -95,8 +96,8 @@ def median_gate_n(good_ratio: float, sigma: float, alpha: float) -> float:
     """Normal approximation of the n at which a canary ``good_ratio`` times slower (inside the
     margin) passes the median gate (median ``MEDIAN_RATIO`` times higher) in ≥ 1 − ``alpha`` of
     runs: each log median has variance π/2 · σ² / n."""
-    sd1 = sigma * math.sqrt(math.pi / 2 * 2)
-    return float((stats.norm.isf(alpha) * sd1 / math.log(MEDIAN_RATIO / good_ratio)) ** 2)
+    sd = sigma * math.sqrt(math.pi)  # of the difference of the two log medians, times √n
+    return float((stats.norm.isf(alpha) * sd / math.log(MEDIAN_RATIO / good_ratio)) ** 2)
 
 
 # --- the Kayenta-style judge as one analysis of n, on seeded streams ------------------------
@@ -167,7 +168,7 @@ def same_test_n(sc: Scenario, cfg: VerdictConfig, abort_share: float) -> tuple[S
     if sc.good:  # promote: agreement's lower bound over the bar, latency's upper under ½
         agree = fixed_n(cfg.promote_agreement, sc.agreement, cfg.beta, abort_share)
         centre = fixed_n(0.5, lat, cfg.beta, abort_share)
-        worst = max((agree, centre), key=lambda s: s.n or 0)
+        worst = max((agree, centre), key=lambda s: math.inf if s.n is None else s.n)
         return worst, f"agreement 1 vs bar, slower-than-margin {lat:.0%} vs ½"
     if sc.agreement < cfg.abort_agreement:
         return (fixed_n(cfg.abort_agreement, sc.agreement, abort_share, cfg.beta),
@@ -187,7 +188,7 @@ the Kayenta-style judge aborts an identical canary at any n)."""
 def matched(rows: dict[str, dict[str, Any]], kayenta_runs: int, seed: int) -> dict[str, Any]:
     """``rows``: ``bench.verdict_sim.simulate``'s mmguard summaries by scenario name."""
     cfg = VerdictConfig()
-    share = cfg.alpha / 3  # agreement, latency centre, latency tail
+    share = Verdict(cfg, ManualClock()).levels().abort  # alpha over its abort tests
     scs = [sc for sc in SCENARIOS if sc.name in MATCHED]
     curves = [(kayenta_curve(sc, kayenta_runs, seed, cfg.promote_agreement),
                cfg.alpha if sc.good else cfg.beta) for sc in scs]
@@ -231,7 +232,7 @@ def markdown(m: dict[str, Any]) -> str:
                  f"{_mm(r['mmguard'])} | {_n(r['same_test'])}: {r['basis']} | {k} |\n")
     ag = m["agreement_check"]
     return (head + body +
-            f"\nα = {m['alpha']:g} (for the same test {m['share']:.4f}: α split over three abort "
+            f"\nα = {m['alpha']:g} (for the same test {m['share']:.4f}: α split over the abort "
             f"tests as the verdict splits it), β = {m['beta']:g}. Kayenta-style judge: "
             f"{m['kayenta_runs']} seeded runs per scenario, n on the grid {GRID[0]}–{GRID[-1]}, "
             f"the smallest from which every larger grid n holds: n = {m['kayenta_n']} for the "
