@@ -99,7 +99,7 @@ def one_run(m: RunningMmguard, first: int) -> tuple[dict[str, Any], int]:
 
 @pytest.mark.triton
 def test_an_identical_canary_under_chaos_is_promoted_run_after_run(triton: TritonServer) -> None:
-    runs: list[tuple[str, int, int]] = []
+    runs: list[tuple[str, int, int, float | None]] = []
     with RunningMmguard(config(triton, "clip_demo", VERDICT, chaos=True)) as m:
         m.wait_ready(timeout=60)
         for i in range(5):  # warm-up: a cold Python backend is not the canary's latency
@@ -109,7 +109,8 @@ def test_an_identical_canary_under_chaos_is_promoted_run_after_run(triton: Trito
             reset(m)
             snap, calls = one_run(m, first)
             first += calls
-            runs.append((snap["state"], calls, snap["samples"]))
+            runs.append((snap["state"], calls, snap["samples"],
+                         snap["evidence"]["latency"]["estimate"]))
             assert snap["state"] == "promote", (runs, snap["reasons"], snap["evidence"])
             assert snap["excluded"] > 0  # the experiment ran: its copies were left out
             ev = snap["decided"]["figures"]
@@ -120,8 +121,8 @@ def test_an_identical_canary_under_chaos_is_promoted_run_after_run(triton: Trito
             assert all(r["verdict"] == "passes" for r in rows)
             if len(runs) >= 10:
                 break
-    print(f"identical canary under chaos: {len(runs)} runs (state, calls, clean comparisons): "
-          f"{runs}")
+    print(f"identical canary under chaos: {len(runs)} runs (state, calls, clean comparisons, "
+          f"share of pairs slower than the latency margin): {runs}")
     assert [r[0] for r in runs] == ["promote"] * len(runs)
 
 
