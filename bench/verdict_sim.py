@@ -15,7 +15,8 @@ Beside it, on the same streams, two reference judges written here:
 
 Reported per scenario: false-abort rate (A/A) or false-promote rate (A/B) with its 95 %
 Clopper-Pearson interval, the share of runs decided, and the median samples to the first
-decision.
+decision. Samples at equal error rates (fixed-sample judges sized to hold this verdict's
+``alpha`` and ``beta``): ``python -m bench.verdict_matched``.
 
     python -m bench.verdict_sim [--runs 200] [--horizon 2500] [--seed 1] [--procs 2]
 """
@@ -198,7 +199,8 @@ def summarise(sc: Scenario, outcomes: list[Outcome]) -> dict[str, Any]:
               for o in outcomes if o.promoted_at is not None or o.aborted_at is not None]
     return {"runs": n, "error": wrong / n, "error_ci": clopper_pearson(wrong, n),
             "right": right / n, "decided": len(firsts) / n,
-            "median_samples": float(np.median(firsts)) if firsts else math.nan}
+            "median_samples": float(np.median(firsts)) if firsts else math.nan,
+            "p90_samples": float(np.percentile(firsts, 90)) if firsts else math.nan}
 
 
 def simulate(runs: int, horizon: int, seed: int, procs: int, kayenta: int,

@@ -179,9 +179,9 @@ class StopConditions(Strict):
     min_requests: int = Field(10, ge=1)
     """Judge only with at least this many canary answers in the window."""
     alpha: float = Field(0.01, gt=0, lt=0.5)
-    """A stop is a test: the chance of stopping an experiment whose SLO holds. A rate stops
-    when its confidence-sequence bound is past the limit, a p99 when its distribution-free
-    lower bound is (filters/fault/rules.py)."""
+    """A stop is a test: the chance of stopping an experiment whose SLO holds, split evenly over
+    the configured conditions. A rate stops when its confidence-sequence bound is past the
+    limit, a p99 when its distribution-free lower bound is (filters/fault/rules.py)."""
     max_error_rate: float | None = Field(0.05, ge=0, le=1)
     """Share of the window's canary calls whose client got an error (injected ones included:
     what the client sees is what the SLO is about)."""

@@ -95,10 +95,10 @@ class Experiment:
         m = len(self.divergence)
         if stop.max_divergence is not None and m >= stop.min_requests:
             bad = sum(1 for _, agree in self.divergence if not agree)
-            if rules.rate_above(bad, m, stop.max_divergence, stop.alpha):
+            if rules.rate_above(bad, m, stop.max_divergence, rules.level(stop)):
                 return (f"divergence from production {bad / m:.3f} > {stop.max_divergence:g} "
                         f"over the last {stop.window_s:g} s ({m} shadow comparisons; "
-                        f"{rules.rate_bounds(bad, m, stop.alpha)})")
+                        f"{rules.rate_bounds(bad, m, rules.level(stop))})")
         return ""
 
     def snapshot(self) -> dict[str, Any]:

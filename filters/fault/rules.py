@@ -20,7 +20,9 @@ Every stop reason starts with the figure it is about, and ``slo_of`` names it (`
 A stop is a statistic, not a threshold on a few calls: a rate stops the experiment only when
 its confidence-sequence bound (``filters.compare.sequential``, at the stop's ``alpha``) is past
 the limit, and a p99 only when its distribution-free lower bound is — a p99 of five calls is
-their maximum, and one scheduler stall must not stop an experiment.
+their maximum, and one scheduler stall must not stop an experiment. The stop's ``alpha`` is the
+chance of stopping an experiment whose SLO holds on *any* condition, so each configured
+condition tests at its share (``level``), as the release verdict splits its ``alpha``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ from filters.compare.sequential import (
 
 _RATE = prior_around(0.05, 0.5)
 _TAIL = prior_around(0.99)
+
+
+def level(stop: Any) -> float:
+    """Each condition's false-stop rate: ``alpha`` split evenly over the configured ones."""
+    conditions = (stop.max_error_rate, stop.max_p99_ms, stop.min_success, stop.max_divergence)
+    return float(stop.alpha) / max(1, sum(c is not None for c in conditions))
 
 
 def rate_above(bad: int, n: int, limit: float, alpha: float) -> bool:
@@ -112,10 +120,10 @@ def check(exp: Any, now: float) -> str:
     own = len(st.own)
     if stop.min_success is not None and own:
         good = own - sum(1 for _, bad in st.own if bad)
-        if rate_below(good, own, stop.min_success, stop.alpha):
+        if rate_below(good, own, stop.min_success, level(stop)):
             return (f"success {good / own:.3%} < {stop.min_success:.1%} over the last "
                     f"{stop.window_s:g} s ({own} canary calls, injected refusals not counted; "
-                    f"{rate_bounds(good, own, stop.alpha)})")
+                    f"{rate_bounds(good, own, level(stop))})")
     if early:  # fault's own checks wait for min_requests; past first_assertion_s, not so
         return judged_window(exp, f"; first assertion {stop.first_assertion_s:g} s after the "
                                   f"first injection")
@@ -125,19 +133,18 @@ def check(exp: Any, now: float) -> str:
 def judged_window(exp: Any, note: str = "") -> str:
     """The error-rate and p99 stops over the window's canary calls, as statistics."""
     stop = exp.cfg.stop
-    n = len(exp.window)
+    n, lv = len(exp.window), level(stop)
     errors = sum(1 for _, ok, _ in exp.window if not ok)
-    if stop.max_error_rate is not None and rate_above(errors, n, stop.max_error_rate,
-                                                        stop.alpha):
+    if stop.max_error_rate is not None and rate_above(errors, n, stop.max_error_rate, lv):
         return (f"error rate {errors / n:.3f} > {stop.max_error_rate:g} over the last "
                 f"{stop.window_s:g} s ({errors} of {n} canary calls; "
-                f"{rate_bounds(errors, n, stop.alpha)}{note})")
+                f"{rate_bounds(errors, n, lv)}{note})")
     if stop.max_p99_ms is not None and n:
-        low = p99_lower_ms([lat for _, _, lat in exp.window], stop.alpha)
+        low = p99_lower_ms([lat for _, _, lat in exp.window], lv)
         if low is not None and low > stop.max_p99_ms:
             return (f"p99 latency ≥ {low:.0f} ms > {stop.max_p99_ms:g} ms over the last "
                     f"{stop.window_s:g} s ({n} canary calls; distribution-free lower bound, "
-                    f"false-stop rate {stop.alpha:g}{note})")
+                    f"false-stop rate {lv:g}{note})")
     return ""
 
 

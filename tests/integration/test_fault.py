@@ -398,14 +398,15 @@ def test_stop_condition_stops_the_experiment_and_traffic_goes_on(models: Path) -
                 infer(m, mm_request(), request_id=f"q{i}")
             except grpc.RpcError:
                 failed += 1
-        # a stop is a statistic: at the stop's alpha (0.01), 13 errors of 13 calls are the
-        # first evidence that the error rate is above 0.5 (5 of 5 are not)
-        assert failed == 13
+        # a stop is a statistic: at the stop's alpha (0.01) split over its two conditions (the
+        # error rate and the default p99), 14 errors of 14 calls are the first evidence that
+        # the error rate is above 0.5 (5 of 5 are not)
+        assert failed == 14
         _status, snap = admin(m, "/admin/experiments/bad")
         assert snap["state"] == "stopped"
         assert snap["stop_reason"].startswith("error rate 1.000 > 0.5 over the last 30 s "
-                                              "(13 of 13 canary calls; bounds ")
-        assert "false-stop rate 0.01" in snap["stop_reason"]
+                                              "(14 of 14 canary calls; bounds ")
+        assert "false-stop rate 0.005" in snap["stop_reason"]
         metrics = urllib.request.urlopen(m.admin_url + "/metrics").read().decode()
         assert 'mmguard_experiment_stops_total{cause="slo",experiment="bad",route="mm"} 1.0' \
             in metrics

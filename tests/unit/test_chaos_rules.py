@@ -83,6 +83,27 @@ def test_one_stall_among_fast_calls_never_stops_on_p99() -> None:
     assert exp.state == "stopped" and exp.stop_reason.startswith("p99 latency ≥ ")
 
 
+def test_alpha_is_shared_by_every_configured_stop_condition() -> None:
+    # four conditions at 0.01 each would stop an experiment whose SLO holds up to 4 % of the
+    # time; the stop's alpha is the chance of a false stop on any of them
+    clock = ManualClock()
+    reg, exp = make(clock, max_error_rate=0.5, max_p99_ms=2000, min_success=0.4,
+                    max_divergence=0.5)
+    assert rules.level(exp.cfg.stop) == 0.0025
+    assert rules.rate_above(13, 13, 0.5, 0.01)  # enough at 0.01 ...
+    for _ in range(13):
+        observe(reg, LocalReply(ErrorKind.UNAVAILABLE, "injected", injected="e/abort"))
+    assert exp.running  # ... not at its share
+    for _ in range(5):
+        observe(reg, LocalReply(ErrorKind.UNAVAILABLE, "injected", injected="e/abort"))
+        if not exp.running:
+            break
+    assert exp.stop_reason.startswith("error rate 1.000 > 0.5")
+    assert exp.stop_reason.endswith("false-stop rate 0.0025)")
+    _, alone = make(ManualClock(), max_error_rate=0.5)
+    assert rules.level(alone.cfg.stop) == 0.01
+
+
 async def test_a_baseline_comes_before_any_injection() -> None:
     clock = ManualClock()
     ctx = FilterContext(route="m", telemetry=Telemetry(), clock=clock, rng=random.Random(0),

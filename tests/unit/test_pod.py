@@ -122,7 +122,8 @@ async def test_experiments_start_and_stop_only_on_the_supervisor_and_replicas_fo
     assert [e.name for e in replica.running("m")] == ["e"]
     replica.experiments["e"].active = 2  # this worker's faults in flight survive an import
     replica.tally("e", matched=1, injected="abort")
-    for _ in range(10):  # 10 of 10: evidence the error rate is past 0.4 (2 of 2 is not)
+    for _ in range(11):  # 11 of 11: evidence the error rate is past 0.4 at alpha 0.01 split
+        # over the stop's two conditions (the error rate, the default p99); 2 of 2 is not
         replica.outcome(["e"], False, False, 0.01)
     await _turn()
     assert replica.running("m")  # errors seen, but the stop is the supervisor's

@@ -5,7 +5,10 @@ the parameter ``cue_file`` exists (JSON), each request first sleeps ``delay_ms``
 ``similarity`` is multiplied by ``similarity_scale``, or replaced by ``similarity`` when the cue
 names one (a degraded replica, for routing tests); ``embed_noise`` adds Gaussian noise of that σ
 to ``image_embeds`` (a perturbed canary, for shadowing tests), drawn from ``seed`` (0), or
-afresh for every request when ``seed`` is null (a non-deterministic model).
+afresh for every request when ``seed`` is null (a non-deterministic model). ``slowdown`` (e.g.
+1.3) makes each request take that many times its own work (the delay and the ONNX run; both
+slept at once after the run): a model slower in itself by a ratio, whatever the machine's load
+makes that work cost.
 ``similarity`` is [batch] in ONNX; the config declares it ``dims: [1]`` with
 ``reshape: { shape: [] }`` so Triton exposes [batch, 1] — see tests/support/triton.py for why.
 """
@@ -45,7 +48,10 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             cue = self._cue()
-            time.sleep(float(cue.get("delay_ms", 0)) / 1000)
+            delay_s, slowdown = float(cue.get("delay_ms", 0)) / 1000, float(cue.get("slowdown", 1))
+            if slowdown <= 1:
+                time.sleep(delay_s)
+            started = time.perf_counter()
             feeds = {
                 name: pb_utils.get_input_tensor_by_name(request, name).as_numpy()
                 for name in ("pixel_values", "input_ids")
@@ -59,6 +65,8 @@ class TritonPythonModel:
                 rng = np.random.default_rng(None if seed is None else int(seed))
                 results[0] = (results[0] + rng.normal(0, float(cue["embed_noise"]),
                                                       results[0].shape)).astype(np.float32)
+            if slowdown > 1:  # one sleep, as the unslowed model has: the same oversleep
+                time.sleep(slowdown * delay_s + (slowdown - 1) * (time.perf_counter() - started))
             tensors = [
                 pb_utils.Tensor(name, value) for name, value in zip(OUTPUTS, results, strict=True)
             ]
