@@ -9,7 +9,6 @@ traffic, so fault experiments never stack on them.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -19,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from filters import perturb
-from proxy.call import CANARY, Call
+from proxy.call import CANARY, Call, document_copy
 from proxy.keys import Store
 from proxy.tensor import Tensor
 
@@ -43,7 +42,7 @@ def perturbed_copy(call: Call, p: Perturbation, seed: int, timeout_s: float) -> 
     nothing to act on in this call (no image tensor for an image perturbation, and so on)."""
     now = time.monotonic()
     out = replace(call, inputs=list(call.inputs), headers=dict(call.headers),
-                  document=json.loads(json.dumps(call.document)) if call.document else None,
+                  document=document_copy(call.document) if call.document else None,
                   state=Store(), decisions={}, started=now, deadline=now + timeout_s)
     out.state[CANARY] = False  # faults must not stack on the perturbation
     rng = np.random.default_rng(seed)
@@ -56,7 +55,7 @@ def clean_copy(call: Call, timeout_s: float) -> Call:
     """A fresh, unperturbed copy that fault experiments leave alone (a clean baseline)."""
     now = time.monotonic()
     out = replace(call, inputs=list(call.inputs), headers=dict(call.headers),
-                  document=json.loads(json.dumps(call.document)) if call.document else None,
+                  document=document_copy(call.document) if call.document else None,
                   state=Store(), decisions={}, started=now, deadline=now + timeout_s)
     out.state[CANARY] = False
     return out

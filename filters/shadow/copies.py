@@ -5,7 +5,6 @@ how an answer is read for the comparison (status code, streamed text, arrays).""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -15,7 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 from opentelemetry.trace import SpanContext
 
-from proxy.call import CANARY, Call, Reply, Result, SseEvent
+from proxy.call import CANARY, Call, Reply, Result, SseEvent, document_copy
 from proxy.chain import Next
 from proxy.keys import Store
 
@@ -65,7 +64,7 @@ def freeing(leave: Callable[[], None]) -> Callable[[asyncio.Task[None]], None]:
 def snapshot(call: Call) -> Call:
     """The request as it is now, safe from the edits inner filters make to the call."""
     return replace(call, inputs=list(call.inputs), headers=dict(call.headers),
-                   document=json.loads(json.dumps(call.document)) if call.document else None,
+                   document=document_copy(call.document) if call.document else None,
                    outputs=list(call.outputs), parameters=dict(call.parameters),
                    state=Store(), decisions={},
                    target=replace(call.target) if call.target is not None else None)
@@ -73,7 +72,7 @@ def snapshot(call: Call) -> Call:
 
 def fresh(call: Call, timeout_s: float) -> Call:
     out = replace(call, inputs=list(call.inputs), headers=dict(call.headers),
-                  document=json.loads(json.dumps(call.document)) if call.document else None,
+                  document=document_copy(call.document) if call.document else None,
                   state=Store(), decisions={}, started=time.monotonic(),
                   deadline=time.monotonic() + timeout_s)
     out.state[CANARY] = True  # a mirrored copy is canary traffic
