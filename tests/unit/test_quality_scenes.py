@@ -129,7 +129,7 @@ def test_a_periodic_texture_and_a_page_of_text_are_not_ghosts() -> None:
 
 def test_ghosting_is_measured_only_when_asked() -> None:
     assert "ghosting" not in image_signals(photo(), HWC)
-    assert image_signals(photo(), HWC, ("ghosting",))["ghosting"].score == 1.0
+    assert image_signals(photo(), HWC, ("ghosting",))["ghosting"].score > 0.9
     assert set(all_signals(photo())) == set(IMAGE_SIGNALS)
 
 

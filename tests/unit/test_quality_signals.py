@@ -27,7 +27,9 @@ from filters.quality.signals import (
     IMAGE_SIGNALS,
     ImageSpec,
     Signal,
+    graphic,
     image_signals,
+    luminance,
     modality_score,
     trust_score,
 )
@@ -39,6 +41,7 @@ from proxy.config.model import ConfigError, parse_config
 from proxy.errors import ErrorKind
 from proxy.telemetry import Telemetry
 from proxy.tensor import Tensor
+from tests.support import photos
 from tests.support.images import scene
 
 HWC = ImageSpec("HWC", (0.0,), (255.0,))
@@ -81,7 +84,9 @@ def test_blur_lowers_sharpness_step_by_step() -> None:
 
 
 def test_dark_and_blown_out_versions_score_low_on_exposure() -> None:
-    sharp = scene()
+    # A photograph: the synthetic scene is a drawing (flat colours), and a drawing's white is
+    # not read as blown (the next test).
+    sharp = next(c.image for c in photos.clean_set() if c.name == "chelsea")
     dark = np.asarray(sharp * 0.12, np.uint8)
     blown = np.asarray(np.clip(sharp * 3.0, 0, 255), np.uint8)
     clean = image_signals(sharp, HWC)["exposure"]
@@ -89,6 +94,22 @@ def test_dark_and_blown_out_versions_score_low_on_exposure() -> None:
     assert clean.score == 1.0 and low.score < 0.3 and high.score < 0.3
     assert low.value < clean.value  # dark: the value is the mean luminance
     assert "mean luminance" in low.what and "blown" in high.what  # blown: the blown share
+
+
+def test_white_reached_without_a_gradient_reads_as_a_drawing_not_as_blown() -> None:
+    # Flat colours with white that no ramp of tones leads to: a light-mode screenshot, clip art.
+    # The synthetic scene blown 3x is such a picture too, and is read the same way: the cost of
+    # not flagging white UIs (docs/quality.md, "False positives").
+    drawn = np.asarray(np.clip(scene() * 3.0, 0, 255), np.uint8)
+    plane = luminance(drawn, HWC)
+    assert graphic(plane, 0.0) == 1.0 and image_signals(drawn, HWC)["exposure"].score >= 0.5
+    for name, ui in photos.screenshots(4):
+        assert image_signals(ui, HWC)["exposure"].score >= 0.5, name
+    # A photograph's neighbours differ (sensor noise, texture): never a drawing, however blown.
+    chelsea = next(c.image for c in photos.clean_set() if c.name == "chelsea")
+    for gain in (1.5, 2.0, 3.0):
+        blown = np.asarray(np.clip(chelsea * gain, 0, 255), np.uint8)
+        assert graphic(luminance(blown, HWC), 0.0) == 0.0, gain
 
 
 def test_added_noise_lowers_the_noise_score_monotonically() -> None:
@@ -158,7 +179,10 @@ def test_the_visual_score_orders_every_degradation_below_the_clean_scene() -> No
     clean = visual(sharp)
     degraded = {"blurred": visual(blurred(sharp, 3)), "dark": visual(np.asarray(sharp * 0.1,
                                                                                 np.uint8)),
-                "blown": visual(np.asarray(np.clip(sharp * 3.0, 0, 255), np.uint8)),
+                # as a camera takes it (a little sensor noise): blown, a photograph, not a
+                # drawing, whose flat white is not read as blown (test above)
+                "blown": visual(np.asarray(np.clip(noised(sharp, 0.01) * 3.0, 0, 255),
+                                           np.uint8)),
                 "noised": visual(noised(sharp, 0.08)),
                 "nan": visual(nan, ImageSpec("HWC", (0.0,), (1.0,)))}
     assert all(v < 0.5 < clean for v in degraded.values()), degraded
