@@ -224,6 +224,8 @@ class Quality:
             ctx.on_activate(lambda: share(drift, f"drift/input/{ctx.route}"))
         self.graded = (GradedActions(cfg.graded, ctx, self._decide)
                        if cfg.graded is not None else None)
+        w = cfg.weights
+        self.weights = {"visual": w.visual, "text": w.text, "alignment": w.alignment}
         self.optional = frozenset(r.signal for r in cfg.rules) & OPTIONAL_SIGNALS
         """The dear signals measured on this route: those a rule names."""
         char_tables()  # build the text tables now, not on the first request
@@ -372,11 +374,6 @@ class Quality:
         if self.cfg.annotate and (report.items or report.alignment is not None):
             self._decide(call, "scores", "scored", report.summary(self.weights))
 
-    @property
-    def weights(self) -> dict[str, float]:
-        w = self.cfg.weights
-        return {"visual": w.visual, "text": w.text, "alignment": w.alignment}
-
     async def _observe(self, report: Report) -> None:
         monitor = self.drift
         if monitor is None:
@@ -393,9 +390,11 @@ class Quality:
     def _apply_rules(self, call: Call, report: Report) -> LocalReply | None:
         rejects: list[tuple[Rule, Finding]] = []
         for rule in self.cfg.rules:
+            score = report.score(rule.signal, self.weights)
+            if score is None or score >= rule.below:
+                continue  # most rules on most calls: no sentence to write
             found = report.find(rule.signal, self.weights)
-            if found is None or found.score >= rule.below:
-                continue
+            assert found is not None and found.score == score
             detail = f"{found.detail}; threshold {rule.below:g}"
             if rule.action == "reject":
                 rejects.append((rule, found))

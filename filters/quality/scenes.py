@@ -21,7 +21,7 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from filters.quality.measure import F32, Signal
+from filters.quality.measure import F32, Levels, Signal, levels
 from filters.quality.measure import ramp as _ramp
 
 SCENE_SIGNALS = ("perspective", "tone", "ghosting")
@@ -34,9 +34,6 @@ _OBLIQUE = 0.01  # px per px: an edge leaning more than this is not the frame's 
 KEY_DARK, KEY_LIT = 0.08, 0.18  # log-average luminance; see tone()
 CLIPPED_BAD, CLIPPED_GOOD = 0.45, 0.2  # share clipped white reached by a gradient; tone()
 _KEY_DELTA = np.float32(0.01)
-_CLIP = np.float32(0.98)
-_MID_LOW, _MID_HIGH = np.float32(0.25), np.float32(0.75)  # the mid-tones, as in exposure()
-_NEAR_CLIP = np.float32(0.9)
 GHOST_BAD, GHOST_GOOD = 0.16, 0.02  # cepstrum peak off zero; see ghosting()
 _GHOST_FLOOR = 1e-4  # of the mean power, added before the logarithm
 _GHOST_N = 256
@@ -117,7 +114,7 @@ def perspective(plane: F32) -> Signal:
                   f"leaning straight margin edges ({straight} straight of 4 sides)")
 
 
-def tone(plane: F32) -> Signal:
+def tone(plane: F32, lv: Levels | None = None) -> Signal:
     """A tone curve that sank or blew the picture, from the histogram's shape.
 
     Dark: the log-average luminance (the "key" of Reinhard's tone mapping,
@@ -140,13 +137,11 @@ def tone(plane: F32) -> Signal:
     if plane.size == 0:
         return Signal(0.0, 0.0, "log-average luminance (empty image)")
     flat = plane.reshape(-1)
-    n = flat.size
     sub = flat[::4]  # the key of a quarter orders images the same way, 4x cheaper (log)
     key = math.exp(float(np.log(sub + _KEY_DELTA).sum(dtype=np.float64)) / sub.size)
-    clipped = np.count_nonzero(flat >= _CLIP) / n
-    near = np.count_nonzero(flat >= _NEAR_CLIP) / n - clipped
-    ink = np.count_nonzero(flat < _MID_LOW) / n
-    mid = 1.0 - ink - np.count_nonzero(flat > _MID_HIGH) / n
+    lv = lv or levels(plane)
+    clipped, ink, mid = lv.clipped, lv.ink, lv.mid
+    near = lv.near_white - clipped
     # A page or a UI is white plus ink, with few mid-tones: its white is paper, not clipping.
     page = max(_ramp(mid, 0.15, 0.35), _ramp(ink, 0.03, 0.005))
     blown = clipped * _ramp(near / clipped if clipped else 0.0, 0.03, 0.25) * page

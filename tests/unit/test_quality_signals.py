@@ -32,6 +32,7 @@ from filters.quality.signals import (
     luminance,
     modality_score,
     trust_score,
+    widen_float16,
 )
 from filters.quality.text import TEXT_SIGNALS, text_signals
 from proxy.call import Call, LocalReply, Reply, Result, Target
@@ -186,6 +187,26 @@ def test_the_visual_score_orders_every_degradation_below_the_clean_scene() -> No
                 "noised": visual(noised(sharp, 0.08)),
                 "nan": visual(nan, ImageSpec("HWC", (0.0,), (1.0,)))}
     assert all(v < 0.5 < clean for v in degraded.values()), degraded
+
+
+def test_float16_is_widened_exactly_as_numpy_casts_it() -> None:
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    image = every[: 3 * 128 * 128].reshape(3, 128, 128)  # NaN, ±Inf and subnormals included
+    assert np.array_equal(widen_float16(image), image.astype(np.float32), equal_nan=True)
+    assert np.array_equal(widen_float16(every), every.astype(np.float32), equal_nan=True)
+    sharp = (scene().transpose(2, 0, 1) / 255.0).astype(np.float16)
+    assert image_signals(sharp, CHW01) == image_signals(sharp.astype(np.float32), CHW01)
+
+
+def test_a_rule_reads_the_score_its_sentence_reports() -> None:
+    report = Report()
+    report.add(Item("image", "input 'a'", image_signals(scene(), HWC)))
+    report.add(Item("image", "input 'b'", image_signals(blurred(scene(), 3), HWC)))
+    report.add(Item("text", "input 't'", text_signals("a sentence of words", 1, 100)))
+    weights = {"visual": 0.4, "text": 0.3, "alignment": 0.3}
+    for name in (*IMAGE_SIGNALS, *TEXT_SIGNALS, "image", "text", "alignment", "trust"):
+        found = report.find(name, weights)
+        assert report.score(name, weights) == (None if found is None else found.score), name
 
 
 @settings(max_examples=60, deadline=None)
