@@ -36,6 +36,10 @@ CLIPPED_BAD, CLIPPED_GOOD = 0.45, 0.2  # share clipped white reached by a gradie
 _KEY_DELTA = np.float32(0.01)
 GHOST_BAD, GHOST_GOOD = 0.16, 0.02  # cepstrum peak off zero; see ghosting()
 _GHOST_FLOOR = 1e-4  # of the mean power, added before the logarithm
+# A pattern's second harmonic counts three times its prominence against the first (a UI's
+# text lines: 6 of 8 rendered screenshots read as ghosts at 1, 1 at 3; a faint echo's second
+# peak is r²/2 and negative, so ghosts lose nothing: AUC at 10 % 0.987 -> 0.990).
+_HARMONIC_WEIGHT = 3.0
 _GHOST_N = 256
 _GHOST_MIN, _GHOST_MAX = 4.0, 28.0  # lags searched (px): beyond an edge's own width
 
@@ -165,16 +169,18 @@ def ghosting(plane: F32) -> Signal:
     signal weighed every peak against the picture's strongest edges (AUC 0.50 / 0.60 at 5 /
     10 %). The value is the most prominent peak 4-28 px off zero (its height over the
     highest of its 8 neighbours 2 px away: an echo's peak is one pixel wide, a texture's
-    ridge is not) less the prominence at twice its lag (a periodic texture, a page of text
-    lines or a JPEG grid has harmonics; a faint echo's second one, r²/2, is negligible).
+    ridge is not) less three times the prominence at twice its lag (a periodic texture, a
+    page or a screen of text lines, a JPEG grid has harmonics; a faint echo's second one is
+    r²/2 and of the other sign).
     0.16 scores 0, 0.02 scores 1 (0.5 at 0.09, just above the highest clean photograph or
     random crop, 0.084). One 256² FFT pair and a logarithm: the dearest signal
     (docs/quality.md, "Cost"), so it is measured only when a rule names it.
 
     Known confusions: a periodic pattern without harmonics in range (one repeated object:
     two windows, a pair of eyes; the rocket's regular structure reads highest of the clean
-    photographs) reads as a ghost; a ghost of another scene (not a shifted copy) is not seen;
-    a shift under 4 px is blur, not a ghost."""
+    photographs) reads as a ghost; camera shake is a smear of shifted copies and reads as a
+    ghost at its length (9 px: about 60 %); a ghost of another scene (not a shifted copy) is
+    not seen; a shift under 4 px is blur, not a ghost."""
     if min(plane.shape) < 32:
         return Signal(1.0, 0.0, "cepstrum peak off zero (image too small)")
     lap = plane[1:-1, 1:-1] * np.float32(4)
@@ -203,7 +209,7 @@ def ghosting(plane: F32) -> Signal:
     at = int(np.argmax(np.where(ring, prominence, -np.inf)))
     dy, dx = (v - reach for v in divmod(at, 2 * reach + 1))
     harmonic = _prominence_at(ceps, 2 * dy, 2 * dx)
-    value = max(float(prominence.flat[at]) - max(harmonic, 0.0), 0.0)
+    value = max(float(prominence.flat[at]) - _HARMONIC_WEIGHT * max(harmonic, 0.0), 0.0)
     return Signal(_ramp(value, GHOST_BAD, GHOST_GOOD), value,
                   f"cepstrum peak off zero (at {dx:+d}, {dy:+d} px)")
 
