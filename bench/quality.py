@@ -106,7 +106,7 @@ def image_timings(arr: NDArray[Any], spec: qs.ImageSpec, n: int) -> list[tuple[s
         ("levels (counted once for exposure and tone)", lambda: levels(plane)),
         ("exposure (given levels)", lambda: qs.exposure(plane, lv)),
         ("  of exposure: graphic test (a candidate over-exposure only)",
-         lambda: qs.graphic(plane, 0.0)),
+         lambda: scenes.graphic(plane, 0.0)),
         ("noise (given differences)", lambda: qs.noise(plane, diffs)),
         ("  of sharpness: sharpest region (4x4 tiles)", lambda: qs.sharpest_region(
             plane, *diffs)),

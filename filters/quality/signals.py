@@ -31,7 +31,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from filters.quality import scenes
-from filters.quality.measure import BLOWN as _BLOWN
 from filters.quality.measure import F32 as F32
 from filters.quality.measure import Levels, levels
 from filters.quality.measure import Signal as Signal
@@ -51,10 +50,6 @@ NOISE_BAD, NOISE_GOOD = 0.06, 0.02  # noise σ of the smoothest blocks; see nois
 _NOISE_BLOCK = 8
 _TILES = 4  # sharpness: the sharpest of 4 × 4 regions
 _NOISE_P25_GAIN = 1.135  # the 25th percentile of block means under pure noise, over their mean
-_BLACK = np.float32(0.02)  # at or below: crushed black, as flat in a photo as in a drawing
-_FLAT_STEP = np.float32(0.5 / 255)  # luminance: neighbours closer than this are one flat colour
-FLAT_PHOTO, FLAT_GRAPHIC = 0.16, 0.19  # share of flat-colour pixels; see graphic()
-RAMPED_GRAPHIC, RAMPED_PHOTO = 0.2, 0.35  # near-white over blown-white share; see graphic()
 
 
 # --- images -------------------------------------------------------------------------------------
@@ -363,30 +358,6 @@ def noise(plane: F32, diffs: tuple[F32, F32] | None = None) -> Signal:
     return Signal(_ramp(sigma, NOISE_BAD, NOISE_GOOD), sigma, "noise sigma")
 
 
-def graphic(plane: F32, ramped: float) -> float:
-    """How much a bright picture looks drawn rather than photographed, in [0, 1]: the share of
-    its pixels (neither blown white nor black) that equal both their left and upper neighbours
-    (flat colour: a UI's bars and buttons, clip art's fills; 0.16 reads 0, 0.19 reads 1), and
-    how little of its white is reached through a gradient (``ramped``: pixels at 0.9 up to
-    blown white over the blown ones; a gain clips a smooth ramp of tones into white, a drawing
-    jumps to it: 0.35 reads 0, 0.2 reads 1); the lower of the two.
-
-    On the evaluation set: light-mode screenshots read flat 0.24-0.32 and ramped 0.06-0.08,
-    illustrations 0.22-0.24 and 0.04-0.22; photographs over-exposed by 2× with a flat share
-    of 0.2 or more (the rocket's sky) have ramped 0.33 or more. Sensor noise and texture make
-    a photograph's neighbours differ, so its flat share is small (median 0.02)."""
-    if min(plane.shape) < 2:
-        return 0.0
-    inner = plane[1:, 1:]
-    same = np.abs(inner - plane[:-1, 1:]) < _FLAT_STEP
-    same &= np.abs(inner - plane[1:, :-1]) < _FLAT_STEP
-    same &= inner < _BLOWN
-    same &= inner > _BLACK
-    coloured = np.count_nonzero(inner < _BLOWN)
-    share = np.count_nonzero(same) / max(coloured, 1)
-    return min(_ramp(share, FLAT_PHOTO, FLAT_GRAPHIC), _ramp(ramped, RAMPED_PHOTO, RAMPED_GRAPHIC))
-
-
 def exposure(plane: F32, lv: Levels | None = None) -> Signal:
     """Whether the scene got the right amount of light, from the luminance histogram.
 
@@ -398,7 +369,7 @@ def exposure(plane: F32, lv: Levels | None = None) -> Signal:
     mid-tones (0.25-0.75) or to the lack of dark pixels (under 0.25): a white page is paper
     white plus dark ink, few mid-tones, so its white does not count; an over-exposed photo
     keeps mid-tones or has lost its darks. A weighted share of 25 % scores 0, 5 % scores 1.
-    A picture that reads as drawn (``graphic``: flat colours, white not reached through a
+    A picture that reads as drawn (``scenes.graphic``: flat colours, white not reached through a
     gradient: a light-mode screenshot, clip art) has its weighted share cut in proportion;
     only a candidate over-exposure (weighted share above 5 %) pays for that test.
 
@@ -420,7 +391,7 @@ def exposure(plane: F32, lv: Levels | None = None) -> Signal:
     # A page needs ink: white with neither mid-tones nor dark strokes is blown, not paper.
     weighted = blown * max(_ramp(mid, 0.15, 0.35), _ramp(ink, 0.03, 0.005))
     if weighted > EXPOSURE_BRIGHT:  # only a candidate over-exposure pays for the graphics test
-        weighted *= 1.0 - graphic(plane, (lv.near_white - blown) / blown)
+        weighted *= 1.0 - scenes.graphic(plane, (lv.near_white - blown) / blown)
     # A dark scene with bright highlights (a night sky, a lamp) was lit enough for what is in
     # it; cutting the light dims the highlights too.
     under = max(_ramp(mean, EXPOSURE_DARK, EXPOSURE_LIT),

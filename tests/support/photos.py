@@ -143,7 +143,7 @@ def _load_sklearn(name: str) -> U8:
     spec = importlib.util.find_spec("sklearn")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("scikit-learn (the test extra) ships china.jpg and flower.jpg")
-    base = list(spec.submodule_search_locations)[0]
+    base = next(iter(spec.submodule_search_locations))
     with Image.open(f"{base}/datasets/images/{name}") as img:
         return np.asarray(img.convert("RGB"), np.uint8)
 

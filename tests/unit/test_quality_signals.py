@@ -22,12 +22,11 @@ from filters.call_keys import UNUSABLE_MODALITIES
 from filters.quality.drift import DriftConfig, DriftMonitor, compare, drift_gauges
 from filters.quality.filter import Quality, QualityConfig, resolve_layout
 from filters.quality.report import Item, Report
-from filters.quality.scenes import OPTIONAL_SIGNALS
+from filters.quality.scenes import OPTIONAL_SIGNALS, graphic
 from filters.quality.signals import (
     IMAGE_SIGNALS,
     ImageSpec,
     Signal,
-    graphic,
     image_signals,
     luminance,
     modality_score,
