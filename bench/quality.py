@@ -43,6 +43,7 @@ from filters.quality import scenes  # noqa: E402
 from filters.quality import signals as qs  # noqa: E402
 from filters.quality import text as qt  # noqa: E402
 from filters.quality.filter import Quality, QualityConfig  # noqa: E402
+from filters.quality.measure import levels  # noqa: E402
 from proxy.call import Call, Reply, Result, Target  # noqa: E402
 from proxy.chain import FilterContext  # noqa: E402
 from proxy.clock import SystemClock  # noqa: E402
@@ -84,13 +85,14 @@ def per_call_us(fn: Callable[[], object], n: int) -> float:
 
 
 def image_timings(arr: NDArray[Any], spec: qs.ImageSpec, n: int) -> list[tuple[str, float]]:
-    img = arr.astype(np.float32) if arr.dtype == np.float16 else arr
+    img = qs.widen_float16(arr) if arr.dtype == np.float16 else arr
     mins, maxs = qs.extrema(img, spec, 3)
     plane = qs.luminance(img, spec)
     diffs = qs.second_differences(plane)
     energies = qs.gradient_energies(plane)
+    lv = levels(plane)
     timings: list[tuple[str, Callable[[], object]]] = [
-        ("float16 -> float32 (FP16 only)", lambda: arr.astype(np.float32)),
+        ("float16 -> float32 (FP16 only)", lambda: qs.widen_float16(arr)),
         ("extrema (min/max per channel)", lambda: qs.extrema(img, spec, 3)),
         ("finite (NaN/Inf, given extrema)", lambda: qs.finite(img, mins, maxs)),
         ("range (given extrema)", lambda: qs.value_range(img, spec, mins, maxs)),
@@ -101,13 +103,17 @@ def image_timings(arr: NDArray[Any], spec: qs.ImageSpec, n: int) -> list[tuple[s
         ("sharpness (given differences, energies)", lambda: qs.sharpness(plane, diffs,
                                                                          energies)),
         ("blockiness (given energies)", lambda: qs.blockiness(plane, energies)),
-        ("exposure", lambda: qs.exposure(plane)),
+        ("levels (counted once for exposure and tone)", lambda: levels(plane)),
+        ("exposure (given levels)", lambda: qs.exposure(plane, lv)),
+        ("  of exposure: graphic test (a candidate over-exposure only)",
+         lambda: scenes.graphic(plane, 0.0)),
         ("noise (given differences)", lambda: qs.noise(plane, diffs)),
         ("  of sharpness: sharpest region (4x4 tiles)", lambda: qs.sharpest_region(
             plane, *diffs)),
         ("perspective (margin edges)", lambda: scenes.perspective(plane)),
-        ("tone (key, clipped white)", lambda: scenes.tone(plane)),
-        ("ghosting (256^2 FFT; only when a rule names it)", lambda: scenes.ghosting(plane)),
+        ("tone (key, given levels)", lambda: scenes.tone(plane, lv)),
+        ("ghosting (256^2 FFT pair, log; only when a rule names it)",
+         lambda: scenes.ghosting(plane)),
         ("ALL image signals (image_signals)", lambda: qs.image_signals(arr, spec)),
         ("ALL + ghosting", lambda: qs.image_signals(arr, spec, ("ghosting",))),
     ]

@@ -2,8 +2,8 @@
 
     python -m bench.quality_eval [--out bench/out] [--all-severities]
 
-Builds the evaluation set of ``tests/support/photos.py`` (the photographs scikit-image and
-matplotlib ship in their wheels, resized to 224 × 224 as a client would; documents,
+Builds the evaluation set of ``tests/support/photos.py`` (the photographs scikit-image,
+matplotlib and scikit-learn ship in their wheels, resized to 224 × 224 as a client would; documents,
 illustrations, scientific images and rendered screenshots as clean inputs of their own kinds),
 makes every degradation at every severity of its ladder, and scores everything with the
 shipped signals (``ghosting`` included). Prints, per degradation:
@@ -126,6 +126,7 @@ def evaluate() -> dict[str, Any]:
                 fp[f"{framing} / {kind}"] = false_positives(mine, thresholds)
     crops = [s for c, s in scored["random crops"]]
     faces = [score(f) for f in photos.faces()]
+    shaken = [(n, score(x)) for n, x in photos.camera_shake()]
     out: dict[str, Any] = {"thresholds": thresholds, "false_positives": fp, "degradations": {},
                            "operating_points": operating_points(photo + crops),
                            "operating_points_none": operating_points(photo + crops, 0.0),
@@ -133,7 +134,12 @@ def evaluate() -> dict[str, Any]:
                                [bool(flagged(s, thresholds)) for s in faces])),
                                "sharpness_below": float(np.mean(
                                    [s["sharpness"].score < thresholds.get("sharpness", 0)
-                                    for s in faces]))}}
+                                    for s in faces]))},
+                           "camera_shake_clock": {
+                               "n": len(shaken),
+                               "flagged": [n for n, s in shaken if flagged(s, thresholds)],
+                               "sharpness": {n: round(s["sharpness"].value, 3)
+                                             for n, s in shaken}}}
     for d in photos.DEGRADATIONS:
         entry: dict[str, Any] = {"signal": d.signal, "source": d.source, "unit": d.unit,
                                  "severities": {}}
@@ -186,6 +192,10 @@ def table(result: dict[str, Any], all_severities: bool) -> str:
     f = result["faces_lfw"]
     lines.append(f"lfw faces (25 px, up-scaled 9x by the client): {f['detected']:.0%} of {f['n']} "
                  f"flagged, {f['sharpness_below']:.0%} by sharpness")
+    c = result["camera_shake_clock"]
+    lines.append(f"real camera shake (skimage's clock, whole + 4 crops): {len(c['flagged'])} of "
+                 f"{c['n']} flagged; sharpness ratio " + ", ".join(
+                     f"{n} {v:g}" for n, v in c["sharpness"].items()))
     return "\n".join(lines)
 
 

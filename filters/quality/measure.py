@@ -1,6 +1,7 @@
 """What every quality signal returns: a ``Signal`` (a score in [0, 1] and the raw value behind
-it), and the ramp that maps a value to a score. Its own module so the first-round signals
-(``signals``) and the edge scenes' (``scenes``) share it without importing each other both ways.
+it), the ramp that maps a value to a score, and the luminance plane's ``Levels`` that exposure
+and tone both read. Its own module so the first-round signals (``signals``) and the edge scenes'
+(``scenes``) share them without importing each other both ways.
 """
 
 from __future__ import annotations
@@ -24,3 +25,35 @@ def ramp(x: float, bad: float, good: float) -> float:
     """0 at ``bad``, 1 at ``good``, linear between (either direction), clipped."""
     t = (x - bad) / (good - bad)
     return 0.0 if t <= 0.0 else 1.0 if t >= 1.0 else float(t)
+
+
+MID_LOW, MID_HIGH = np.float32(0.25), np.float32(0.75)  # the mid-tones' luminance
+NEAR_WHITE = np.float32(0.9)  # from here up: where a gradient runs into white
+CLIPPED = np.float32(0.98)  # tone's clipped white
+BLOWN = np.float32(250 / 255)  # exposure's blown white
+
+
+@dataclass(frozen=True, slots=True)
+class Levels:
+    """Shares of a luminance plane's pixels by level, and its mean: counted once per image
+    for both ``signals.exposure`` and ``scenes.tone``."""
+
+    mean: float
+    ink: float  # under 0.25
+    mid: float  # 0.25 to 0.75
+    near_white: float  # 0.9 and up
+    clipped: float  # 0.98 and up
+    blown: float  # 250/255 and up
+
+
+def levels(plane: F32) -> Levels:
+    """The plane's ``Levels``. The whites are counted among the pixels at 0.9 and up only (a
+    photograph has few), so the seven counts exposure and tone used to make cost four passes."""
+    flat = plane.reshape(-1)
+    n = max(flat.size, 1)
+    mean = float(flat.sum(dtype=np.float64)) / n
+    ink = np.count_nonzero(flat < MID_LOW) / n
+    high = np.count_nonzero(flat > MID_HIGH) / n
+    white = flat[flat >= NEAR_WHITE]
+    return Levels(mean, ink, 1.0 - ink - high, white.size / n,
+                  np.count_nonzero(white >= CLIPPED) / n, np.count_nonzero(white >= BLOWN) / n)

@@ -58,12 +58,15 @@ class Report:
     alignment: NDArray[np.float32] | None = None
     alignment_where: str = ""
     alignment_error: str = ""
+    _parts: dict[str, float | None] | None = field(default=None, init=False, repr=False)
 
     def add(self, item: Item) -> None:
         self.items.append(item)
+        self._parts = None
 
     def set_alignment(self, scores: NDArray[np.float32], where: str) -> None:
         self.alignment, self.alignment_where = scores, where
+        self._parts = None
 
     def worst(self, modality: str, signal: str | None = None) -> Item | None:
         found = [i for i in self.items if i.modality == modality
@@ -75,10 +78,29 @@ class Report:
         return min(found, key=lambda i: i.signals[signal].score)
 
     def parts(self) -> dict[str, float | None]:
-        image, text = self.worst("image"), self.worst("text")
-        return {"visual": None if image is None else image.score,
-                "text": None if text is None else text.score,
-                "alignment": None if self.alignment is None else float(self.alignment.min())}
+        """visual, text and alignment: the scores the trust score weighs (computed once per
+        report: the header, the published scores, drift and the rules all read them)."""
+        if self._parts is None:
+            image, text = self.worst("image"), self.worst("text")
+            self._parts = {"visual": None if image is None else image.score,
+                           "text": None if text is None else text.score,
+                           "alignment": None if self.alignment is None
+                           else float(self.alignment.min())}
+        return dict(self._parts)
+
+    def score(self, signal: str, weights: Mapping[str, float]) -> float | None:
+        """The score ``find`` would give, without its sentence (None when absent)."""
+        if signal in IMAGE_SIGNALS or signal in TEXT_SIGNALS:
+            modality = "image" if signal in IMAGE_SIGNALS else "text"
+            scores = [i.signals[signal].score for i in self.items
+                      if i.modality == modality and signal in i.signals]
+            return min(scores) if scores else None
+        if signal in ("image", "text"):
+            scores = [i.score for i in self.items if i.modality == signal]
+            return min(scores) if scores else None
+        if signal == "alignment":
+            return None if self.alignment is None else float(self.alignment.min())
+        return trust_score(self.parts(), weights)
 
     def find(self, signal: str, weights: Mapping[str, float]) -> Finding | None:
         """The score a rule on ``signal`` reads (the worst item's), or None when absent."""

@@ -32,6 +32,7 @@ from numpy.typing import NDArray
 
 from filters.quality import scenes
 from filters.quality.measure import F32 as F32
+from filters.quality.measure import Levels, levels
 from filters.quality.measure import Signal as Signal
 from filters.quality.measure import ramp as _ramp
 
@@ -43,14 +44,12 @@ SHARPNESS_BLURRED, SHARPNESS_SHARP = 0.3, 1.1  # second/first difference energy;
 EXPOSURE_DARK, EXPOSURE_LIT = 0.03, 0.2  # mean luminance
 HIGHLIGHTS_DIM, HIGHLIGHTS_LIT = 0.35, 0.6  # 99th-percentile luminance; see exposure()
 EXPOSURE_BLOWN, EXPOSURE_BRIGHT = 0.25, 0.05  # weighted blown-white share; see exposure()
-_MID_LOW, _MID_HIGH = np.float32(0.25), np.float32(0.75)  # the mid-tones' luminance
 BLOCKY, NOT_BLOCKY = 1.75, 1.25  # gradient energy on / beside the 8-px grid; blockiness()
 _FLAT_ENERGY = 1e-5  # per pixel: below ~1 grey level of steps, a line counts as flat
 NOISE_BAD, NOISE_GOOD = 0.06, 0.02  # noise σ of the smoothest blocks; see noise()
 _NOISE_BLOCK = 8
 _TILES = 4  # sharpness: the sharpest of 4 × 4 regions
 _NOISE_P25_GAIN = 1.135  # the 25th percentile of block means under pure noise, over their mean
-_BLOWN = np.float32(250 / 255)  # a pixel at or above it is blown white
 
 
 # --- images -------------------------------------------------------------------------------------
@@ -176,6 +175,10 @@ def luminance(image: NDArray[Any], spec: ImageSpec) -> F32:
     gain = weights / weights.sum() / (hi - lo)
     if spec.layout == "HWC":
         plane = np.asarray(image[..., : len(chans)] @ gain, np.float32)
+    elif image.dtype == np.float32 and image.ndim == 3:
+        # One pass over the channels (measured 2.4x cheaper than a multiply-add per channel;
+        # the same sum in the same order).
+        plane = np.einsum("c,chw->hw", gain, image[: len(chans)])
     else:
         plane = np.multiply(chans[0], gain[0], dtype=np.float32)
         for c in range(1, len(chans)):
@@ -355,7 +358,7 @@ def noise(plane: F32, diffs: tuple[F32, F32] | None = None) -> Signal:
     return Signal(_ramp(sigma, NOISE_BAD, NOISE_GOOD), sigma, "noise sigma")
 
 
-def exposure(plane: F32) -> Signal:
+def exposure(plane: F32, lv: Levels | None = None) -> Signal:
     """Whether the scene got the right amount of light, from the luminance histogram.
 
     Under-exposure: the mean luminance (0.03 scores 0, 0.2 scores 1; the darkest clean
@@ -366,27 +369,29 @@ def exposure(plane: F32) -> Signal:
     mid-tones (0.25-0.75) or to the lack of dark pixels (under 0.25): a white page is paper
     white plus dark ink, few mid-tones, so its white does not count; an over-exposed photo
     keeps mid-tones or has lost its darks. A weighted share of 25 % scores 0, 5 % scores 1.
+    A picture that reads as drawn (``scenes.graphic``: flat colours, white not reached through a
+    gradient: a light-mode screenshot, clip art) has its weighted share cut in proportion;
+    only a candidate over-exposure (weighted share above 5 %) pays for that test.
 
     Known confusions: a dark tone curve (gamma) that keeps the highlights reads as a dark
     scene, not as low light; a scene dark by nature without highlights (a dim microscope
-    slide) reads under-exposed; a white screenshot full of mid-grey widgets or photos reads
-    over-exposed; a photo blown so far that only white and deep shadows are left reads as a
-    white page."""
+    slide) reads under-exposed; an over-exposed photograph of flat-coloured things whose white
+    is not reached through a gradient reads as a drawing (none on the evaluation set, where
+    the discount costs no over-exposure at 1.5-3×); a photo blown so far that only white and
+    deep shadows are left reads as a white page."""
     if plane.size == 0:
         return Signal(0.0, 0.0, "mean luminance (empty image)")
-    flat = plane.reshape(-1)
-    n = flat.size
-    mean = float(flat.sum(dtype=np.float64)) / n
     # Counts by comparison, not a histogram: np.bincount widens uint8 to int64 (~0.3 ms).
-    blown = np.count_nonzero(flat >= _BLOWN) / n
-    ink = np.count_nonzero(flat < _MID_LOW) / n
-    mid = 1.0 - ink - np.count_nonzero(flat > _MID_HIGH) / n
+    lv = lv or levels(plane)
+    mean, blown, ink, mid = lv.mean, lv.blown, lv.ink, lv.mid
     # The 99th percentile of a 1/16 subsample: a few thousand values, exact enough for a ramp.
     sub = plane[::4, ::4].reshape(-1)
     k = int(0.99 * (sub.size - 1))
     p99 = float(np.partition(sub, k)[k])
     # A page needs ink: white with neither mid-tones nor dark strokes is blown, not paper.
     weighted = blown * max(_ramp(mid, 0.15, 0.35), _ramp(ink, 0.03, 0.005))
+    if weighted > EXPOSURE_BRIGHT:  # only a candidate over-exposure pays for the graphics test
+        weighted *= 1.0 - scenes.graphic(plane, (lv.near_white - blown) / blown)
     # A dark scene with bright highlights (a night sky, a lamp) was lit enough for what is in
     # it; cutting the light dims the highlights too.
     under = max(_ramp(mean, EXPOSURE_DARK, EXPOSURE_LIT),
@@ -398,12 +403,29 @@ def exposure(plane: F32) -> Signal:
                   f" darks ({blown:.0%} blown, {mid:.0%} mid-tones, {ink:.0%} dark)")
 
 
+@cache
+def _float16_table() -> F32:
+    """Every float16 bit pattern's float32 value (256 KiB, built once)."""
+    table: F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(
+        np.float16).astype(np.float32)
+    table.flags.writeable = False
+    return table
+
+
+def widen_float16(image: NDArray[np.float16]) -> F32:
+    """float16 → float32, exactly as ``astype`` (NaN, ±Inf and subnormals included), by a
+    table lookup of the bit patterns: numpy 1.26 converts float16 one element at a time, and
+    a take from a 65,536-entry table is about 2x cheaper."""
+    out: F32 = np.take(_float16_table(), np.ascontiguousarray(image).view(np.uint16))
+    return out
+
+
 def image_signals(image: NDArray[Any], spec: ImageSpec,
                   optional: Collection[str] = ()) -> dict[str, Signal]:
     """Every image signal of one image (CHW, HWC or HW, any float or integer dtype); of the
     dear ones (``scenes.OPTIONAL_SIGNALS``), only those named in ``optional``."""
     if image.dtype == np.float16:  # numpy keeps float16 math in float16 (slow): measure in
-        image = image.astype(np.float32)  # float32 (measured: native float16 was 2.7x dearer)
+        image = widen_float16(image)  # float32 (measured: native float16 was 2.7x dearer)
     with np.errstate(all="ignore"):  # NaN/Inf are measured, not warned about
         channels = 1 if spec.layout == "HW" else min(
             image.shape[0] if spec.layout == "CHW" else image.shape[-1], 3)
@@ -412,12 +434,13 @@ def image_signals(image: NDArray[Any], spec: ImageSpec,
         big = min(plane.shape, default=0) >= 3
         diffs = second_differences(plane) if big else None
         energies = gradient_energies(plane) if big else None
+        lv = levels(plane) if plane.size else None
         return {"finite": finite(image, mins, maxs),
                 "range": value_range(image, spec, mins, maxs),
                 "constant": constant(plane), "sharpness": sharpness(plane, diffs, energies),
-                "exposure": exposure(plane), "noise": noise(plane, diffs),
+                "exposure": exposure(plane, lv), "noise": noise(plane, diffs),
                 "blockiness": blockiness(plane, energies),
-                "perspective": scenes.perspective(plane), "tone": scenes.tone(plane),
+                "perspective": scenes.perspective(plane), "tone": scenes.tone(plane, lv),
                 **({"ghosting": scenes.ghosting(plane)} if "ghosting" in optional else {})}
 
 

@@ -263,7 +263,7 @@ def test_a_darkened_real_photo_is_annotated_and_its_clean_source_is_not(
     assert resp.outputs  # annotated by default, not refused
     note = dark_trailers["mmguard-quality-exposure"]
     assert note.startswith("annotate; input 'pixel_values' image 0: signal 'exposure' is 0.")
-    assert "mean luminance" in note and note.endswith("threshold 0.5")
+    assert "mean luminance" in note and note.endswith("threshold 0.6")  # the default
     assert "mmguard-quality-sharpness" not in dark_trailers  # dark, but not blurred
     status, headers, _ = http_infer(ort.http_url, "q_photo", clip_inputs(darkened))
     assert status == 200 and headers["mmguard-quality-exposure"] == note

@@ -17,6 +17,7 @@ NaN / wrong-range ones, which are float32 in [0, 1] as a v2 client would send th
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import io
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -132,7 +133,24 @@ def _load_mpl(name: str) -> U8:
     return np.asarray(img.convert("RGB"), np.uint8)
 
 
+# What scikit-learn ships in its wheel (sklearn/datasets/images; the test extra): two real
+# photographs, a Chinese temple and a flower (danielbuechele and vultilion on Flickr, CC BY 2.0,
+# per the folder's README.txt). Read from the files, without importing scikit-learn.
+SKLEARN_PHOTOS = ("china.jpg", "flower.jpg")
+
+
+def _load_sklearn(name: str) -> U8:
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("scikit-learn (the test extra) ships china.jpg and flower.jpg")
+    base = next(iter(spec.submodule_search_locations))
+    with Image.open(f"{base}/datasets/images/{name}") as img:
+        return np.asarray(img.convert("RGB"), np.uint8)
+
+
 def _source(name: str) -> U8:
+    if name in SKLEARN_PHOTOS:
+        return _load_sklearn(name)
     return _load_mpl(name) if "." in name else _load(name)
 
 
@@ -173,7 +191,7 @@ def screenshots(count: int = 8, seed: int = 0) -> list[tuple[str, U8]]:
 
 def kind_sources() -> dict[str, list[str]]:
     """Every source image by kind (screenshots are rendered: ``screenshots()``)."""
-    return {"photo": [*PHOTOS, *MPL_PHOTOS], "scientific": list(SCIENTIFIC),
+    return {"photo": [*PHOTOS, *MPL_PHOTOS, *SKLEARN_PHOTOS], "scientific": list(SCIENTIFIC),
             "document": list(DOCUMENTS), "illustration": [*ILLUSTRATIONS, *MPL_ILLUSTRATIONS]}
 
 
@@ -207,6 +225,18 @@ def whole_frames() -> tuple[Clean, ...]:
             out.append(Clean(name, kind, np.asarray(img, np.uint8)))
     out.extend(Clean(n, "screenshot", x) for n, x in screenshots())
     return tuple(out)
+
+
+def camera_shake() -> list[tuple[str, U8]]:
+    """A real camera shake: scikit-image's wall clock, photographed while moving the camera
+    sideways (Stefan van der Walt, public domain), whole and in four corner crops of 60 % of
+    its short side, as a client would send them. Reported apart, like ``faces``."""
+    raw = _load("clock")
+    h, w = raw.shape[:2]
+    side = int(0.6 * min(h, w))
+    boxes = [None, (0, 0, side, side), (w - side, 0, w, side), (0, h - side, side, h),
+             (w - side, h - side, w, h)]
+    return [(f"clock/{i}", to_model_input(raw, box)) for i, box in enumerate(boxes)]
 
 
 def faces(count: int = 40) -> list[U8]:

@@ -121,15 +121,50 @@ def test_a_shifted_copy_over_the_frame_reads_as_a_ghost_at_its_lag(name: str) ->
     assert "at -11, +6 px" in found.what or "at +11, -6 px" in found.what, found.what
 
 
+def test_the_cepstrum_reads_a_faint_echo_at_its_lag_with_its_height() -> None:
+    # Synthetic: white noise (every frequency present) plus a copy at opacity a shifted by
+    # (+5, -7): the cepstral peak at that lag is about r = a / (1 - a), whatever the texture.
+    rng = np.random.default_rng(3)
+    base = rng.random((224, 224)).astype(np.float32)
+    shifted = np.roll(base, (-7, 5), axis=(0, 1))
+    values = []
+    for a in (0.0, 0.05, 0.10, 0.15):
+        found = ghosting(np.asarray((1 - a) * base + a * shifted, np.float32))
+        values.append(found.value)
+        if a:
+            assert found.value == pytest.approx(a / (1 - a), rel=0.35), (a, found)
+            assert "at +5, -7 px" in found.what or "at -5, +7 px" in found.what, found.what
+    assert values == sorted(values) and values[0] < 0.03
+
+
+def test_a_faint_ghost_on_real_photographs_reads_lower_than_its_source() -> None:
+    # Real: the seeds' 10 % trace of the frame, 9 px down and 5 px across, over three photos.
+    for name in ("astronaut", "coffee", "chelsea"):
+        source = photo(name)
+        h, w = source.shape[:2]
+        shifted = source[np.clip(np.arange(h) - 9, 0, h - 1)][:, np.clip(np.arange(w) - 5, 0,
+                                                                           w - 1)]
+        ghosted = np.asarray(0.9 * source + 0.1 * shifted, np.float64).round().astype(np.uint8)
+        clean, found = ghosting(plane(source)), ghosting(plane(ghosted))
+        assert found.value > clean.value + 0.04 and found.score < clean.score, name
+
+
 def test_a_periodic_texture_and_a_page_of_text_are_not_ghosts() -> None:
     for name in ("brick", "text/levelled", "page/levelled"):
         found = next(c for c in photos.clean_set() if c.name == name)
         assert ghosting(plane(found.image)).score >= 0.5, name
 
 
+def test_text_lines_of_a_rendered_screen_are_mostly_not_ghosts() -> None:
+    # Lines 9 px apart peak at 9 px; their harmonic at 18 px weighs three times against it
+    # (at once: 6 of 8 read as ghosts). One stays: ui0 (docs/quality.md, ghosting).
+    found = [name for name, ui in photos.screenshots(8) if ghosting(plane(ui)).score < 0.5]
+    assert found == ["ui0"], found
+
+
 def test_ghosting_is_measured_only_when_asked() -> None:
     assert "ghosting" not in image_signals(photo(), HWC)
-    assert image_signals(photo(), HWC, ("ghosting",))["ghosting"].score == 1.0
+    assert image_signals(photo(), HWC, ("ghosting",))["ghosting"].score > 0.9
     assert set(all_signals(photo())) == set(IMAGE_SIGNALS)
 
 

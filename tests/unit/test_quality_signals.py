@@ -22,14 +22,16 @@ from filters.call_keys import UNUSABLE_MODALITIES
 from filters.quality.drift import DriftConfig, DriftMonitor, compare, drift_gauges
 from filters.quality.filter import Quality, QualityConfig, resolve_layout
 from filters.quality.report import Item, Report
-from filters.quality.scenes import OPTIONAL_SIGNALS
+from filters.quality.scenes import OPTIONAL_SIGNALS, graphic
 from filters.quality.signals import (
     IMAGE_SIGNALS,
     ImageSpec,
     Signal,
     image_signals,
+    luminance,
     modality_score,
     trust_score,
+    widen_float16,
 )
 from filters.quality.text import TEXT_SIGNALS, text_signals
 from proxy.call import Call, LocalReply, Reply, Result, Target
@@ -39,6 +41,7 @@ from proxy.config.model import ConfigError, parse_config
 from proxy.errors import ErrorKind
 from proxy.telemetry import Telemetry
 from proxy.tensor import Tensor
+from tests.support import photos
 from tests.support.images import scene
 
 HWC = ImageSpec("HWC", (0.0,), (255.0,))
@@ -81,7 +84,9 @@ def test_blur_lowers_sharpness_step_by_step() -> None:
 
 
 def test_dark_and_blown_out_versions_score_low_on_exposure() -> None:
-    sharp = scene()
+    # A photograph: the synthetic scene is a drawing (flat colours), and a drawing's white is
+    # not read as blown (the next test).
+    sharp = next(c.image for c in photos.clean_set() if c.name == "chelsea")
     dark = np.asarray(sharp * 0.12, np.uint8)
     blown = np.asarray(np.clip(sharp * 3.0, 0, 255), np.uint8)
     clean = image_signals(sharp, HWC)["exposure"]
@@ -89,6 +94,22 @@ def test_dark_and_blown_out_versions_score_low_on_exposure() -> None:
     assert clean.score == 1.0 and low.score < 0.3 and high.score < 0.3
     assert low.value < clean.value  # dark: the value is the mean luminance
     assert "mean luminance" in low.what and "blown" in high.what  # blown: the blown share
+
+
+def test_white_reached_without_a_gradient_reads_as_a_drawing_not_as_blown() -> None:
+    # Flat colours with white that no ramp of tones leads to: a light-mode screenshot, clip art.
+    # The synthetic scene blown 3x is such a picture too, and is read the same way: the cost of
+    # not flagging white UIs (docs/quality.md, "False positives").
+    drawn = np.asarray(np.clip(scene() * 3.0, 0, 255), np.uint8)
+    plane = luminance(drawn, HWC)
+    assert graphic(plane, 0.0) == 1.0 and image_signals(drawn, HWC)["exposure"].score >= 0.5
+    for name, ui in photos.screenshots(4):
+        assert image_signals(ui, HWC)["exposure"].score >= 0.5, name
+    # A photograph's neighbours differ (sensor noise, texture): never a drawing, however blown.
+    chelsea = next(c.image for c in photos.clean_set() if c.name == "chelsea")
+    for gain in (1.5, 2.0, 3.0):
+        blown = np.asarray(np.clip(chelsea * gain, 0, 255), np.uint8)
+        assert graphic(luminance(blown, HWC), 0.0) == 0.0, gain
 
 
 def test_added_noise_lowers_the_noise_score_monotonically() -> None:
@@ -158,10 +179,33 @@ def test_the_visual_score_orders_every_degradation_below_the_clean_scene() -> No
     clean = visual(sharp)
     degraded = {"blurred": visual(blurred(sharp, 3)), "dark": visual(np.asarray(sharp * 0.1,
                                                                                 np.uint8)),
-                "blown": visual(np.asarray(np.clip(sharp * 3.0, 0, 255), np.uint8)),
+                # as a camera takes it (a little sensor noise): blown, a photograph, not a
+                # drawing, whose flat white is not read as blown (test above)
+                "blown": visual(np.asarray(np.clip(noised(sharp, 0.01) * 3.0, 0, 255),
+                                           np.uint8)),
                 "noised": visual(noised(sharp, 0.08)),
                 "nan": visual(nan, ImageSpec("HWC", (0.0,), (1.0,)))}
     assert all(v < 0.5 < clean for v in degraded.values()), degraded
+
+
+def test_float16_is_widened_exactly_as_numpy_casts_it() -> None:
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    image = every[: 3 * 128 * 128].reshape(3, 128, 128)  # NaN, ±Inf and subnormals included
+    assert np.array_equal(widen_float16(image), image.astype(np.float32), equal_nan=True)
+    assert np.array_equal(widen_float16(every), every.astype(np.float32), equal_nan=True)
+    sharp = (scene().transpose(2, 0, 1) / 255.0).astype(np.float16)
+    assert image_signals(sharp, CHW01) == image_signals(sharp.astype(np.float32), CHW01)
+
+
+def test_a_rule_reads_the_score_its_sentence_reports() -> None:
+    report = Report()
+    report.add(Item("image", "input 'a'", image_signals(scene(), HWC)))
+    report.add(Item("image", "input 'b'", image_signals(blurred(scene(), 3), HWC)))
+    report.add(Item("text", "input 't'", text_signals("a sentence of words", 1, 100)))
+    weights = {"visual": 0.4, "text": 0.3, "alignment": 0.3}
+    for name in (*IMAGE_SIGNALS, *TEXT_SIGNALS, "image", "text", "alignment", "trust"):
+        found = report.find(name, weights)
+        assert report.score(name, weights) == (None if found is None else found.score), name
 
 
 @settings(max_examples=60, deadline=None)
