@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
@@ -200,7 +200,7 @@ class Result:
     """A backend's answer. Built from its wire form, it is decoded only when someone reads a
     field: an answer forwarded unchanged to a client of the same protocol is never parsed."""
 
-    __slots__ = ("_decode", "_decoded", "stream", "wire")
+    __slots__ = ("_decode", "_decoded", "encoded", "stream", "wire")
 
     def __init__(self, model: str = "", version: str = "", id: str = "",
                  outputs: list[Tensor] | None = None, *, parameters: dict[str, Any] | None = None,
@@ -208,6 +208,9 @@ class Result:
                  stream: AsyncIterator[StreamItem] | None = None) -> None:
         self.wire = wire
         self.stream = stream
+        self.encoded: bytes | None = None
+        """The answer as its front sends it, made by the front's last step (``Finish``)
+        before the call is counted."""
         self._decode = decode
         self._decoded: Decoded | None = None if decode is not None else Decoded(
             model, version, id, parameters or {}, outputs or [])
@@ -270,6 +273,12 @@ class LocalReply:
     def from_error(cls, err: ProxyError) -> LocalReply:
         return cls(err.kind, err.message, origin=err.origin, retry_after_s=err.retry_after_s,
                    status=err.status, body=err.body, param=err.param)
+
+
+Finish = Callable[[Result], Awaitable[None]]
+"""A front's last step on an answer before its client gets it (encoding it, writing its outputs
+into shared memory). The data plane runs it before it counts the call: whatever it raises is
+what the client gets, and so what the metric and the span say."""
 
 
 @dataclass(slots=True)
