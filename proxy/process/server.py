@@ -40,7 +40,7 @@ from proxy.config.model import Config, ConfigError, load_config
 from proxy.config.tls import ListenerTls, restart_needed
 from proxy.engine.canary import log_membership
 from proxy.engine.dataplane import DataPlane
-from proxy.engine.runtime import Runtime
+from proxy.engine.runtime import Runtime, forget_removed
 from proxy.fronts.grpc_v2 import SERVICE, GrpcFront
 from proxy.fronts.http_v2 import HttpFront
 from proxy.pod.link import SOCKET_ENV, WorkerLink
@@ -288,6 +288,7 @@ class Server:
                 log.warning("config reload: new backends %s have not started yet; their routes "
                             "answer UNAVAILABLE until they have", slow)
             self.plane.runtime = new
+            forget_removed(self.telemetry, old, new)
             new.activate()
             self.config = config
             self.telemetry.configure(config.telemetry)
@@ -347,6 +348,11 @@ class Server:
         await old.stop_watching()
         await asyncio.sleep(self.config.shutdown_grace_s)  # let its in-flight calls finish
         await old.close(keep=keep)
+        # again: a readiness pass of the old runtime that was running at the swap may have
+        # written its series back since
+        forget_removed(self.telemetry, old, self.plane.runtime)
+        log.info("config reload: the previous runtime retired (its backends no longer used "
+                 "are closed)")
 
     async def stop(self) -> None:
         grace = self.config.shutdown_grace_s
