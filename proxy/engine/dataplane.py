@@ -89,6 +89,8 @@ class DataPlane:
         self.draining = False
         self.ready_override: Callable[[], bool] | None = None
         """A pod's supervisor: ready when its workers are (it serves no data itself)."""
+        self.readiness_override: Callable[[], dict[str, Any]] | None = None
+        """A pod's supervisor: its workers' backends and routes, and why not ready."""
 
     # --- health and metadata ----------------------------------------------------------------
 
@@ -105,10 +107,10 @@ class DataPlane:
         return not self.draining and ready
 
     def readiness(self) -> dict[str, Any]:
-        """Each backend and route, ready or not and why (none for a pod's supervisor: its
-        workers serve, and ``mmguard_backend_ready`` / ``mmguard_route_ready`` say it)."""
-        if self.ready_override is not None:
-            return {}
+        """Each backend and route, ready or not and why (for a pod's supervisor, as its
+        workers told it)."""
+        if self.readiness_override is not None:
+            return self.readiness_override()
         return self.runtime.readiness()
 
     async def model_ready(self, model: str, version: str = "") -> bool:

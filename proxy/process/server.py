@@ -181,6 +181,8 @@ class Server:
         (the routes still starting answer UNAVAILABLE, as a single process does)."""
         deadline = time.monotonic() + self.worker_ready_s
         while not await self.plane.ready():
+            if self._link is not None:  # the pod's /readyz says why this worker waits
+                self._link.status(False, self.plane.readiness())
             if time.monotonic() >= deadline:
                 log.warning("worker: backends not ready after %g s; listening anyway",
                             self.worker_ready_s)
@@ -242,7 +244,7 @@ class Server:
         """Set grpc.health.v1 (overall and per service name) from readiness; returns it."""
         ready = await self.plane.ready()
         if self._link is not None:
-            self._link.status(ready)
+            self._link.status(ready, self.plane.readiness())
         status = (health_pb2.HealthCheckResponse.SERVING if ready
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.health.set("", status)
