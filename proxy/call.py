@@ -96,6 +96,9 @@ its treatment unless its listener shows it (``SHOW_TREATMENT``): membership is w
 steering a canary verdict cheap."""
 SHOW_TREATMENT: CallKey[bool] = CallKey("show_treatment")
 """Set by the runtime from the call's listener (``listeners.*.treatment_headers``)."""
+REFUSED: CallKey[LocalReply] = CallKey("refused")
+"""A refusal made before the call's route runs (its shared-memory tensors cannot be used): the
+data plane gives it as the call's answer, so it is counted and traced like any other."""
 CLIENT_DEADLINE: CallKey[float] = CallKey("client_deadline")
 """The deadline the client asked for (``mmguard-timeout-ms``, a gRPC deadline), as the front
 set it, before any route or level timeout narrowed it; absent without one. A timeout under a

@@ -24,7 +24,17 @@ from opentelemetry.trace import Span
 
 from proxy import __version__
 from proxy.backends.base import Backend
-from proxy.call import CANARY, Api, Call, Finish, LocalReply, Reply, Result, StreamItem
+from proxy.call import (
+    CANARY,
+    REFUSED,
+    Api,
+    Call,
+    Finish,
+    LocalReply,
+    Reply,
+    Result,
+    StreamItem,
+)
 from proxy.contract import ModelContract
 from proxy.engine.runtime import Route, Runtime
 from proxy.errors import (
@@ -345,6 +355,9 @@ class DataPlane:
 
     async def _handle(self, call: Call, route: Route | None) -> Reply:
         """The call's route, found once by ``_infer``, runs it (None: no such model)."""
+        refused = call.state.get(REFUSED)
+        if refused is not None:  # before the route, by the front (its shared memory)
+            return refused
         try:  # first, as Triton does: a version it cannot read is refused for every model
             call.version = model_version(call.version)
         except ProxyError as err:

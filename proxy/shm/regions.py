@@ -43,7 +43,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from proxy.call import Call, Finish, LocalReply, Reply, Result, StreamItem
+from proxy.call import REFUSED, Call, Finish, LocalReply, Reply, Result, StreamItem
 from proxy.config.model import SharedMemoryConfig
 from proxy.errors import ErrorKind, ProxyError
 from proxy.shm.peer import Connection, UidLookup, grpc_peer, peer_uid
@@ -329,15 +329,15 @@ class SharedMemory:
                     serves: Callable[[str], bool], budget: Budget,
                     finish: Finish | None = None) -> Reply:
         """Run ``infer`` on a call whose tensors use regions: inputs read from them, outputs
-        written into them (``_writer``). Every refusal is a ``LocalReply`` the front encodes.
-        A model not served gets the data plane's own answer, and no region is read for it."""
+        written into them (``_writer``); no region is read for a model that is not served."""
         if not serves(call.model):
             return await infer(call, finish)
         try:
             lease = await self._attach(self.client(connection), call, budget)
         except ProxyError as err:
             self.refused("infer", err)
-            return LocalReply.from_error(err)
+            call.state[REFUSED] = LocalReply.from_error(err)  # the data plane counts it
+            return await infer(call, finish)
         try:  # a write that fails is the data plane's: it counts the call with it
             return await infer(call, self._writer(call, lease, finish))
         finally:
@@ -346,9 +346,8 @@ class SharedMemory:
     async def stream(self, call: Call, connection: Connection,
                      stream: Stream, serves: Callable[[str], bool], budget: Budget,
                      finish: Finish | None = None) -> AsyncGenerator[StreamItem, None]:
-        """``infer`` for one request of a ``ModelStreamInfer`` stream: inputs read with the
-        same checks, each response's outputs written into their regions (a later response
-        overwrites an earlier one, as Triton's do), pinned until the last response."""
+        """``infer`` for one request of a ``ModelStreamInfer`` stream: each response's outputs
+        written into their regions (a later one overwrites, as Triton's do)."""
         if not serves(call.model):
             async for item in stream(call, finish):
                 yield item
@@ -357,7 +356,9 @@ class SharedMemory:
             lease = await self._attach(self.client(connection), call, budget)
         except ProxyError as err:
             self.refused("infer", err)
-            yield LocalReply.from_error(err)
+            call.state[REFUSED] = LocalReply.from_error(err)  # the data plane counts it
+            async for item in stream(call, finish):
+                yield item
             return
         try:
             async for item in stream(call, self._writer(call, lease, finish)):

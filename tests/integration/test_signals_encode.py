@@ -7,7 +7,9 @@ backend call succeeded. Two such steps, each on every front and both Triton back
 * writing the outputs into the client's shared memory: a region too small for the answer
   (Triton says INTERNAL).
 
-Each must count as the refusal its client got, never as ``ok``."""
+Each must count as the refusal its client got, never as ``ok``. So must a refusal made before
+the backend call by the shared-memory step (a region the client never registered): it once
+reached the client and neither the metric nor a span."""
 
 from __future__ import annotations
 
@@ -60,7 +62,8 @@ def _count(m: RunningMmguard, model: str, front: str, code: str) -> float:
 
 
 def _counts(m: RunningMmguard, model: str, front: str) -> dict[str, float]:
-    return {c: _count(m, model, front, c) for c in ("ok", "invalid_argument", "internal")}
+    return {c: _count(m, model, front, c)
+            for c in ("ok", "invalid_argument", "internal", "not_found")}
 
 
 def _server_span(exporter: InMemorySpanExporter) -> ReadableSpan:
@@ -86,7 +89,7 @@ def test_an_output_json_cannot_carry(proxy: RunningMmguard, exporter: InMemorySp
     assert status == 400, text
     assert b"FP16" in text, text
     assert {c: after[c] - before[c] for c in after} == \
-        {"ok": 0, "invalid_argument": 1, "internal": 0}
+        {"ok": 0, "invalid_argument": 1, "internal": 0, "not_found": 0}
     span = _server_span(exporter)
     assert span.attributes is not None
     assert (span.attributes["http.response.status_code"],
@@ -160,7 +163,7 @@ def test_an_answer_too_big_for_its_region(proxy: RunningMmguard,
         client.close()
     after = _counts(proxy, model, label)
     assert {c: after[c] - before[c] for c in after} == \
-        {"ok": 0, "invalid_argument": 0, "internal": 1}
+        {"ok": 0, "invalid_argument": 0, "internal": 1, "not_found": 0}
     span = _server_span(exporter)
     assert span.attributes is not None
     assert span.attributes["error.type"] == "internal"
@@ -168,3 +171,46 @@ def test_an_answer_too_big_for_its_region(proxy: RunningMmguard,
         assert span.attributes["http.response.status_code"] == 500
     else:
         assert span.attributes["rpc.response.status_code"] == grpc.StatusCode.INTERNAL.name
+
+
+@pytest.mark.parametrize("front", ["http", "grpc", "grpc stream"])
+def test_a_region_never_registered(proxy: RunningMmguard, exporter: InMemorySpanExporter,
+                                   front: str) -> None:
+    """Refused before the backend call, with Triton's words: 404 / NOT_FOUND for the client
+    (a stream's error message), ``not_found`` for the metric and the span."""
+    model = "g_small_fp32"
+    label = "http" if front == "http" else "grpc"
+    module: Any = httpclient if front == "http" else grpcclient
+    client = module.InferenceServerClient(proxy.http_url if front == "http"
+                                          else proxy.grpc_url)
+    before = _counts(proxy, model, label)
+    exporter.clear()
+    x = module.InferInput("x", [1, 16], "FP32")
+    x.set_shared_memory("never_registered", X.nbytes)
+    try:
+        if front == "grpc stream":
+            got: queue.Queue[Any] = queue.Queue()
+            client.start_stream(callback=lambda result, error: got.put(error or result))
+            client.async_stream_infer(model, [x])
+            err = got.get(timeout=30)
+            client.stop_stream()
+            assert isinstance(err, InferenceServerException), err
+        else:
+            with pytest.raises(InferenceServerException) as info:
+                client.infer(model, [x])
+            err = info.value
+            assert err.status() == ("404" if front == "http" else "StatusCode.NOT_FOUND")
+        assert "Unable to find shared memory region: 'never_registered'" in (err.message()
+                                                                             or "")
+    finally:
+        client.close()
+    after = _counts(proxy, model, label)
+    assert {c: after[c] - before[c] for c in after} == \
+        {"ok": 0, "invalid_argument": 0, "internal": 0, "not_found": 1}
+    span = _server_span(exporter)
+    assert span.attributes is not None
+    assert span.attributes["error.type"] == "not_found"
+    if front == "http":
+        assert span.attributes["http.response.status_code"] == 404
+    else:
+        assert span.attributes["rpc.response.status_code"] == grpc.StatusCode.NOT_FOUND.name

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from proxy.call import Call, Finish, LocalReply, Reply, RequestedOutput, Result, StreamItem
+from proxy.call import REFUSED, Call, Finish, LocalReply, Reply, RequestedOutput, Result, StreamItem
 from proxy.config.model import SharedMemoryConfig
 from proxy.errors import ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
@@ -75,6 +75,9 @@ def planed(backend: Callable[[Call], Awaitable[Reply]]) -> Infer:
     """``backend`` as the data plane runs it: the answer's ``finish`` (the regions' writes)
     before it is given back, its failure given back instead."""
     async def infer(call: Call, finish: Finish | None) -> Reply:
+        refused = call.state.get(REFUSED)
+        if refused is not None:
+            return refused
         reply = await backend(call)
         if isinstance(reply, Result) and finish is not None:
             try:
@@ -89,6 +92,10 @@ def planed_stream(backend: Callable[[Call], AsyncIterator[Result]]
                   ) -> Callable[[Call, Finish | None], AsyncIterator[StreamItem]]:
     """``planed`` for a stream: ``finish`` on each answer."""
     async def stream(call: Call, finish: Finish | None) -> AsyncIterator[StreamItem]:
+        refused = call.state.get(REFUSED)
+        if refused is not None:
+            yield refused
+            return
         async for result in backend(call):
             item: StreamItem = result
             if finish is not None:
