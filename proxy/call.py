@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
@@ -96,6 +96,9 @@ its treatment unless its listener shows it (``SHOW_TREATMENT``): membership is w
 steering a canary verdict cheap."""
 SHOW_TREATMENT: CallKey[bool] = CallKey("show_treatment")
 """Set by the runtime from the call's listener (``listeners.*.treatment_headers``)."""
+REFUSED: CallKey[LocalReply] = CallKey("refused")
+"""A refusal made before the call's route runs (its shared-memory tensors cannot be used): the
+data plane gives it as the call's answer, so it is counted and traced like any other."""
 CLIENT_DEADLINE: CallKey[float] = CallKey("client_deadline")
 """The deadline the client asked for (``mmguard-timeout-ms``, a gRPC deadline), as the front
 set it, before any route or level timeout narrowed it; absent without one. A timeout under a
@@ -200,7 +203,7 @@ class Result:
     """A backend's answer. Built from its wire form, it is decoded only when someone reads a
     field: an answer forwarded unchanged to a client of the same protocol is never parsed."""
 
-    __slots__ = ("_decode", "_decoded", "stream", "wire")
+    __slots__ = ("_decode", "_decoded", "encoded", "stream", "wire")
 
     def __init__(self, model: str = "", version: str = "", id: str = "",
                  outputs: list[Tensor] | None = None, *, parameters: dict[str, Any] | None = None,
@@ -208,6 +211,9 @@ class Result:
                  stream: AsyncIterator[StreamItem] | None = None) -> None:
         self.wire = wire
         self.stream = stream
+        self.encoded: bytes | None = None
+        """The answer as its front sends it, made by the front's last step (``Finish``)
+        before the call is counted."""
         self._decode = decode
         self._decoded: Decoded | None = None if decode is not None else Decoded(
             model, version, id, parameters or {}, outputs or [])
@@ -270,6 +276,12 @@ class LocalReply:
     def from_error(cls, err: ProxyError) -> LocalReply:
         return cls(err.kind, err.message, origin=err.origin, retry_after_s=err.retry_after_s,
                    status=err.status, body=err.body, param=err.param)
+
+
+Finish = Callable[[Result], Awaitable[None]]
+"""A front's last step on an answer before its client gets it (encoding it, writing its outputs
+into shared memory). The data plane runs it before it counts the call: whatever it raises is
+what the client gets, and so what the metric and the span say."""
 
 
 @dataclass(slots=True)

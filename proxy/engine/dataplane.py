@@ -24,7 +24,17 @@ from opentelemetry.trace import Span
 
 from proxy import __version__
 from proxy.backends.base import Backend
-from proxy.call import CANARY, Api, Call, LocalReply, Reply, Result, StreamItem
+from proxy.call import (
+    CANARY,
+    REFUSED,
+    Api,
+    Call,
+    Finish,
+    LocalReply,
+    Reply,
+    Result,
+    StreamItem,
+)
 from proxy.contract import ModelContract
 from proxy.engine.runtime import Route, Runtime
 from proxy.errors import (
@@ -89,6 +99,8 @@ class DataPlane:
         self.draining = False
         self.ready_override: Callable[[], bool] | None = None
         """A pod's supervisor: ready when its workers are (it serves no data itself)."""
+        self.readiness_override: Callable[[], dict[str, Any]] | None = None
+        """A pod's supervisor: its workers' backends and routes, and why not ready."""
 
     # --- health and metadata ----------------------------------------------------------------
 
@@ -105,10 +117,10 @@ class DataPlane:
         return not self.draining and ready
 
     def readiness(self) -> dict[str, Any]:
-        """Each backend and route, ready or not and why (none for a pod's supervisor: its
-        workers serve, and ``mmguard_backend_ready`` / ``mmguard_route_ready`` say it)."""
-        if self.ready_override is not None:
-            return {}
+        """Each backend and route, ready or not and why (for a pod's supervisor, as its
+        workers told it)."""
+        if self.readiness_override is not None:
+            return self.readiness_override()
         return self.runtime.readiness()
 
     async def model_ready(self, model: str, version: str = "") -> bool:
@@ -216,18 +228,20 @@ class DataPlane:
 
     # --- inference --------------------------------------------------------------------------
 
-    async def infer(self, call: Call) -> Reply:
+    async def infer(self, call: Call, finish: Finish | None = None) -> Reply:
         """One call through its route, counted and traced with what its client got. A stream
-        is settled at its end, not its start (``_watched``)."""
+        is settled at its end, not its start (``_watched``). ``finish`` runs on each answer
+        (a unary one, each of a stream's) before it is counted; a failure of it replaces the
+        answer, so the front sends that failure."""
         if not tracing_on():
-            return await self._infer(call, None)
+            return await self._infer(call, None, finish)
         scheme = "https" if self.runtime.config.listeners.http.tls is not None else "http"
         name, attrs = server_span(call, scheme)
         span = _tracer.start_span(name, context=propagate.extract(call.headers),
                                   kind=trace.SpanKind.SERVER, attributes=attrs)
         token = otel_context.attach(trace.set_span_in_context(span))
         try:
-            return await self._infer(call, span)
+            return await self._infer(call, span, finish)
         except BaseException:
             # cancelled: the client left, or its deadline passed (_infer counted it)
             late = call.deadline is not None and time.monotonic() >= call.deadline - 0.005
@@ -238,7 +252,7 @@ class DataPlane:
         finally:
             otel_context.detach(token)
 
-    async def _infer(self, call: Call, span: Span | None) -> Reply:
+    async def _infer(self, call: Call, span: Span | None, finish: Finish | None) -> Reply:
         route = self.runtime.routes.get(call.model)
         # Unknown names share one label value, so a scan of names cannot blow up cardinality.
         model = call.model if route is not None else "(unknown)"
@@ -248,6 +262,8 @@ class DataPlane:
         start = time.perf_counter_ns()
         try:
             reply = await self._handle(call, route)
+            if isinstance(reply, Result) and reply.stream is None and finish is not None:
+                reply = await _finished(call, reply, finish)
         except asyncio.CancelledError:
             # The client went away or its deadline passed (grpc.aio cancels the handler): the
             # call still counts, so the metrics agree with what the clients saw.
@@ -257,7 +273,7 @@ class DataPlane:
                          time.perf_counter_ns() - start)
             raise
         if isinstance(reply, Result) and reply.stream is not None:
-            reply.stream = self._watched(call, route, m, start, reply.stream, span)
+            reply.stream = self._watched(call, route, m, start, reply.stream, span, finish)
             return reply  # in flight, and not yet counted, until the stream ends
         m.in_flight.dec()
         # Injected faults are counted apart, so no dashboard or alert takes them for the model's.
@@ -283,8 +299,8 @@ class DataPlane:
                     observe(call, reply, elapsed_ns / 1e9)
 
     async def _watched(self, call: Call, route: Route | None, m: RequestMetrics, start: int,
-                       stream: AsyncIterator[StreamItem],
-                       span: Span | None) -> AsyncGenerator[StreamItem, None]:
+                       stream: AsyncIterator[StreamItem], span: Span | None,
+                       finish: Finish | None) -> AsyncGenerator[StreamItem, None]:
         """The backend's stream as the client gets it, settled when it ends: a failure before
         the first event counts with its own code (the client got that status), one after it
         as ``stream_broken`` (the client got 200 and a broken answer), a client that left
@@ -299,6 +315,8 @@ class DataPlane:
                 is_first = first_ns is None
                 if is_first:
                     first_ns = time.perf_counter_ns()
+                if isinstance(item, Result) and finish is not None:
+                    item = await _finished(call, item, finish)
                 if isinstance(item, LocalReply):
                     failure, broken = item, not is_first
                     yield item
@@ -337,6 +355,9 @@ class DataPlane:
 
     async def _handle(self, call: Call, route: Route | None) -> Reply:
         """The call's route, found once by ``_infer``, runs it (None: no such model)."""
+        refused = call.state.get(REFUSED)
+        if refused is not None:  # before the route, by the front (its shared memory)
+            return refused
         try:  # first, as Triton does: a version it cannot read is refused for every model
             call.version = model_version(call.version)
         except ProxyError as err:
@@ -362,10 +383,12 @@ class DataPlane:
             st.fail_count += 1
             st.fail_ns += elapsed_ns
 
-    async def stream(self, call: Call) -> AsyncGenerator[StreamItem, None]:
-        """Each response of a streamed call as it comes; errors become a LocalReply item."""
+    async def stream(self, call: Call,
+                     finish: Finish | None = None) -> AsyncGenerator[StreamItem, None]:
+        """Each response of a streamed call as it comes; errors become a LocalReply item.
+        ``finish``: as ``infer``'s, on each response."""
         call.streaming = True
-        reply = await self.infer(call)
+        reply = await self.infer(call, finish)
         if isinstance(reply, LocalReply) or reply.stream is None:
             yield reply
             return
@@ -391,6 +414,20 @@ def _code(reply: Reply) -> str:
     if isinstance(reply, Result):
         return "ok"
     return "injected" if reply.injected else reply.kind.value
+
+
+async def _finished(call: Call, result: Result, finish: Finish) -> Result | LocalReply:
+    """The answer after the front's last step on it, or that step's failure (what the client
+    gets instead of the answer)."""
+    try:
+        await finish(result)
+    except ProxyError as err:
+        return LocalReply.from_error(err)
+    except Exception as exc:  # whatever it is, the client gets a 500 for it
+        log.debug("answer of model %r failed to encode", call.model, exc_info=True)
+        return LocalReply(ErrorKind.INTERNAL, f"mmguard could not encode the answer of model "
+                          f"'{call.model}': {type(exc).__name__}: {exc}")
+    return result
 
 
 async def _last_word(stream: AsyncIterator[StreamItem]) -> AsyncGenerator[StreamItem, None]:

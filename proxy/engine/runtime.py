@@ -363,3 +363,12 @@ class Runtime:
         for name, backend in self.backends.items():
             if keep is None or name not in keep:
                 await backend.close()
+
+
+def forget_removed(telemetry: Telemetry, old: Runtime, new: Runtime) -> None:
+    """Delete the gauge series of the routes and backends ``old`` had and ``new`` has not (a
+    reload removed them; see ``Telemetry.forget``)."""
+    def pairs(runtime: Runtime) -> set[tuple[str, str]]:
+        return {(r.name, r.spec.backend) for r in runtime.routes.values()}
+    telemetry.forget(old.routes.keys() - new.routes.keys(), pairs(old) - pairs(new),
+                     old.backends.keys() - new.backends.keys())

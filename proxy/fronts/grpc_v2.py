@@ -20,14 +20,14 @@ from google.protobuf.message import Message
 
 from proxy import __version__
 from proxy.backends.base import RepositoryParameter
-from proxy.call import Call, LocalReply, Result, StreamItem
+from proxy.call import Call, Finish, LocalReply, Result, StreamItem
 from proxy.config.listeners import GrpcListener
 from proxy.engine.dataplane import DataPlane, refused_extension
 from proxy.errors import STATUS, ProxyError, retry_after
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.shm import fronts
 from proxy.shm.peer import Connection
-from proxy.shm.regions import Budget, SharedMemory, uses_shared_memory
+from proxy.shm.regions import Budget, SharedMemory, Stream, uses_shared_memory
 from proxy.wire import kserve_grpc
 
 SERVICE = "inference.GRPCInferenceService"
@@ -189,17 +189,19 @@ class GrpcFront:
         remaining = context.time_remaining()
         if remaining is not None:
             call.deadline = time.monotonic() + remaining
+        encoded: list[bytes] = []  # not on the Result: a cached one is shared between calls
+
+        async def encode(result: Result) -> None:  # before the call is counted
+            encoded.append(kserve_grpc.encode_response(call, result))
+
         reply = await (self.shm.infer(call, self.shm.grpc_connection(context.peer()),
-                                      self.plane.infer, self.plane.serves, self.shm_budget)
-                       if uses_shared_memory(call) else self.plane.infer(call))
+                                      self.plane.infer, self.plane.serves, self.shm_budget,
+                                      encode)
+                       if uses_shared_memory(call) else self.plane.infer(call, encode))
         if isinstance(reply, LocalReply):
             await abort(context, reply, call.shown_decisions())
             return b""
-        try:
-            out = kserve_grpc.encode_response(call, reply)
-        except ProxyError as err:
-            await abort(context, LocalReply.from_error(err), call.shown_decisions())
-            return b""
+        out = encoded[-1]  # an answer (not a refusal) was encoded before it counted
         if decisions := call.shown_decisions():
             context.set_trailing_metadata(tuple(decisions.items()))
         self.plane.telemetry.response_bytes.labels(call.model, "grpc").inc(len(out))
@@ -279,7 +281,7 @@ class _OrderedStream:
             # Closed here, not by the garbage collector: a cancelled stream cancels its
             # backend call at once.
             items_of = (self.shm.items(call, self.plane.stream) if uses_shared_memory(call)
-                        else self.plane.stream(call))
+                        else self.plane.stream(call, _encode_streamed(call)))
             async with contextlib.aclosing(items_of) as items:
                 async for item in items:
                     reached.set()
@@ -299,9 +301,16 @@ class _StreamMemory:
     serves: Callable[[str], bool]
     budget: Budget
 
-    def items(self, call: Call, stream: Callable[[Call], AsyncIterator[StreamItem]]
-              ) -> AsyncGenerator[StreamItem, None]:
-        return self.shm.stream(call, self.connection, stream, self.serves, self.budget)
+    def items(self, call: Call, stream: Stream) -> AsyncGenerator[StreamItem, None]:
+        return self.shm.stream(call, self.connection, stream, self.serves, self.budget,
+                               _encode_streamed(call))
+
+
+def _encode_streamed(call: Call) -> Finish:
+    """Each answer of a stream encoded as its message, before the data plane counts it."""
+    async def encode(result: Result) -> None:
+        result.encoded = kserve_grpc.stream_response(kserve_grpc.encode_response(call, result))
+    return encode
 
 
 def _stream_item(call: Call, item: StreamItem) -> bytes:
@@ -310,10 +319,8 @@ def _stream_item(call: Call, item: StreamItem) -> bytes:
     if not isinstance(item, Result):
         return kserve_grpc.stream_error(f"model '{call.model}' streams server-sent events; "
                                        "call it through the OpenAI front")
-    try:
-        return kserve_grpc.stream_response(kserve_grpc.encode_response(call, item))
-    except ProxyError as err:
-        return kserve_grpc.stream_error(err.message)
+    assert item.encoded is not None  # by _encode_streamed, before the call counted it
+    return item.encoded
 
 
 def _authorization(context: grpc.aio.ServicerContext) -> str | None:

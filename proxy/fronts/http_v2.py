@@ -202,10 +202,16 @@ class HttpFront:
         except ProxyError as err:
             self.plane.count_undecoded("http", err)  # refused before the data plane saw it
             raise
+        encoded: list[tuple[bytes, int | None]] = []
+
+        async def encode(result: Result) -> None:  # before the call is counted
+            encoded.append(await _encoded(call, result))
+
         reply = await (self.shm.infer(call, fronts.http_connection(request),
-                                      self.plane.infer, self.plane.serves, self.shm_budget)
-                       if uses_shared_memory(call) else self.plane.infer(call))
-        return await self._answer(request, call, reply)
+                                      self.plane.infer, self.plane.serves, self.shm_budget,
+                                      encode)
+                       if uses_shared_memory(call) else self.plane.infer(call, encode))
+        return self._answer(request, call, reply, encoded[-1] if encoded else None)
 
     async def _decode(self, request: web.Request) -> Call:
         header_length = request.headers.get(kserve_http.HEADER_LENGTH)
@@ -231,15 +237,14 @@ class HttpFront:
             call.deadline = time.monotonic() + _positive_ms(timeout_ms) / 1000
         return call
 
-    async def _answer(self, request: web.Request, call: Call, reply: Reply) -> web.Response:
+    def _answer(self, request: web.Request, call: Call, reply: Reply,
+                encoded: tuple[bytes, int | None] | None) -> web.Response:
         if isinstance(reply, LocalReply):
             if reply.reset:
                 drop_connection(request)
             return error_response(reply, call.shown_decisions())
-        if _json_answer_bytes(call, reply) > DECODE_INLINE_BYTES:
-            data, hlen = await asyncio.to_thread(kserve_http.encode_response, call, reply)
-        else:
-            data, hlen = kserve_http.encode_response(call, reply)
+        assert encoded is not None  # an answer (not a refusal) was encoded before it counted
+        data, hlen = encoded
         headers = dict(call.shown_decisions())
         if hlen is not None:
             headers[kserve_http.HEADER_LENGTH] = str(hlen)
@@ -273,6 +278,14 @@ def _refused(extension: str) -> Handler:
         raise refused_extension(extension)
 
     return handler
+
+
+async def _encoded(call: Call, result: Result) -> tuple[bytes, int | None]:
+    """The answer's body and its JSON header's length (None: all JSON); big ones off the
+    loop."""
+    if _json_answer_bytes(call, result) > DECODE_INLINE_BYTES:
+        return await asyncio.to_thread(kserve_http.encode_response, call, result)
+    return kserve_http.encode_response(call, result)
 
 
 def _json_answer_bytes(call: Call, reply: Result) -> int:

@@ -215,12 +215,17 @@ class OpenAIFront:
     async def _answer(self, request: web.Request, call: Call) -> web.StreamResponse:
         if call.streaming:
             return await self._stream(request, call)
-        reply = await self.plane.infer(call)
+        bodies: list[bytes] = []
+
+        async def encode(result: Result) -> None:  # before the call is counted
+            bodies.append(_renamed(result, call))
+
+        reply = await self.plane.infer(call, encode)
         if isinstance(reply, LocalReply):
             if reply.reset:
                 drop_connection(request)
             return openai_error(reply, call.shown_decisions())
-        body = _renamed(reply, call)
+        body = bodies[-1]
         self._account_usage(call, _json(body))
         return web.Response(body=body, headers=call.shown_decisions(),
                             content_type="application/json")

@@ -50,8 +50,10 @@ class WorkerLink:
         if self._writer is not None and not self._writer.is_closing():
             self._writer.write(encode(message))
 
-    def status(self, ready: bool) -> None:
-        self.send(("status", ready))
+    def status(self, ready: bool, readiness: dict[str, Any] | None = None) -> None:
+        """The worker's readiness, and each of its backends and routes with why not (the
+        pod's ``/readyz`` gives them)."""
+        self.send(("status", ready, readiness or {}))
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:

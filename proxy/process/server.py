@@ -40,7 +40,7 @@ from proxy.config.model import Config, ConfigError, load_config
 from proxy.config.tls import ListenerTls, restart_needed
 from proxy.engine.canary import log_membership
 from proxy.engine.dataplane import DataPlane
-from proxy.engine.runtime import Runtime
+from proxy.engine.runtime import Runtime, forget_removed
 from proxy.fronts.grpc_v2 import SERVICE, GrpcFront
 from proxy.fronts.http_v2 import HttpFront
 from proxy.pod.link import SOCKET_ENV, WorkerLink
@@ -181,6 +181,8 @@ class Server:
         (the routes still starting answer UNAVAILABLE, as a single process does)."""
         deadline = time.monotonic() + self.worker_ready_s
         while not await self.plane.ready():
+            if self._link is not None:  # the pod's /readyz says why this worker waits
+                self._link.status(False, self.plane.readiness())
             if time.monotonic() >= deadline:
                 log.warning("worker: backends not ready after %g s; listening anyway",
                             self.worker_ready_s)
@@ -242,7 +244,7 @@ class Server:
         """Set grpc.health.v1 (overall and per service name) from readiness; returns it."""
         ready = await self.plane.ready()
         if self._link is not None:
-            self._link.status(ready)
+            self._link.status(ready, self.plane.readiness())
         status = (health_pb2.HealthCheckResponse.SERVING if ready
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.health.set("", status)
@@ -288,6 +290,7 @@ class Server:
                 log.warning("config reload: new backends %s have not started yet; their routes "
                             "answer UNAVAILABLE until they have", slow)
             self.plane.runtime = new
+            forget_removed(self.telemetry, old, new)
             new.activate()
             self.config = config
             self.telemetry.configure(config.telemetry)
@@ -347,6 +350,11 @@ class Server:
         await old.stop_watching()
         await asyncio.sleep(self.config.shutdown_grace_s)  # let its in-flight calls finish
         await old.close(keep=keep)
+        # again: a readiness pass of the old runtime that was running at the swap may have
+        # written its series back since
+        forget_removed(self.telemetry, old, self.plane.runtime)
+        log.info("config reload: the previous runtime retired (its backends no longer used "
+                 "are closed)")
 
     async def stop(self) -> None:
         grace = self.config.shutdown_grace_s

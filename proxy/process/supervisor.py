@@ -111,6 +111,8 @@ class Worker:
     pid: int = 0
     history: list[int] = field(default_factory=list)
     """Exit codes of its earlier processes (the newest last)."""
+    readiness: dict[str, Any] = field(default_factory=dict)
+    """Its backends and routes, ready or not and why, as its last status said."""
 
 
 def _held_socket(host: str, port: int) -> socket.socket:
@@ -141,6 +143,7 @@ class Supervisor:
         self.server = Server(config, config_path, ports, telemetry=telemetry)
         self.server.pod_reload = self._reload_workers
         self.server.plane.ready_override = self.ready
+        self.server.plane.readiness_override = self.readiness
         self.server.pod_snapshot = self.snapshot
         self._ports = ports
         self._held: list[socket.socket] = []
@@ -274,6 +277,7 @@ class Supervisor:
             if worker is not None and worker.writer is writer:
                 worker.writer = None
                 worker.ready = False
+                worker.readiness = {}
             writer.close()
 
     def _take(self, w: Worker, message: tuple[Any, ...]) -> None:
@@ -284,6 +288,7 @@ class Supervisor:
                 log.debug("pod: %d observations for state this config no longer has", missing)
         elif kind == "status":
             w.ready, w.status_at = bool(message[1]), time.monotonic()
+            w.readiness = message[2] if len(message) > 2 else {}
         elif kind == "sync":
             if w.writer is not None:
                 w.writer.write(encode(("state", POD.export_all())))
@@ -320,6 +325,26 @@ class Supervisor:
 
     def ready(self) -> bool:
         return not self._stopping and all(self._is_ready(w) for w in self.workers)
+
+    def readiness(self) -> dict[str, Any]:
+        """``/readyz`` of the pod: each worker, ready or not and why; each backend and route
+        as the workers see it: ready when it is in every connected worker, else the first
+        worker's reason."""
+        merged: dict[str, dict[str, dict[str, Any]]] = {"backends": {}, "routes": {}}
+        workers = []
+        for w in self.workers:
+            ready = self._is_ready(w)
+            why = (None if ready else "not connected to the supervisor" if w.writer is None
+                   else "starting: no status yet" if not w.status_at
+                   else "not ready: see its backends and routes" if not w.ready
+                   else f"no status for {STATUS_STALE_S:g} s")
+            workers.append({"worker": w.index, "pid": w.pid, "ready": ready, "why": why})
+            for kind, seen in merged.items():
+                for name, doc in w.readiness.get(kind, {}).items():
+                    pod = seen.setdefault(name, {**doc, "ready": True, "why": None})
+                    if not doc.get("ready") and pod["ready"]:
+                        pod.update(ready=False, why=f"worker {w.index}: {doc.get('why')}")
+        return {**merged, "workers": workers}
 
     def snapshot(self) -> list[dict[str, Any]]:
         return [{"worker": w.index, "pid": w.pid, "connected": w.writer is not None,

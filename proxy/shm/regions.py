@@ -43,7 +43,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from proxy.call import Call, LocalReply, Reply, Result, StreamItem
+from proxy.call import REFUSED, Call, Finish, LocalReply, Reply, Result, StreamItem
 from proxy.config.model import SharedMemoryConfig
 from proxy.errors import ErrorKind, ProxyError
 from proxy.shm.peer import Connection, UidLookup, grpc_peer, peer_uid
@@ -57,6 +57,10 @@ REGION, OFFSET, BYTE_SIZE = ("shared_memory_region", "shared_memory_offset",
                              "shared_memory_byte_size")
 SHM_PARAMS = frozenset((REGION, OFFSET, BYTE_SIZE))
 _KEY = re.compile(r"/?([A-Za-z0-9._-]{1,255})")
+
+Infer = Callable[[Call, Finish | None], Awaitable[Reply]]  # the data plane's infer
+Stream = Callable[[Call, Finish | None], AsyncIterator[StreamItem]]  # and its stream
+
 
 @dataclass(eq=False)
 class Region:
@@ -321,61 +325,59 @@ class SharedMemory:
 
     # --- inference --------------------------------------------------------------------------
 
-    async def infer(self, call: Call, connection: Connection,
-                    infer: Callable[[Call], Awaitable[Reply]], serves: Callable[[str], bool],
-                    budget: Budget) -> Reply:
+    async def infer(self, call: Call, connection: Connection, infer: Infer,
+                    serves: Callable[[str], bool], budget: Budget,
+                    finish: Finish | None = None) -> Reply:
         """Run ``infer`` on a call whose tensors use regions: inputs read from them, outputs
-        written into them. Every refusal is a ``LocalReply`` the front encodes. A model that
-        is not served gets the data plane's own answer, and no region is read for it."""
+        written into them (``_writer``); no region is read for a model that is not served."""
         if not serves(call.model):
-            return await infer(call)
+            return await infer(call, finish)
         try:
-            owner = self.client(connection)
-            lease = await self._attach(owner, call, budget)
+            lease = await self._attach(self.client(connection), call, budget)
         except ProxyError as err:
             self.refused("infer", err)
-            return LocalReply.from_error(err)
-        try:
-            reply = await infer(call)
-            if isinstance(reply, Result) and lease.outputs:
-                _write_outputs(call, reply, lease)
-            return reply
-        except ProxyError as err:
-            self.refused("infer", err)
-            return LocalReply.from_error(err)
+            call.state[REFUSED] = LocalReply.from_error(err)  # the data plane counts it
+            return await infer(call, finish)
+        try:  # a write that fails is the data plane's: it counts the call with it
+            return await infer(call, self._writer(call, lease, finish))
         finally:
             lease.release()
 
     async def stream(self, call: Call, connection: Connection,
-                     stream: Callable[[Call], AsyncIterator[StreamItem]],
-                     serves: Callable[[str], bool],
-                     budget: Budget) -> AsyncGenerator[StreamItem, None]:
-        """``infer`` for one request of a ``ModelStreamInfer`` stream: its inputs read from
-        regions with the same checks, each response's outputs written into the regions it
-        names (a later response overwrites an earlier one, as Triton's do), the regions
-        pinned until the request's last response."""
+                     stream: Stream, serves: Callable[[str], bool], budget: Budget,
+                     finish: Finish | None = None) -> AsyncGenerator[StreamItem, None]:
+        """``infer`` for one request of a ``ModelStreamInfer`` stream: each response's outputs
+        written into their regions (a later one overwrites, as Triton's do)."""
         if not serves(call.model):
-            async for item in stream(call):
+            async for item in stream(call, finish):
                 yield item
             return
         try:
-            owner = self.client(connection)
-            lease = await self._attach(owner, call, budget)
+            lease = await self._attach(self.client(connection), call, budget)
         except ProxyError as err:
             self.refused("infer", err)
-            yield LocalReply.from_error(err)
+            call.state[REFUSED] = LocalReply.from_error(err)  # the data plane counts it
+            async for item in stream(call, finish):
+                yield item
             return
         try:
-            async for item in stream(call):
-                if isinstance(item, Result) and lease.outputs:
-                    try:
-                        _write_outputs(call, item, lease)
-                    except ProxyError as err:
-                        self.refused("infer", err)
-                        item = LocalReply.from_error(err)
+            async for item in stream(call, self._writer(call, lease, finish)):
                 yield item
         finally:
             lease.release()
+
+    def _writer(self, call: Call, lease: Lease, finish: Finish | None) -> Finish:
+        """``finish`` after the answer's outputs are written into their regions."""
+        async def written(result: Result) -> None:
+            if lease.outputs:
+                try:
+                    _write_outputs(call, result, lease)
+                except ProxyError as err:
+                    self.refused("infer", err)
+                    raise
+            if finish is not None:
+                await finish(result)
+        return written
 
     def _find(self, owner: int, what: str, params: dict[str, Any]) -> Region:
         name = params[REGION]

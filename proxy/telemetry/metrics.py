@@ -8,10 +8,11 @@ alert rules, Grafana), and prometheus-client gives it exactly, with no SDK bridg
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry import trace
@@ -205,6 +206,36 @@ class Telemetry:
     def configure(self, cfg: TelemetryConfig) -> None:
         """Settings that follow the config (and its reloads)."""
         self.access_sample = cfg.access_log_sample
+
+    def forget(self, routes: Collection[str], pairs: Collection[tuple[str, str]],
+               backends: Collection[str]) -> None:
+        """Delete the gauge series of what a reload removed: routes, (route, backend) pairs (a
+        route moved to another backend) and backends. That is readiness, jitter, and every
+        filter gauge labelled by ``model`` or ``route`` (a route's name) or ``backend``. A gauge
+        keeps its last value, so a series left behind would say a backend nothing uses is
+        down (or up) for ever. Counters are kept: their totals stay true. (A pod's
+        multiprocess files cannot forget a value: there the series reads on.)"""
+        gone_routes, gone_pairs, gone_backends = set(routes), set(pairs), set(backends)
+        for model in gone_routes:  # cached children would write to series no longer shown
+            self._jitter.pop(model, None)
+        for key in [k for k in self._request_metrics if k[0] in gone_routes]:
+            del self._request_metrics[key]
+        gauges = [self.backend_ready, self.route_ready, self.jitter,
+                  *(g for g in self._extra.values() if isinstance(g, Gauge))]
+        for gauge in gauges:
+            names: tuple[str, ...] = tuple(gauge._labelnames)
+            for family in gauge.collect():
+                for sample in family.samples:
+                    labels = sample.labels
+                    route = labels.get("model", labels.get("route"))
+                    backend = labels.get("backend")
+                    stale = ((route, backend) in gone_pairs if route is not None
+                             and backend is not None
+                             else route in gone_routes if route is not None
+                             else backend in gone_backends)
+                    if stale:
+                        with contextlib.suppress(KeyError):  # a histogram-like second sample
+                            gauge.remove(*(labels[n] for n in names))
 
     def one_hot(self, name: str, doc: str, labels: list[str], states: Sequence[str]) -> OneHot:
         """A filter's state gauge, one child per state (label ``state``)."""

@@ -5,12 +5,15 @@ log says it once at WARNING, not a line every retry."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -90,3 +93,48 @@ def test_a_triton_that_never_starts_is_seen_everywhere(tmp_path: Path) -> None:
     assert promtool.returncode == 0, promtool.stdout + promtool.stderr
     # and the same test with the value a ready backend exports must fail: it is a real check
     assert _alert_fires_on("1", tmp_path).returncode != 0
+
+
+def _readyz(admin: int) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, json.loads(err.read())
+
+
+def test_a_pod_gives_its_workers_reasons(tmp_path: Path) -> None:
+    """``--workers 2``: the supervisor serves no data, yet its ``/readyz`` (and so ``mmguard
+    status``) says which backend and route are not ready and why, as the workers see them,
+    and which worker is not ready."""
+    config = {"backends": [{"kind": "triton_http", "name": "triton",
+                            "url": f"127.0.0.1:{_dead_port()}", "timeout_s": 1}],
+              "models": [{"name": "clip", "backend": "triton"}]}
+    path = tmp_path / "mmguard.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = MmguardProcess(["--config", str(path), "--workers", "2"], tmp_path / "serve.log")
+    try:
+        admin = proc.ports["admin"]
+        deadline = time.monotonic() + 60
+        status, doc = _readyz(admin)
+        while len([w for w in doc.get("workers", []) if w["pid"]]) < 2 or "clip" not in \
+                doc.get("routes", {}):
+            assert time.monotonic() < deadline, doc
+            time.sleep(0.2)
+            status, doc = _readyz(admin)
+        assert status == 503
+        assert doc["backends"]["triton"]["ready"] is False
+        assert str(doc["backends"]["triton"]["why"]).startswith("worker "), doc
+        route = doc["routes"]["clip"]
+        assert route["ready"] is False and route["backend"] == "triton"
+        assert "contract unknown" in str(route["why"]), route
+        assert all(w["ready"] is False and w["why"] for w in doc["workers"]), doc["workers"]
+        cli = subprocess.run(
+            [sys.executable, "-m", "proxy.cli", "status", "--admin",
+             f"http://127.0.0.1:{admin}"], capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 0, cli.stderr
+        assert "route clip: worker " in cli.stdout and "contract unknown" in cli.stdout, \
+            cli.stdout
+    finally:
+        proc.stop()

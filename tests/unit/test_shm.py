@@ -9,19 +9,19 @@ import gc
 import os
 import socket
 import struct
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from proxy.call import Call, LocalReply, RequestedOutput, Result
+from proxy.call import REFUSED, Call, Finish, LocalReply, Reply, RequestedOutput, Result, StreamItem
 from proxy.config.model import SharedMemoryConfig
 from proxy.errors import ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.shm.peer import Connection, grpc_peer, peer_uid
-from proxy.shm.regions import Budget, SharedMemory, uses_shared_memory
+from proxy.shm.regions import Budget, Infer, SharedMemory, uses_shared_memory
 from proxy.telemetry import Telemetry
 from proxy.tensor import Tensor
 from proxy.wire import kserve_grpc, kserve_http
@@ -69,6 +69,42 @@ def in_region(name: str, region: str, size: int, offset: int = 0,
     return Tensor(name, datatype, shape, raw=b"", parameters={
         "shared_memory_region": region, "shared_memory_byte_size": size,
         "shared_memory_offset": offset})
+
+
+def planed(backend: Callable[[Call], Awaitable[Reply]]) -> Infer:
+    """``backend`` as the data plane runs it: the answer's ``finish`` (the regions' writes)
+    before it is given back, its failure given back instead."""
+    async def infer(call: Call, finish: Finish | None) -> Reply:
+        refused = call.state.get(REFUSED)
+        if refused is not None:
+            return refused
+        reply = await backend(call)
+        if isinstance(reply, Result) and finish is not None:
+            try:
+                await finish(reply)
+            except ProxyError as err:
+                return LocalReply.from_error(err)
+        return reply
+    return infer
+
+
+def planed_stream(backend: Callable[[Call], AsyncIterator[Result]]
+                  ) -> Callable[[Call, Finish | None], AsyncIterator[StreamItem]]:
+    """``planed`` for a stream: ``finish`` on each answer."""
+    async def stream(call: Call, finish: Finish | None) -> AsyncIterator[StreamItem]:
+        refused = call.state.get(REFUSED)
+        if refused is not None:
+            yield refused
+            return
+        async for result in backend(call):
+            item: StreamItem = result
+            if finish is not None:
+                try:
+                    await finish(result)
+                except ProxyError as err:
+                    item = LocalReply.from_error(err)
+            yield item
+    return stream
 
 
 async def doubler(call: Call) -> Result:
@@ -187,13 +223,13 @@ def test_names_live_in_one_namespace_per_uid(shm_dir: Path) -> None:
     s.unregister(other, "same")
     assert [r.name for r in s.status(ME)] == ["same"]
     call = shm_call([in_region("x", "same", 8, shape=(2,))])
-    reply = asyncio.run(s.infer(call, HERE, doubler, any_model, BUDGET))
+    reply = asyncio.run(s.infer(call, HERE, planed(doubler), any_model, BUDGET))
     assert isinstance(reply, Result)
     s2 = SharedMemory(SharedMemoryConfig(system=True), directory=shm_dir,
                       uid_of=lambda peer, local: other)
     s2._regions = s._regions  # the same registry seen by a client of another uid
     reply = asyncio.run(s2.infer(shm_call([in_region("x", "same", 8, shape=(2,))]),
-                                 HERE, doubler, any_model, BUDGET))
+                                 HERE, planed(doubler), any_model, BUDGET))
     assert isinstance(reply, LocalReply) and reply.kind is ErrorKind.NOT_FOUND
     assert "'same'" in reply.message
 
@@ -220,7 +256,7 @@ def test_inputs_read_and_outputs_written(shm_dir: Path) -> None:
                                            "shared_memory_byte_size": 16,
                                            "shared_memory_offset": 16})])
     assert uses_shared_memory(call)
-    reply = asyncio.run(s.infer(call, HERE, backend, any_model, BUDGET))
+    reply = asyncio.run(s.infer(call, HERE, planed(backend), any_model, BUDGET))
     assert isinstance(reply, Result)
     np.testing.assert_array_equal(seen[0], X)
     assert np.frombuffer(out.read_bytes()[16:], np.float32).tolist() == (X * 2).tolist()
@@ -242,8 +278,8 @@ def test_every_bound_is_checked_before_a_read(shm_dir: Path) -> None:
         return await doubler(call)
 
     def refusal(tensor: Tensor, outputs: list[RequestedOutput] | None = None) -> LocalReply:
-        reply = asyncio.run(s.infer(shm_call([tensor], outputs), HERE, backend, any_model,
-                                    BUDGET))
+        reply = asyncio.run(s.infer(shm_call([tensor], outputs), HERE, planed(backend),
+                                    any_model, BUDGET))
         assert isinstance(reply, LocalReply), reply
         return reply
 
@@ -277,7 +313,7 @@ def test_bytes_framing_in_a_region_is_checked(shm_dir: Path) -> None:
     s = registry(shm_dir)
     s.register(ME, "r", "/k", 0, 7)
     reply = asyncio.run(s.infer(shm_call([in_region("t", "r", 7, datatype="BYTES",
-                                                    shape=(1,))]), HERE, doubler,
+                                                    shape=(1,))]), HERE, planed(doubler),
                                 any_model, BUDGET))
     assert isinstance(reply, LocalReply) and reply.kind is ErrorKind.INVALID_ARGUMENT
     assert "declares 50 bytes" in reply.message
@@ -288,8 +324,8 @@ def test_a_file_cut_after_registration_is_an_error_not_a_crash(shm_dir: Path) ->
     s = registry(shm_dir)
     s.register(ME, "r", "/k", 0, 16)
     os.truncate(path, 4)
-    reply = asyncio.run(s.infer(shm_call([in_region("x", "r", 16)]), HERE, doubler, any_model,
-                                BUDGET))
+    reply = asyncio.run(s.infer(shm_call([in_region("x", "r", 16)]), HERE, planed(doubler),
+                                any_model, BUDGET))
     assert isinstance(reply, LocalReply) and reply.kind is ErrorKind.INVALID_ARGUMENT
     assert "cut after registration" in reply.message
 
@@ -305,7 +341,8 @@ def test_zero_copy_reads_in_place(shm_dir: Path) -> None:
         assert isinstance(raw, memoryview) and raw.obj is region.mapping
         return await doubler(c)
 
-    assert isinstance(asyncio.run(s.infer(call, HERE, backend, any_model, BUDGET)), Result)
+    reply = asyncio.run(s.infer(call, HERE, planed(backend), any_model, BUDGET))
+    assert isinstance(reply, Result)
 
 
 def mapped(path: Path) -> bool:
@@ -326,7 +363,7 @@ def test_unregister_in_use_waits_for_the_call(shm_dir: Path) -> None:
             return await doubler(call)
 
         task = asyncio.create_task(s.infer(shm_call([in_region("x", "r", 16)]),
-                                           HERE, slow, any_model, BUDGET))
+                                           HERE, planed(slow), any_model, BUDGET))
         await started.wait()
         s.unregister(ME)
         assert s.status(ME) == [] and mapped(path) and region.mapping is not None
@@ -391,7 +428,7 @@ def test_regions_and_refusals_are_metrics(shm_dir: Path) -> None:
                      uid_of=lambda peer, local: ME, telemetry=telemetry)
     s.register(ME, "r", "/k", 0, 16)
     reply = asyncio.run(s.infer(shm_call([in_region("x", "r", 16, offset=4)]),
-                                HERE, doubler, any_model, BUDGET))
+                                HERE, planed(doubler), any_model, BUDGET))
     assert isinstance(reply, LocalReply)
     value = telemetry.registry.get_sample_value
     assert value("mmguard_shm_regions") == 1
@@ -417,7 +454,7 @@ def test_no_region_is_read_for_a_model_that_is_not_served(shm_dir: Path) -> None
         return LocalReply(ErrorKind.NOT_FOUND, f"model '{call.model}' is not served by mmguard")
 
     call = shm_call([in_region("x", "r", 16)] * 4)
-    reply = asyncio.run(s.infer(call, HERE, plane, lambda model: False, BUDGET))
+    reply = asyncio.run(s.infer(call, HERE, planed(plane), lambda model: False, BUDGET))
     assert isinstance(reply, LocalReply) and reply.kind is ErrorKind.NOT_FOUND
     assert asked == [call] and region.leases == 0
     region.fd = os.open(shm_dir / "k", os.O_RDONLY)  # for close()
@@ -435,7 +472,7 @@ def test_shared_memory_counts_against_the_listeners_request_limit(shm_dir: Path)
 
     inline = Tensor.from_numpy("z", np.zeros(8, np.float32))  # 32 bytes sent inline
     call = shm_call([in_region("x", "r", 16), in_region("w", "r", 16), inline])
-    reply = asyncio.run(s.infer(call, HERE, backend, any_model,
+    reply = asyncio.run(s.infer(call, HERE, planed(backend), any_model,
                                 Budget(63, "listeners.http.max_request_bytes")))
     assert isinstance(reply, LocalReply) and reply.kind is ErrorKind.TOO_LARGE
     assert reply.message == ("the request's inputs total 64 bytes with those in shared memory; "
@@ -444,7 +481,7 @@ def test_shared_memory_counts_against_the_listeners_request_limit(shm_dir: Path)
     assert reads == [] and region.leases == 0
     assert call.inputs[0].raw == b""  # nothing was read
     call = shm_call([in_region("x", "r", 16), in_region("w", "r", 16), inline])
-    reply = asyncio.run(s.infer(call, HERE, backend, any_model,
+    reply = asyncio.run(s.infer(call, HERE, planed(backend), any_model,
                                 Budget(64, "listeners.http.max_request_bytes")))
     assert isinstance(reply, Result) and len(reads) == 1
 
@@ -464,7 +501,8 @@ def test_a_streamed_request_reads_and_writes_its_regions_for_every_answer(
 
     async def run(outputs: list[RequestedOutput]) -> list[Any]:
         call = shm_call([in_region("x", "in", 16)], outputs)
-        items = [item async for item in s.stream(call, HERE, two_answers, any_model, BUDGET)]
+        items = [item async for item in s.stream(call, HERE, planed_stream(two_answers),
+                                                 any_model, BUDGET)]
         return [*items, out.read_bytes()]
 
     first, second, written = asyncio.run(run([RequestedOutput("y", {
