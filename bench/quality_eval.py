@@ -6,7 +6,7 @@ Builds the evaluation set of ``tests/support/photos.py`` (the photographs scikit
 matplotlib and scikit-learn ship in their wheels, resized to 224 × 224 as a client would; documents,
 illustrations, scientific images and rendered screenshots as clean inputs of their own kinds),
 makes every degradation at every severity of its ladder, and scores everything with the
-shipped signals (``ghosting`` included). Prints, per degradation:
+shipped signals (``ghosting`` and ``moire`` included). Prints, per degradation:
 
 - the ROC AUC of each signal (clean photos against their degraded copies; 1.0 = every degraded
   copy scores below every clean photo);
@@ -59,7 +59,7 @@ def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 RULED = ("range", "sharpness", "exposure", "noise", "blockiness", "perspective", "tone",
-         "ghosting")
+         "ghosting", "moire")
 GRID = tuple(round(0.05 * i, 2) for i in range(1, 20))
 
 
@@ -162,7 +162,7 @@ def evaluate() -> dict[str, Any]:
 def table(result: dict[str, Any], all_severities: bool) -> str:
     short = {"finite": "fin", "range": "rng", "constant": "cst", "sharpness": "shp",
              "exposure": "exp", "noise": "noi", "blockiness": "blk", "perspective": "psp",
-             "tone": "ton", "ghosting": "gho"}
+             "tone": "ton", "ghosting": "gho", "moire": "moi"}
     head = (f"{'degradation':13s} {'severity':>10s} " + " ".join(f"{short[k]:>5s}"
             for k in IMAGE_SIGNALS) + f" {'meant':>9s} {'detected':>8s}")
     lines = ["ROC AUC per signal (clean photos vs degraded copies); detected = share caught by a "

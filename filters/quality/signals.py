@@ -441,7 +441,8 @@ def image_signals(image: NDArray[Any], spec: ImageSpec,
                 "exposure": exposure(plane, lv), "noise": noise(plane, diffs),
                 "blockiness": blockiness(plane, energies),
                 "perspective": scenes.perspective(plane), "tone": scenes.tone(plane, lv),
-                **({"ghosting": scenes.ghosting(plane)} if "ghosting" in optional else {})}
+                **({"ghosting": scenes.ghosting(plane)} if "ghosting" in optional else {}),
+                **({"moire": scenes.moire(plane)} if "moire" in optional else {})}
 
 
 # --- scores -------------------------------------------------------------------------------------
