@@ -114,8 +114,11 @@ def image_timings(arr: NDArray[Any], spec: qs.ImageSpec, n: int) -> list[tuple[s
         ("tone (key, given levels)", lambda: scenes.tone(plane, lv)),
         ("ghosting (256^2 FFT pair, log; only when a rule names it)",
          lambda: scenes.ghosting(plane)),
+        ("moire (224^2 complex FFT, box sums; only when a rule names it)",
+         lambda: scenes.moire(plane)),
         ("ALL image signals (image_signals)", lambda: qs.image_signals(arr, spec)),
         ("ALL + ghosting", lambda: qs.image_signals(arr, spec, ("ghosting",))),
+        ("ALL + moire", lambda: qs.image_signals(arr, spec, ("moire",))),
     ]
     return [(label, per_call_us(fn, n) if arr.dtype == np.float16 or "FP16" not in label
              else 0.0) for label, fn in timings]
