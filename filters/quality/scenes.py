@@ -316,16 +316,14 @@ def moire(plane: F32) -> Signal:
     inner -= p[1:-1, 2:]
     inner -= inner.mean()
     inner *= _hann(side)[1:-1, 1:-1]
-    spectrum = np.fft.fft2(lap)
-    power = spectrum.real ** 2
-    power += spectrum.imag ** 2
-    if float(power.mean()) <= 1e-20:
+    power = _full_power(np.fft.rfft2(lap), side)
+    mean_power = float(power.mean())
+    if mean_power <= 1e-20:
         return Signal(1.0, 0.0, "twin spectral peaks (no edges)")
-    peak = _box_sum(power, 1)
-    around = _box_sum(power, 4)
+    peak, around = _box_sums(power, 1, 4)
     around -= peak
     around *= 9.0 / 72.0
-    around += float(power.mean()) * 1e-6  # an empty surround (a flat picture) is no peak
+    around += mean_power * 1e-6  # an empty surround (a flat picture) is no peak
     ratio = np.divide(peak, around, out=peak)
     ratio[~_moire_band(side)] = 0.0
     turned = ratio.T[(-np.arange(side)) % side]  # (fy, fx) -> (fx, -fy): the other direction
@@ -338,17 +336,37 @@ def moire(plane: F32) -> Signal:
                   f"twin spectral peaks (period {period:.1f} px)")
 
 
-def _box_sum(a: NDArray[np.float64], r: int) -> NDArray[np.float64]:
-    """The sum of the (2r + 1)² values around every point, the array read as periodic (a
-    spectrum is)."""
-    k = 2 * r + 1
-    c = np.pad(a, ((r + 1, r), (r + 1, r)), mode="wrap")
-    np.cumsum(c, axis=0, out=c)
-    np.cumsum(c, axis=1, out=c)
-    out: NDArray[np.float64] = c[k:, k:] - c[:-k, k:]
-    out -= c[k:, :-k]
-    out += c[:-k, :-k]
-    return out
+def _full_power(half: NDArray[np.complex128], side: int) -> NDArray[np.float64]:
+    """The power spectrum over every frequency from ``rfft2``'s half (a real image's spectrum
+    is symmetric, P(-f) = P(f)): 4x cheaper than a complex FFT."""
+    p = half.real ** 2
+    p += half.imag ** 2
+    full = np.empty((side, side))
+    cols = p.shape[1]
+    full[:, :cols] = p
+    rest = side - cols  # columns -cols+1 .. -1, read off the conjugate half
+    if rest:
+        full[:, cols:] = p[(-np.arange(side)) % side][:, rest:0:-1]
+    return full
+
+
+def _box_sums(a: NDArray[np.float64], small: int, big: int
+              ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """The sums of the (2r + 1)² values around every point, for r = ``small`` and ``big``, the
+    array read as periodic (a spectrum is): one integral image for both."""
+    n, m = a.shape
+    total = np.zeros((n + 2 * big + 1, m + 2 * big + 1))
+    total[1:, 1:] = np.pad(a, big, mode="wrap")
+    np.cumsum(total, axis=0, out=total)
+    np.cumsum(total, axis=1, out=total)
+    out = []
+    for r in (small, big):
+        lo, hi = big - r, big + r + 1
+        s = total[hi:hi + n, hi:hi + m] - total[lo:lo + n, hi:hi + m]
+        s -= total[hi:hi + n, lo:lo + m]
+        s += total[lo:lo + n, lo:lo + m]
+        out.append(s)
+    return out[0], out[1]
 
 
 @cache
