@@ -1,9 +1,9 @@
 """The edge scenes and canary eligibility through a real front and a real Triton (clip_demo over
 Triton's gRPC): a phone photo of a screen (at an angle, or square on with moiré) and a ghosted
 frame made from real photographs are annotated, their clean sources are not; with
-``canary.eligible`` on the quality filter's alignment, only well-aligned calls become canary traffic (a fault experiment on canary traffic
-hits them and nothing else), the shadow mirrors only them, and its snapshot names the
-population its verdict judges."""
+``canary.eligible`` on the quality filter's alignment, only well-aligned calls become canary
+traffic (a fault experiment on canary traffic hits them and nothing else), the shadow mirrors
+only them, and its snapshot names the population its verdict judges."""
 
 from __future__ import annotations
 
