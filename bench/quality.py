@@ -114,7 +114,7 @@ def image_timings(arr: NDArray[Any], spec: qs.ImageSpec, n: int) -> list[tuple[s
         ("tone (key, given levels)", lambda: scenes.tone(plane, lv)),
         ("ghosting (256^2 FFT pair, log; only when a rule names it)",
          lambda: scenes.ghosting(plane)),
-        ("moire (224^2 complex FFT, box sums; only when a rule names it)",
+        ("moire (224^2 real FFT, box sums; only when a rule names it)",
          lambda: scenes.moire(plane)),
         ("ALL image signals (image_signals)", lambda: qs.image_signals(arr, spec)),
         ("ALL + ghosting", lambda: qs.image_signals(arr, spec, ("ghosting",))),
