@@ -105,6 +105,7 @@ def image_timings(arr: NDArray[Any], spec: qs.ImageSpec, n: int) -> list[tuple[s
         ("blockiness (given energies)", lambda: qs.blockiness(plane, energies)),
         ("levels (counted once for exposure and tone)", lambda: levels(plane)),
         ("exposure (given levels)", lambda: qs.exposure(plane, lv)),
+        ("  for exposure: clipped colour channels", lambda: qs.channel_clipped(img, spec)),
         ("  of exposure: graphic test (a candidate over-exposure only)",
          lambda: scenes.graphic(plane, 0.0)),
         ("noise (given differences)", lambda: qs.noise(plane, diffs)),
