@@ -364,16 +364,21 @@ def channel_clipped(image: NDArray[Any], spec: ImageSpec) -> float:
     it) and light (the channels' mean at 75 % of the range or more): a gain clips the
     brightest channel first, before the luminance reaches white, while a saturated colour
     (pure red, a colour wheel's yellow: one channel at zero) is not light. 0 for grey."""
-    chans = channels_of(image, spec.layout)
-    if image.size == 0 or len(chans) < 3:
+    # Every other row and column: a share to about half a percent, 4x cheaper (a ramp of
+    # 5-25 % reads it).
+    sub = image[:, ::2, ::2] if spec.layout == "CHW" else image[::2, ::2]
+    chans = channels_of(sub, spec.layout)
+    if sub.size == 0 or len(chans) < 3:
         return 0.0
     lows, highs = spec.bounds(len(chans))
     hit = np.zeros(chans[0].shape, np.bool_)
     level = np.zeros(chans[0].shape, np.float32)
     for c, lo, hi in zip(chans, lows.tolist(), highs.tolist(), strict=True):
         hit |= c >= hi - (hi - lo) * (1.5 / 255)
-        level += (c - np.float32(lo)) * np.float32(1.0 / (3 * (hi - lo)))
-    hit &= level >= _CLIPPED_LEVEL  # a saturated colour (pure blue, red) is not light
+        level += c  # in the input's own units: compared once, below
+    top = sum(lo + _CLIPPED_LEVEL * (hi - lo) for lo, hi in zip(lows.tolist(), highs.tolist(),
+                                                                strict=True))
+    hit &= level >= np.float32(top)  # a saturated colour (pure blue, red) is not light
     return float(np.count_nonzero(hit)) / hit.size
 
 
@@ -390,7 +395,7 @@ def exposure(plane: F32, lv: Levels | None = None, clipped: float | None = None)
     keeps mid-tones or has lost its darks. A weighted share of 25 % scores 0, 5 % scores 1.
     Blown counts the larger of the white luminance and, when the caller measured it
     (``clipped``, from ``channel_clipped``), the share of light pixels with a colour channel at
-    its top: a gain clips the brightest channel first (AUC at 1.5× 0.864 -> 0.914, no clean
+    its top: a gain clips the brightest channel first (AUC at 1.5× 0.864 -> 0.909, no clean
     input of any kind flagged more: docs/quality.md).
     A picture that reads as drawn (``scenes.graphic``: flat colours, white not reached through a
     gradient: a light-mode screenshot, clip art) has its weighted share cut in proportion;
