@@ -105,6 +105,7 @@ def image_timings(arr: NDArray[Any], spec: qs.ImageSpec, n: int) -> list[tuple[s
         ("blockiness (given energies)", lambda: qs.blockiness(plane, energies)),
         ("levels (counted once for exposure and tone)", lambda: levels(plane)),
         ("exposure (given levels)", lambda: qs.exposure(plane, lv)),
+        ("  for exposure: clipped colour channels", lambda: qs.channel_clipped(img, spec)),
         ("  of exposure: graphic test (a candidate over-exposure only)",
          lambda: scenes.graphic(plane, 0.0)),
         ("noise (given differences)", lambda: qs.noise(plane, diffs)),
@@ -114,8 +115,11 @@ def image_timings(arr: NDArray[Any], spec: qs.ImageSpec, n: int) -> list[tuple[s
         ("tone (key, given levels)", lambda: scenes.tone(plane, lv)),
         ("ghosting (256^2 FFT pair, log; only when a rule names it)",
          lambda: scenes.ghosting(plane)),
+        ("moire (224^2 real FFT, box sums; only when a rule names it)",
+         lambda: scenes.moire(plane)),
         ("ALL image signals (image_signals)", lambda: qs.image_signals(arr, spec)),
         ("ALL + ghosting", lambda: qs.image_signals(arr, spec, ("ghosting",))),
+        ("ALL + moire", lambda: qs.image_signals(arr, spec, ("moire",))),
     ]
     return [(label, per_call_us(fn, n) if arr.dtype == np.float16 or "FP16" not in label
              else 0.0) for label, fn in timings]

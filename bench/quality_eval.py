@@ -6,7 +6,7 @@ Builds the evaluation set of ``tests/support/photos.py`` (the photographs scikit
 matplotlib and scikit-learn ship in their wheels, resized to 224 × 224 as a client would; documents,
 illustrations, scientific images and rendered screenshots as clean inputs of their own kinds),
 makes every degradation at every severity of its ladder, and scores everything with the
-shipped signals (``ghosting`` included). Prints, per degradation:
+shipped signals (``ghosting`` and ``moire`` included). Prints, per degradation:
 
 - the ROC AUC of each signal (clean photos against their degraded copies; 1.0 = every degraded
   copy scores below every clean photo);
@@ -59,7 +59,7 @@ def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 RULED = ("range", "sharpness", "exposure", "noise", "blockiness", "perspective", "tone",
-         "ghosting")
+         "ghosting", "moire")
 GRID = tuple(round(0.05 * i, 2) for i in range(1, 20))
 
 
@@ -124,10 +124,20 @@ def evaluate() -> dict[str, Any]:
             mine = [(c, s) for c, s in rows if c.kind == kind]
             if mine:
                 fp[f"{framing} / {kind}"] = false_positives(mine, thresholds)
+    # The opt-in signals (no default rule) at the rule a deployment would write, below 0.5:
+    # what that rule alone would flag, per framing and kind.
+    opt_in = {k: 0.5 for k in sorted(OPTIONAL_SIGNALS)}
+    fp_opt: dict[str, Any] = {}
+    for framing, rows in scored.items():
+        for kind in ("photo", "scientific", "document", "screenshot", "illustration"):
+            mine = [(c, s) for c, s in rows if c.kind == kind]
+            if mine:
+                fp_opt[f"{framing} / {kind}"] = false_positives(mine, opt_in)
     crops = [s for c, s in scored["random crops"]]
     faces = [score(f) for f in photos.faces()]
     shaken = [(n, score(x)) for n, x in photos.camera_shake()]
     out: dict[str, Any] = {"thresholds": thresholds, "false_positives": fp, "degradations": {},
+                           "opt_in_thresholds": opt_in, "opt_in_false_positives": fp_opt,
                            "operating_points": operating_points(photo + crops),
                            "operating_points_none": operating_points(photo + crops, 0.0),
                            "faces_lfw": {"n": len(faces), "detected": float(np.mean(
@@ -150,8 +160,8 @@ def evaluate() -> dict[str, Any]:
                         for k in IMAGE_SIGNALS},
                 "detected": float(np.mean([bool(flagged(s, thresholds)) for s in got])),
                 "detected_by_signal": float(np.mean(
-                    [s[d.signal].score < thresholds[d.signal] for s in got]))
-                if d.signal in thresholds else None,
+                    [s[d.signal].score < {**opt_in, **thresholds}[d.signal] for s in got]))
+                if d.signal in {**opt_in, **thresholds} else None,
                 "roc": roc([s[d.signal or "sharpness"].score for s in photo],
                            [s[d.signal or "sharpness"].score for s in got]),
             }
@@ -162,7 +172,7 @@ def evaluate() -> dict[str, Any]:
 def table(result: dict[str, Any], all_severities: bool) -> str:
     short = {"finite": "fin", "range": "rng", "constant": "cst", "sharpness": "shp",
              "exposure": "exp", "noise": "noi", "blockiness": "blk", "perspective": "psp",
-             "tone": "ton", "ghosting": "gho"}
+             "tone": "ton", "ghosting": "gho", "moire": "moi"}
     head = (f"{'degradation':13s} {'severity':>10s} " + " ".join(f"{short[k]:>5s}"
             for k in IMAGE_SIGNALS) + f" {'meant':>9s} {'detected':>8s}")
     lines = ["ROC AUC per signal (clean photos vs degraded copies); detected = share caught by a "
@@ -175,12 +185,22 @@ def table(result: dict[str, Any], all_severities: bool) -> str:
             mark = "*" if is_source else " "
             lines.append(f"{name:13s} {sev + ' ' + d['unit'][:4]:>10s}{mark}"
                          + " ".join(f"{r['auc'][k]:5.3f}" for k in IMAGE_SIGNALS)
-                         + f" {d['signal'] or '-':>9s} {r['detected']:8.0%}")
+                         + f" {d['signal'] or '-':>9s} {r['detected']:8.0%}"
+                         + (f" (by {d['signal']} < {result['opt_in_thresholds'][d['signal']]:g}:"
+                            f" {r['detected_by_signal']:.0%})"
+                            if d["signal"] in result["opt_in_thresholds"] else ""))
     lines.append("* the severity the source documents name")
     lines.append("")
     lines.append("false positives at the default rules "
                  + ", ".join(f"{k} < {v:g}" for k, v in result["thresholds"].items()))
     for kind, fp in result["false_positives"].items():
+        lo, hi = fp["interval"]
+        lines.append(f"  {kind:27s} {fp['flagged']:3d} / {fp['n']:3d} = {fp['rate']:6.1%} "
+                     f"[{lo:5.1%}, {hi:5.1%}]  "
+                     + "; ".join(fp["which"][:3]) + (" ..." if len(fp["which"]) > 3 else ""))
+    lines.append("false positives of the opt-in rules alone, "
+                 + ", ".join(f"{k} < {v:g}" for k, v in result["opt_in_thresholds"].items()))
+    for kind, fp in result["opt_in_false_positives"].items():
         lo, hi = fp["interval"]
         lines.append(f"  {kind:27s} {fp['flagged']:3d} / {fp['n']:3d} = {fp['rate']:6.1%} "
                      f"[{lo:5.1%}, {hi:5.1%}]  "

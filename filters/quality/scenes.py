@@ -18,6 +18,7 @@ brick and one rocket crop).
 from __future__ import annotations
 
 import math
+from functools import cache
 
 import numpy as np
 from numpy.typing import NDArray
@@ -26,8 +27,8 @@ from filters.quality.measure import BLOWN as _BLOWN
 from filters.quality.measure import F32, Levels, Signal, levels
 from filters.quality.measure import ramp as _ramp
 
-SCENE_SIGNALS = ("perspective", "tone", "ghosting")
-OPTIONAL_SIGNALS = frozenset({"ghosting"})  # measured only when a rule names it (cost)
+SCENE_SIGNALS = ("perspective", "tone", "ghosting", "moire")
+OPTIONAL_SIGNALS = frozenset({"ghosting", "moire"})  # measured only when a rule names it (cost)
 _EDGE_TOL = 0.03  # luminance: a margin pixel is within this of the border's own colour
 _EDGE_FLAT = 0.015  # luminance: half the border's IQR, at most, for a flat surround
 _SURROUND_DARKER = 0.05  # the surround is darker than the picture's median by at least this
@@ -47,6 +48,9 @@ _FLAT_STEP = np.float32(0.5 / 255)  # luminance: neighbours closer than this are
 FLAT_PHOTO, FLAT_GRAPHIC = 0.16, 0.19  # share of flat-colour pixels; see graphic()
 RAMPED_GRAPHIC, RAMPED_PHOTO = 0.2, 0.35  # near-white over blown-white share; see graphic()
 _GHOST_N = 256
+MOIRE_BAD, MOIRE_GOOD = 12.0, 4.0  # twin peak over its surround; see moire()
+_MOIRE_N = 224  # the window read: a model's input side
+_MOIRE_PERIODS = (2.5, 32.0)  # px: a beat finer is gone in the resize, coarser is the scene's
 _GHOST_MIN, _GHOST_MAX = 4.0, 28.0  # lags searched (px): beyond an edge's own width
 
 
@@ -275,3 +279,109 @@ def _ghost_ring() -> NDArray[np.bool_]:
         r = np.hypot(k[:, None], k[None, :])
         _RING.append((r >= _GHOST_MIN) & (r <= _GHOST_MAX))
     return _RING[0]
+
+
+def moire(plane: F32) -> Signal:
+    """A phone photo of a screen that fills the frame: moiré, the beat between the screen's
+    pixel grid and the camera's, a faint crosshatch over the whole picture.
+
+    A pixel grid has two perpendicular directions of the same pitch, so its beats with the
+    sensor's grid are two narrow peaks in the spectrum at the same distance from zero and at
+    right angles. Per frequency (periods 2.5-32 px) of the Hann-windowed Laplacian of the
+    central 224² window, the power of its 3 × 3 bins over the mean of the 9 × 9 around them
+    (a peak one window-width wide stands out; a photograph's spectrum, smooth and fluctuating
+    bin by bin, reads 2-5), and the value is the highest, over all frequencies, of the lower
+    of that ratio and the same at the frequency turned by 90°. A texture's or a page's
+    periodicity is one direction (text lines), or two of different periods (brick's rows and
+    joints): without the twin test, brick reads 25-107 and a page 40, with it 3.9 and 4.7.
+    12 scores 0, 4 scores 1 (0.5 at 8, above the highest clean input of any kind but a
+    checkerboard, 6.4: a rendered dark-mode screenshot). One 224² complex FFT and two box
+    sums: measured only when a rule names it (docs/quality.md, "Cost").
+
+    Known confusions: a picture of a regular grid (a checkerboard, tiles, a fence seen square
+    on, graph paper) is a grid and reads as moiré; moiré along one direction only (a screen
+    whose subpixel stripes beat but whose rows do not) is not seen, nor a beat coarser than
+    32 px (a broad colour wave) or a beat that a perspective chirps across the frame."""
+    side = min(plane.shape[0], plane.shape[1], _MOIRE_N)
+    if side < 32:
+        return Signal(1.0, 0.0, "twin spectral peaks (image too small)")
+    top, left = (plane.shape[0] - side) // 2, (plane.shape[1] - side) // 2
+    p = plane[top:top + side, left:left + side]
+    lap = np.zeros((side, side), np.float32)
+    inner = lap[1:-1, 1:-1]
+    inner += p[1:-1, 1:-1] * np.float32(4)
+    inner -= p[:-2, 1:-1]
+    inner -= p[2:, 1:-1]
+    inner -= p[1:-1, :-2]
+    inner -= p[1:-1, 2:]
+    inner -= inner.mean()
+    inner *= _hann(side)[1:-1, 1:-1]
+    power = _full_power(np.fft.rfft2(lap), side)
+    mean_power = float(power.mean())
+    if mean_power <= 1e-20:
+        return Signal(1.0, 0.0, "twin spectral peaks (no edges)")
+    peak, around = _box_sums(power, 1, 4)
+    around -= peak
+    around *= 9.0 / 72.0
+    around += mean_power * 1e-6  # an empty surround (a flat picture) is no peak
+    ratio = np.divide(peak, around, out=peak)
+    ratio[~_moire_band(side)] = 0.0
+    turned = ratio.T[(-np.arange(side)) % side]  # (fy, fx) -> (fx, -fy): the other direction
+    twin = np.minimum(ratio, turned)
+    at = int(np.argmax(twin))
+    value = float(twin.flat[at])
+    fy, fx = (((v + side // 2) % side - side // 2) / side for v in divmod(at, side))
+    period = 1.0 / max(math.hypot(fy, fx), 1e-9)
+    return Signal(_ramp(value, MOIRE_BAD, MOIRE_GOOD), value,
+                  f"twin spectral peaks (period {period:.1f} px)")
+
+
+def _full_power(half: NDArray[np.complex128], side: int) -> NDArray[np.float64]:
+    """The power spectrum over every frequency from ``rfft2``'s half (a real image's spectrum
+    is symmetric, P(-f) = P(f)): 4x cheaper than a complex FFT."""
+    p = half.real ** 2
+    p += half.imag ** 2
+    full = np.empty((side, side))
+    cols = p.shape[1]
+    full[:, :cols] = p
+    rest = side - cols  # columns -cols+1 .. -1, read off the conjugate half
+    if rest:
+        full[:, cols:] = p[(-np.arange(side)) % side][:, rest:0:-1]
+    return full
+
+
+def _box_sums(a: NDArray[np.float64], small: int, big: int
+              ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """The sums of the (2r + 1)² values around every point, for r = ``small`` and ``big``, the
+    array read as periodic (a spectrum is): one integral image for both."""
+    n, m = a.shape
+    total = np.zeros((n + 2 * big + 1, m + 2 * big + 1))
+    total[1:, 1:] = np.pad(a, big, mode="wrap")
+    np.cumsum(total, axis=0, out=total)
+    np.cumsum(total, axis=1, out=total)
+    out = []
+    for r in (small, big):
+        lo, hi = big - r, big + r + 1
+        s = total[hi:hi + n, hi:hi + m] - total[lo:lo + n, hi:hi + m]
+        s -= total[hi:hi + n, lo:lo + m]
+        s += total[lo:lo + n, lo:lo + m]
+        out.append(s)
+    return out[0], out[1]
+
+
+@cache
+def _hann(side: int) -> F32:
+    w = np.hanning(side).astype(np.float32)
+    out: F32 = np.outer(w, w)
+    out.flags.writeable = False
+    return out
+
+
+@cache
+def _moire_band(side: int) -> NDArray[np.bool_]:
+    f = np.fft.fftfreq(side)
+    r = np.hypot(f[:, None], f[None, :])
+    lo, hi = _MOIRE_PERIODS
+    band: NDArray[np.bool_] = (r >= 1.0 / hi) & (r <= 1.0 / lo)
+    band.flags.writeable = False
+    return band

@@ -1,9 +1,9 @@
 """The edge scenes and canary eligibility through a real front and a real Triton (clip_demo over
-Triton's gRPC): a phone photo of a screen and a ghosted frame made from real photographs are
-annotated, their clean sources are not; with ``canary.eligible`` on the quality filter's
-alignment, only well-aligned calls become canary traffic (a fault experiment on canary traffic
-hits them and nothing else), the shadow mirrors only them, and its snapshot names the
-population its verdict judges."""
+Triton's gRPC): a phone photo of a screen (at an angle, or square on with moiré) and a ghosted
+frame made from real photographs are annotated, their clean sources are not; with
+``canary.eligible`` on the quality filter's alignment, only well-aligned calls become canary
+traffic (a fault experiment on canary traffic hits them and nothing else), the shadow mirrors
+only them, and its snapshot names the population its verdict judges."""
 
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ def proxy(triton: TritonServer, tmp_path_factory: pytest.TempPathFactory
     aligned = quality(alignment=alignment(encoders, text_input="input_ids"), rules=[])
     rules = [{"signal": "perspective", "below": 0.5, "action": "annotate"},
              {"signal": "ghosting", "below": 0.5, "action": "annotate"},
+             {"signal": "moire", "below": 0.5, "action": "annotate"},
              {"signal": "sharpness", "below": 0.5, "action": "annotate"}]
     abort = {"name": "gray", "actions": [{"kind": "abort", "grpc_code": "UNAVAILABLE",
                                           "http_status": 503, "message": "canary fault"}]}
@@ -111,6 +112,21 @@ def test_a_ghosted_frame_is_annotated_and_its_clean_source_is_not(
     assert note.startswith("annotate; input 'pixel_values' image 0: signal 'ghosting' is ")
     assert "cepstrum peak off zero (at +5, +9 px)" in note \
         or "(at -5, -9 px)" in note, note
+
+
+@pytest.mark.parametrize("name", ["astronaut", "coffee", "chelsea"])
+def test_moire_of_a_screen_is_annotated_and_its_clean_source_is_not(
+        proxy: RunningMmguard, name: str) -> None:
+    source = photo(name)
+    screen = photos.moire(source, 0.7, np.random.default_rng(4))
+    _, clean = answer(proxy.grpc_url, "scenes", clip_inputs(source))
+    assert "moire" not in quality_notes(clean), clean
+    assert scores(clean["mmguard-quality-scores"])["moire"] == 1.0
+    resp, bad = answer(proxy.grpc_url, "scenes", clip_inputs(screen))
+    assert resp.outputs  # annotated, not refused: the model still answers
+    note = quality_notes(bad)["moire"]
+    assert note.startswith("annotate; input 'pixel_values' image 0: signal 'moire' is ")
+    assert "twin spectral peaks (period" in note and note.endswith("threshold 0.5"), note
 
 
 def metric(m: RunningMmguard, name: str, **labels: str) -> float:

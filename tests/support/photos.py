@@ -358,6 +358,34 @@ def perspective(x: U8, strength: float, rng: np.random.Generator) -> U8:
     return np.asarray(img, np.uint8)
 
 
+def moire(x: U8, contrast: float, rng: np.random.Generator) -> U8:
+    """A phone photo of a screen that fills the frame: the picture shown on a screen whose
+    pixels are separated by a dark matrix (``contrast``: how dark, 0-1), sampled by a sensor
+    of 4 × the model's resolution whose pixels (aperture 0.4 px) are almost the screen's
+    pitch, then resized to the model's input as a client would. The screen's grid is off
+    the sensor's by a seeded beat of 5-30 output px in a seeded direction: that beat is the
+    moiré; the grid itself is above the sensor's resolution and aliases into it."""
+    up = 4
+    h, w = x.shape[:2]
+    big = np.asarray(Image.fromarray(x).resize((w * up, h * up), Image.Resampling.BICUBIC),
+                     np.float64) / 255.0
+    angle = rng.uniform(0, 2 * np.pi)
+    beat = np.array([np.cos(angle), np.sin(angle)]) / (rng.uniform(5, 30) * up)
+    k1 = np.array([1.0, 0.0]) + beat  # cycles per sensor px: one screen pixel per sensor pixel
+    k2 = np.array([-k1[1], k1[0]])  # the grid's other direction, at right angles
+    yy, xx = np.mgrid[0:h * up, 0:w * up].astype(np.float64)
+    mask = np.zeros_like(xx)
+    for oy in (-0.2, 0.2):  # the sensor pixel's aperture: four points 0.4 px apart
+        for ox in (-0.2, 0.2):
+            u = (xx + ox) * k1[0] + (yy + oy) * k1[1]
+            v = (xx + ox) * k2[0] + (yy + oy) * k2[1]
+            mask += ((1 - contrast * (0.5 + 0.5 * np.cos(2 * np.pi * u)) ** 2)
+                     * (1 - contrast * (0.5 + 0.5 * np.cos(2 * np.pi * v)) ** 2))
+    shot = big * (mask / mask.mean())[..., None]
+    return np.asarray(Image.fromarray(_u8(shot)).resize((w, h), Image.Resampling.BICUBIC),
+                      np.uint8)
+
+
 def nan(x: U8, share: float, rng: np.random.Generator) -> F32:
     """FP16 overflow as it reaches a model: a share of pixels NaN, in a float [0, 1] tensor."""
     out = np.asarray(_f(x), np.float32)
@@ -396,6 +424,7 @@ DEGRADATIONS = (
     Degradation("ghost", ghost, (0.05, 0.10, 0.15, 0.25), 0.15, "ghosting", "opacity"),
     Degradation("overlay", overlay, (0.05, 0.10, 0.15), 0.15, "", "opacity"),
     Degradation("perspective", perspective, (0.1, 0.2, 0.3), 0.2, "perspective", "corner shift"),
+    Degradation("moire", moire, (0.1, 0.2, 0.4, 0.7), 0.4, "moire", "grid contrast"),
     Degradation("nan", nan, (0.001, 0.01), 0.001, "finite", "share"),
     Degradation("wrong_range", wrong_range, (255.0, -1.0), 255.0, "range", "scale"),
 )

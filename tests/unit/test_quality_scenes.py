@@ -13,7 +13,7 @@ import pytest
 from numpy.typing import NDArray
 from PIL import Image, ImageFilter
 
-from filters.quality.scenes import ghosting, perspective, tone
+from filters.quality.scenes import OPTIONAL_SIGNALS, ghosting, perspective, tone
 from filters.quality.signals import IMAGE_SIGNALS, ImageSpec, Signal, image_signals, luminance
 from tests.support import photos
 from tests.support.images import scene
@@ -31,7 +31,7 @@ def photo(name: str = "astronaut") -> NDArray[np.uint8]:
 
 
 def all_signals(img: NDArray[Any]) -> dict[str, Signal]:
-    return image_signals(img, HWC, ("ghosting",))
+    return image_signals(img, HWC, OPTIONAL_SIGNALS)
 
 
 # --- perspective --------------------------------------------------------------------------------

@@ -1,0 +1,95 @@
+"""The moiré signal (filters/quality/scenes.py, ``moire``): a screen's pixel grid beating with
+the camera's reads as two perpendicular narrow spectral peaks; on synthetic gratings of known
+period and on real photographs photographed off a simulated screen (tests/support/photos.py,
+``moire``), and the clean inputs that must not read as moiré (a brick wall, a page of text, a
+rendered screenshot)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from filters.quality.scenes import moire
+from filters.quality.signals import ImageSpec, image_signals, luminance
+from tests.support import photos
+
+HWC = ImageSpec("HWC", (0.0,), (255.0,))
+
+
+def plane(img: NDArray[Any]) -> NDArray[np.float32]:
+    return luminance(img, HWC)
+
+
+def clean(name: str) -> NDArray[np.uint8]:
+    return next(c.image for c in (*photos.clean_set(), *photos.whole_frames())
+                if c.name == name)
+
+
+def grating(period: float, angle: float, turns: tuple[float, ...]) -> NDArray[np.float32]:
+    """Cosines of ``period`` px at ``angle`` and at each of ``turns`` more radians."""
+    yy, xx = np.mgrid[0:224, 0:224].astype(np.float64)
+    out = np.zeros((224, 224))
+    for t in (0.0, *turns):
+        a = angle + t
+        out += np.cos(2 * np.pi * (xx * np.cos(a) + yy * np.sin(a)) / period)
+    return np.asarray(out, np.float32)
+
+
+def test_a_crosshatch_over_noise_reads_as_moire_at_its_period() -> None:
+    noise = np.random.default_rng(0).random((224, 224)).astype(np.float32)
+    base = moire(noise)
+    found = moire(noise + 0.05 * grating(9.0, 0.3, (np.pi / 2,)))
+    assert base.score == 1.0 and base.value < 4.0, base
+    assert found.score == 0.0 and found.value > 10 * base.value, found
+    assert "period 9." in found.what or "period 8." in found.what, found.what
+
+
+def test_stripes_in_one_direction_or_two_unequal_ones_are_not_moire() -> None:
+    # The twin test: text lines and a brick's rows and joints are periodic, but a pixel
+    # grid's two directions have one pitch.
+    noise = np.random.default_rng(1).random((224, 224)).astype(np.float32)
+    stripes = moire(noise + 0.05 * grating(9.0, 0.3, ()))
+    unequal = moire(noise + 0.025 * grating(9.0, 0.3, ())
+                    + 0.025 * grating(14.0, 0.3 + np.pi / 2, ()))
+    assert stripes.score == 1.0, stripes
+    assert unequal.score == 1.0, unequal
+
+
+@pytest.mark.parametrize("name", ["astronaut", "coffee", "chelsea", "motorcycle_left"])
+def test_a_photo_of_a_screen_reads_lower_than_its_source(name: str) -> None:
+    source = clean(name)
+    before = moire(plane(source))
+    values = [moire(plane(photos.moire(source, c, np.random.default_rng(4)))).value
+              for c in (0.2, 0.4, 0.7)]
+    assert before.score == 1.0, before
+    assert values == sorted(values) and values[0] > before.value, values
+    assert moire(plane(photos.moire(source, 0.7, np.random.default_rng(4)))).score < 0.5
+
+
+@pytest.mark.parametrize("name", ["brick", "page", "text", "page/levelled", "gravel",
+                                  "grass"])
+def test_periodic_textures_and_pages_are_not_moire(name: str) -> None:
+    assert moire(plane(clean(name))).score >= 0.5, name
+
+
+def test_rendered_screenshots_are_not_moire() -> None:
+    found = [n for n, ui in photos.screenshots(8) if moire(plane(ui)).score < 0.5]
+    assert found == [], found
+
+
+def test_a_checkerboard_is_a_grid_and_reads_as_one() -> None:
+    # The documented confusion (docs/quality.md, moiré): a picture of a grid is a grid.
+    assert moire(plane(clean("checkerboard"))).score == 0.0
+
+
+def test_moire_is_measured_only_when_asked_and_small_or_flat_images_pass() -> None:
+    img = clean("astronaut")
+    assert "moire" not in image_signals(img, HWC)
+    assert image_signals(img, HWC, ("moire",))["moire"].score == 1.0
+    assert moire(np.zeros((16, 300), np.float32)).score == 1.0
+    assert moire(np.full((224, 224), 0.5, np.float32)).score == 1.0
+    wide = moire(plane(np.ascontiguousarray(np.concatenate([img, img], axis=1))))
+    assert 0.0 <= wide.score <= 1.0 and np.isfinite(wide.value)
