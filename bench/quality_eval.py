@@ -193,18 +193,10 @@ def table(result: dict[str, Any], all_severities: bool) -> str:
     lines.append("")
     lines.append("false positives at the default rules "
                  + ", ".join(f"{k} < {v:g}" for k, v in result["thresholds"].items()))
-    for kind, fp in result["false_positives"].items():
-        lo, hi = fp["interval"]
-        lines.append(f"  {kind:27s} {fp['flagged']:3d} / {fp['n']:3d} = {fp['rate']:6.1%} "
-                     f"[{lo:5.1%}, {hi:5.1%}]  "
-                     + "; ".join(fp["which"][:3]) + (" ..." if len(fp["which"]) > 3 else ""))
+    lines += _false_positive_rows(result["false_positives"])
     lines.append("false positives of the opt-in rules alone, "
                  + ", ".join(f"{k} < {v:g}" for k, v in result["opt_in_thresholds"].items()))
-    for kind, fp in result["opt_in_false_positives"].items():
-        lo, hi = fp["interval"]
-        lines.append(f"  {kind:27s} {fp['flagged']:3d} / {fp['n']:3d} = {fp['rate']:6.1%} "
-                     f"[{lo:5.1%}, {hi:5.1%}]  "
-                     + "; ".join(fp["which"][:3]) + (" ..." if len(fp["which"]) > 3 else ""))
+    lines += _false_positive_rows(result["opt_in_false_positives"])
     for key, what in (("operating_points", "<= 1 %"), ("operating_points_none", "none")):
         lines.append(f"operating points (highest 'below' flagging {what} of the clean photos, "
                      "eval framing + random crops): " + ", ".join(
@@ -246,6 +238,17 @@ def plot(result: dict[str, Any], path: Path) -> None:
     img.save(path)
 
 
+def _false_positive_rows(by_kind: dict[str, Any]) -> list[str]:
+    """One line per kind of clean input: flagged of n, the rate, its interval, the first few."""
+    rows = []
+    for kind, fp in by_kind.items():
+        lo, hi = fp["interval"]
+        rows.append(f"  {kind:27s} {fp['flagged']:3d} / {fp['n']:3d} = {fp['rate']:6.1%} "
+                    f"[{lo:5.1%}, {hi:5.1%}]  "
+                    + "; ".join(fp["which"][:3]) + (" ..." if len(fp["which"]) > 3 else ""))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.quality_eval",
                                      description=__doc__.split("\n", 1)[0])
@@ -265,3 +268,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+

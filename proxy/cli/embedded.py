@@ -42,7 +42,9 @@ def embedded_filters() -> list[dict[str, Any]]:
             "dims": [-1, -1], "max_tokens": CONTEXT_LENGTH, "pad_token_id": 0}}}},
         {"quality": {"images": {"pixel_values": {"layout": "NCHW", "range": [0.0, 1.0]}},
                      "rules": [{"signal": "finite", "below": 1.0, "action": "reject"},
-                               {"signal": "exposure", "below": 0.5, "action": "annotate"}],
+                               # the calibrated default (docs/quality.md: flags no clean
+                               # photo, document, screenshot or illustration)
+                               {"signal": "exposure", "below": 0.6, "action": "annotate"}],
                      "drift": None}},
         {"fallback": {"breaker": {"failure_rate": 0.5, "minimum_calls": 10,
                                   "wait_in_open_s": 10},
