@@ -114,25 +114,28 @@ def framings() -> dict[str, list[photos.Clean]]:
             "whole frames": list(photos.whole_frames())}
 
 
+def _false_positives_by_set(scored: dict[str, list[Any]],
+                            thresholds: dict[str, float]) -> dict[str, Any]:
+    """``false_positives`` of every framing and kind of clean input that has any, under the
+    rules ``thresholds`` (signal -> below)."""
+    out: dict[str, Any] = {}
+    for framing, rows in scored.items():
+        for kind in ("photo", "scientific", "document", "screenshot", "illustration"):
+            mine = [(c, s) for c, s in rows if c.kind == kind]
+            if mine:
+                out[f"{framing} / {kind}"] = false_positives(mine, thresholds)
+    return out
+
+
 def evaluate() -> dict[str, Any]:
     thresholds = default_thresholds()
     scored = {f: [(c, score(c.image)) for c in cs] for f, cs in framings().items()}
     photo = [s for c, s in scored["eval framing"] if c.kind == "photo"]
-    fp: dict[str, Any] = {}
-    for framing, rows in scored.items():
-        for kind in ("photo", "scientific", "document", "screenshot", "illustration"):
-            mine = [(c, s) for c, s in rows if c.kind == kind]
-            if mine:
-                fp[f"{framing} / {kind}"] = false_positives(mine, thresholds)
+    fp = _false_positives_by_set(scored, thresholds)
     # The opt-in signals (no default rule) at the rule a deployment would write, below 0.5:
     # what that rule alone would flag, per framing and kind.
     opt_in = {k: 0.5 for k in sorted(OPTIONAL_SIGNALS)}
-    fp_opt: dict[str, Any] = {}
-    for framing, rows in scored.items():
-        for kind in ("photo", "scientific", "document", "screenshot", "illustration"):
-            mine = [(c, s) for c, s in rows if c.kind == kind]
-            if mine:
-                fp_opt[f"{framing} / {kind}"] = false_positives(mine, opt_in)
+    fp_opt = _false_positives_by_set(scored, opt_in)
     crops = [s for c, s in scored["random crops"]]
     faces = [score(f) for f in photos.faces()]
     shaken = [(n, score(x)) for n, x in photos.camera_shake()]
