@@ -113,6 +113,7 @@ def image_timings(arr: NDArray[Any], spec: qs.ImageSpec, n: int) -> list[tuple[s
             plane, *diffs)),
         ("perspective (margin edges)", lambda: scenes.perspective(plane)),
         ("tone (key, given levels)", lambda: scenes.tone(plane, lv)),
+        ("shake (given the noise sigma)", lambda: scenes.shake(plane, 0.004)),
         ("ghosting (256^2 FFT pair, log; only when a rule names it)",
          lambda: scenes.ghosting(plane)),
         ("moire (224^2 real FFT, box sums; only when a rule names it)",

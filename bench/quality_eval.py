@@ -58,7 +58,7 @@ def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, mid - half), min(1.0, mid + half)
 
 
-RULED = ("range", "sharpness", "exposure", "noise", "blockiness", "perspective", "tone",
+RULED = ("range", "sharpness", "exposure", "noise", "blockiness", "perspective", "tone", "shake",
          "ghosting", "moire")
 GRID = tuple(round(0.05 * i, 2) for i in range(1, 20))
 
@@ -111,7 +111,8 @@ def false_positives(rows: list[tuple[photos.Clean, Scores]],
 
 def framings() -> dict[str, list[photos.Clean]]:
     return {"eval framing": list(photos.clean_set()), "random crops": list(photos.random_crops()),
-            "whole frames": list(photos.whole_frames())}
+            "whole frames": list(photos.whole_frames()),
+            "high-key (synthetic)": list(photos.high_key())}
 
 
 def _false_positives_by_set(scored: dict[str, list[Any]],
@@ -120,7 +121,8 @@ def _false_positives_by_set(scored: dict[str, list[Any]],
     rules ``thresholds`` (signal -> below)."""
     out: dict[str, Any] = {}
     for framing, rows in scored.items():
-        for kind in ("photo", "scientific", "document", "screenshot", "illustration"):
+        for kind in ("photo", "scientific", "document", "screenshot", "illustration",
+                     "high-key"):
             mine = [(c, s) for c, s in rows if c.kind == kind]
             if mine:
                 out[f"{framing} / {kind}"] = false_positives(mine, thresholds)
@@ -152,7 +154,8 @@ def evaluate() -> dict[str, Any]:
                                "n": len(shaken),
                                "flagged": [n for n, s in shaken if flagged(s, thresholds)],
                                "sharpness": {n: round(s["sharpness"].value, 3)
-                                             for n, s in shaken}}}
+                                             for n, s in shaken},
+                               "shake": {n: round(s["shake"].value, 3) for n, s in shaken}}}
     for d in photos.DEGRADATIONS:
         entry: dict[str, Any] = {"signal": d.signal, "source": d.source, "unit": d.unit,
                                  "severities": {}}
@@ -175,11 +178,13 @@ def evaluate() -> dict[str, Any]:
 def table(result: dict[str, Any], all_severities: bool) -> str:
     short = {"finite": "fin", "range": "rng", "constant": "cst", "sharpness": "shp",
              "exposure": "exp", "noise": "noi", "blockiness": "blk", "perspective": "psp",
-             "tone": "ton", "ghosting": "gho", "moire": "moi"}
+             "tone": "ton", "shake": "shk", "ghosting": "gho", "moire": "moi"}
     head = (f"{'degradation':13s} {'severity':>10s} " + " ".join(f"{short[k]:>5s}"
             for k in IMAGE_SIGNALS) + f" {'meant':>9s} {'detected':>8s}")
+    rules = {**result["opt_in_thresholds"], **result["thresholds"]}
     lines = ["ROC AUC per signal (clean photos vs degraded copies); detected = share caught by a "
-             "default rule", head, "-" * len(head)]
+             "default rule (by its meant signal's default or opt-in rule alone)", head,
+             "-" * len(head)]
     for name, d in result["degradations"].items():
         for sev, r in d["severities"].items():
             is_source = float(sev) == d["source"]
@@ -189,9 +194,9 @@ def table(result: dict[str, Any], all_severities: bool) -> str:
             lines.append(f"{name:13s} {sev + ' ' + d['unit'][:4]:>10s}{mark}"
                          + " ".join(f"{r['auc'][k]:5.3f}" for k in IMAGE_SIGNALS)
                          + f" {d['signal'] or '-':>9s} {r['detected']:8.0%}"
-                         + (f" (by {d['signal']} < {result['opt_in_thresholds'][d['signal']]:g}:"
+                         + (f" (by {d['signal']} < {rules[d['signal']]:g}:"
                             f" {r['detected_by_signal']:.0%})"
-                            if d["signal"] in result["opt_in_thresholds"] else ""))
+                            if d["signal"] in rules else ""))
     lines.append("* the severity the source documents name")
     lines.append("")
     lines.append("false positives at the default rules "
@@ -210,7 +215,9 @@ def table(result: dict[str, Any], all_severities: bool) -> str:
     c = result["camera_shake_clock"]
     lines.append(f"real camera shake (skimage's clock, whole + 4 crops): {len(c['flagged'])} of "
                  f"{c['n']} flagged; sharpness ratio " + ", ".join(
-                     f"{n} {v:g}" for n, v in c["sharpness"].items()))
+                     f"{n} {v:g}" for n, v in c["sharpness"].items())
+                 + "; shake's edge ratio " + ", ".join(
+                     f"{n} {v:g}" for n, v in c["shake"].items()))
     return "\n".join(lines)
 
 

@@ -149,7 +149,8 @@ DEFAULT_RULES = (Rule(signal="finite", below=1.0, action="reject"),
                  Rule(signal="noise", below=0.3, action="annotate"),
                  Rule(signal="blockiness", below=0.5, action="annotate"),
                  Rule(signal="perspective", below=0.5, action="annotate"),
-                 Rule(signal="tone", below=0.1, action="annotate"))
+                 Rule(signal="tone", below=0.1, action="annotate"),
+                 Rule(signal="shake", below=0.5, action="annotate"))
 
 
 class QualityConfig(Strict):

@@ -465,9 +465,9 @@ def image_signals(image: NDArray[Any], spec: ImageSpec,
                 "range": value_range(image, spec, mins, maxs),
                 "constant": constant(plane), "sharpness": sharpness(plane, diffs, energies),
                 "exposure": exposure(plane, lv, channel_clipped(image, spec)),
-                "noise": noise(plane, diffs),
-                "blockiness": blockiness(plane, energies),
+                "noise": (nz := noise(plane, diffs)), "blockiness": blockiness(plane, energies),
                 "perspective": scenes.perspective(plane), "tone": scenes.tone(plane, lv),
+                "shake": scenes.shake(plane, nz.value),
                 **({"ghosting": scenes.ghosting(plane)} if "ghosting" in optional else {}),
                 **({"moire": scenes.moire(plane)} if "moire" in optional else {})}
 

@@ -1,6 +1,7 @@
 """The edge scenes and canary eligibility through a real front and a real Triton (clip_demo over
-Triton's gRPC): a phone photo of a screen (at an angle, or square on with moiré) and a ghosted
-frame made from real photographs are annotated, their clean sources are not; with
+Triton's gRPC): a phone photo of a screen (at an angle, or square on with moiré), a ghosted
+frame and a shaken photograph (at the default rules; and the real shaken clock) made from
+real photographs are annotated, their clean sources are not; with
 ``canary.eligible`` on the quality filter's alignment, only well-aligned calls become canary
 traffic (a fault experiment on canary traffic hits them and nothing else), the shadow mirrors
 only them, and its snapshot names the population its verdict judges."""
@@ -59,6 +60,8 @@ def proxy(triton: TritonServer, tmp_path_factory: pytest.TempPathFactory
         "models": [
             {"name": "scenes", "backend": "triton", "backend_model": "clip_demo",
              "filters": [quality(rules=rules)]},
+            {"name": "defaults", "backend": "triton", "backend_model": "clip_demo",
+             "filters": [quality()]},  # the shipped default rules
             {"name": "gray", "backend": "triton", "backend_model": "clip_demo",
              "filters": [aligned, {"fault": {"experiments": [abort]}}]},
             {"name": "mirrored", "backend": "triton", "backend_model": "clip_demo",
@@ -127,6 +130,32 @@ def test_moire_of_a_screen_is_annotated_and_its_clean_source_is_not(
     note = quality_notes(bad)["moire"]
     assert note.startswith("annotate; input 'pixel_values' image 0: signal 'moire' is ")
     assert "twin spectral peaks (period" in note and note.endswith("threshold 0.5"), note
+
+
+@pytest.mark.parametrize("name", ["astronaut", "coffee", "chelsea"])
+def test_a_shaken_photo_is_annotated_at_the_defaults_and_its_clean_source_is_not(
+        proxy: RunningMmguard, name: str) -> None:
+    """Camera shake with the sensor's noise added after the blur (as a camera adds it), on the
+    route with the shipped default rules: the 'shake' rule annotates it, no rule fires on the
+    clean source."""
+    source = photo(name)
+    shaken = photos.motion_angle(source, 0.0, np.random.default_rng(3))
+    _, clean = answer(proxy.grpc_url, "defaults", clip_inputs(source))
+    assert quality_notes(clean) == {}, clean
+    assert scores(clean["mmguard-quality-scores"])["shake"] == 1.0
+    resp, bad = answer(proxy.grpc_url, "defaults", clip_inputs(shaken))
+    assert resp.outputs  # annotated, not refused
+    note = quality_notes(bad)["shake"]
+    assert note.startswith("annotate; input 'pixel_values' image 0: signal 'shake' is 0."), note
+    assert "noise-free edge ratio" in note and note.endswith("threshold 0.5"), note
+
+
+def test_the_real_camera_shake_is_annotated_at_the_defaults(proxy: RunningMmguard) -> None:
+    """scikit-image's clock, photographed while the camera moved: whole and four crops."""
+    for view, img in photos.camera_shake():
+        resp, trailers = answer(proxy.grpc_url, "defaults", clip_inputs(img))
+        assert resp.outputs
+        assert "shake" in quality_notes(trailers), (view, trailers)
 
 
 def metric(m: RunningMmguard, name: str, **labels: str) -> float:

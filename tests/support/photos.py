@@ -19,14 +19,14 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFilter
 
 SIDE = 224
 U8 = NDArray[np.uint8]
@@ -227,6 +227,40 @@ def whole_frames() -> tuple[Clean, ...]:
     return tuple(out)
 
 
+@cache
+def high_key() -> tuple[Clean, ...]:
+    """Clean pictures bright by nature, made from the photographs (no package ships a real
+    one): a white product shot and a snow field per photograph.
+
+    - ``/product``: the photograph at 60 % of the frame on a white seamless backdrop (blown
+      white where the light falls, 0.92 towards the corners) with a soft shadow under it: a
+      correctly exposed subject on clipped white.
+    - ``/snow``: the photograph's luminance texture, its 1st-99th percentile mapped onto
+      0.72-1.04 and clipped, tinted a little blue: most pixels bright, the brightest few
+      percent at white, no dark tones (an offset and a squeeze, not a gain)."""
+    out = []
+    yy, xx = np.mgrid[0:SIDE, 0:SIDE].astype(np.float64) / (SIDE - 1) - 0.5
+    backdrop = np.clip(1.06 - 0.55 * (xx ** 2 + yy ** 2), 0.92, 1.0)
+    shadow_mask = Image.new("L", (SIDE, SIDE), 0)
+    side = int(0.6 * SIDE)
+    top = (SIDE - side) // 2
+    ImageDraw.Draw(shadow_mask).ellipse((top - 6, top + side - 8, top + side + 6, top + side + 14),
+                                        fill=255)
+    shadow = np.asarray(shadow_mask.filter(ImageFilter.GaussianBlur(7)), np.float64) / 255
+    for name in kind_sources()["photo"]:
+        small = np.asarray(Image.fromarray(to_model_input(_source(name))).resize(
+            (side, side), Image.Resampling.BICUBIC), np.float64) / 255
+        bg = (backdrop * (1 - 0.18 * shadow))[..., None].repeat(3, axis=2)
+        bg[top:top + side, top:top + side] = small
+        out.append(Clean(f"{name}/product", "high-key", _u8(bg)))
+        lum = _f(to_model_input(_source(name))) @ np.array([0.299, 0.587, 0.114])
+        lo, hi = np.percentile(lum, (1, 99))
+        snow = 0.72 + 0.32 * np.clip((lum - lo) / max(hi - lo, 1e-6), 0, 1)
+        out.append(Clean(f"{name}/snow", "high-key",
+                         _u8(snow[..., None] * np.array([0.97, 0.99, 1.0]))))
+    return tuple(out)
+
+
 def camera_shake() -> list[tuple[str, U8]]:
     """A real camera shake: scikit-image's wall clock, photographed while moving the camera
     sideways (Stefan van der Walt, public domain), whole and in four corner crops of 60 % of
@@ -295,15 +329,26 @@ def defocus(x: U8, radius: float, rng: np.random.Generator) -> U8:
     return _convolve(x, (xx ** 2 + yy ** 2 <= radius ** 2 + 0.5).astype(np.float64))
 
 
-def motion(x: U8, length: float, rng: np.random.Generator) -> U8:
-    """Camera shake: a line of ``length`` px at a seeded angle."""
+def _line(x: U8, length: float, angle: float) -> U8:
     n = int(length) | 1
-    angle = rng.uniform(0, np.pi)
     k = np.zeros((n, n))
     c = n // 2
     for t in np.linspace(-c, c, 4 * n):
         k[int(np.rint(c + t * np.sin(angle))), int(np.rint(c + t * np.cos(angle)))] = 1.0
     return _convolve(x, k)
+
+
+def motion(x: U8, length: float, rng: np.random.Generator) -> U8:
+    """Camera shake: a line of ``length`` px at a seeded angle."""
+    return _line(x, length, rng.uniform(0, np.pi))
+
+
+def motion_angle(x: U8, degrees: float, rng: np.random.Generator) -> U8:
+    """Camera shake of 9 px at a fixed angle (0 = along the rows), then sensor noise as a
+    camera adds it after the optics (Gaussian, σ 0.004 of white: the clean photographs'
+    median noise estimate; the real clock reads 0.002), which the blur does not smooth."""
+    blurred = _line(x, 9, np.radians(degrees))
+    return _u8(_f(blurred) + rng.normal(0.0, 0.004, x.shape))
 
 
 def collapse(x: U8, factor: float, rng: np.random.Generator) -> U8:
@@ -343,11 +388,31 @@ def perspective(x: U8, strength: float, rng: np.random.Generator) -> U8:
     quad = [(rng.uniform(0, d), rng.uniform(0, d)), (rng.uniform(0, d), SIDE - rng.uniform(0, d)),
             (SIDE - rng.uniform(0, d), SIDE - rng.uniform(0, d)),
             (SIDE - rng.uniform(0, d), rng.uniform(0, d))]
-    src = [(0, 0), (0, SIDE), (SIDE, SIDE), (SIDE, 0)]
-    # PIL maps output → input: solve for the coefficients sending quad (out) to src (in).
+    return _warp(x, quad, [(0, 0), (0, SIDE), (SIDE, SIDE), (SIDE, 0)])
+
+
+def keystone(x: U8, strength: float, rng: np.random.Generator) -> U8:
+    """A phone photo of a screen that fills the frame, taken at an angle: no bezel in view,
+    the picture itself keystoned. The frame shows a quadrilateral of the picture whose corners
+    are moved inwards by up to ``strength`` of the side (one side's pair by more: the near and
+    far edges of a tilted screen), stretched to the whole frame."""
+    d = strength * SIDE
+    near = rng.integers(4)  # the side seen from closest: its corners move in least
+    moved = [rng.uniform(0.5, 1.0) * d for _ in range(4)]
+    for i in (near, (near + 1) % 4):
+        moved[i] *= 0.2
+    corners = [(0, 0), (0, SIDE), (SIDE, SIDE), (SIDE, 0)]
+    quad = [(u + m * np.sign(SIDE / 2 - u), v + m * np.sign(SIDE / 2 - v))
+            for (u, v), m in zip(corners, moved, strict=True)]
+    return _warp(x, corners, quad)
+
+
+def _warp(x: U8, out: Sequence[tuple[float, float]], into: Sequence[tuple[float, float]]) -> U8:
+    """The perspective transform sending quadrilateral ``out`` of the output to ``into`` of
+    the input (PIL maps output to input), the outside filled dark (a bezel)."""
     a = []
     b = []
-    for (u, v), (p, q) in zip(quad, src, strict=True):
+    for (u, v), (p, q) in zip(out, into, strict=True):
         a.append([u, v, 1, 0, 0, 0, -p * u, -p * v])
         a.append([0, 0, 0, u, v, 1, -q * u, -q * v])
         b += [p, q]
@@ -417,6 +482,8 @@ DEGRADATIONS = (
     Degradation("low_light", low_light, (0.5, 0.3, 0.2, 0.1), 0.1, "exposure", "exposure"),
     Degradation("defocus", defocus, (1.0, 2.0, 3.0, 4.0), 3.0, "sharpness", "radius px"),
     Degradation("motion", motion, (5, 9, 15), 9, "sharpness", "length px"),
+    Degradation("motion_angle", motion_angle, (0.0, 22.5, 45.0, 90.0), 0.0, "shake",
+                "degrees, 9 px + noise"),
     Degradation("collapse", collapse, (2.0, 4.0, 8.7), 8.7, "sharpness", "factor"),
     Degradation("jpeg", jpeg, (30, 20, 10), 10, "blockiness", "quality"),
     Degradation("gamma", gamma, (1.5, 2.2, 3.0), 3.0, "tone", "gamma"),
@@ -424,6 +491,7 @@ DEGRADATIONS = (
     Degradation("ghost", ghost, (0.05, 0.10, 0.15, 0.25), 0.15, "ghosting", "opacity"),
     Degradation("overlay", overlay, (0.05, 0.10, 0.15), 0.15, "", "opacity"),
     Degradation("perspective", perspective, (0.1, 0.2, 0.3), 0.2, "perspective", "corner shift"),
+    Degradation("keystone", keystone, (0.1, 0.2, 0.3), 0.2, "perspective", "corner shift"),
     Degradation("moire", moire, (0.1, 0.2, 0.4, 0.7), 0.4, "moire", "grid contrast"),
     Degradation("nan", nan, (0.001, 0.01), 0.001, "finite", "share"),
     Degradation("wrong_range", wrong_range, (255.0, -1.0), 255.0, "range", "scale"),
