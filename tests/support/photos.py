@@ -312,7 +312,8 @@ def overexposure(x: U8, gain: float, rng: np.random.Generator) -> U8:
 
 
 def gamma(x: U8, g: float, rng: np.random.Generator) -> U8:
-    """A dark tone curve: value ** g (mid-tones sink, white stays white)."""
+    """A tone curve value ** g: dark above 1 (mid-tones sink, white stays white), bright
+    below 1 (mid-tones rise towards white, black stays black: washed out, nothing clipped)."""
     return _u8(_f(x) ** g)
 
 
@@ -487,11 +488,12 @@ DEGRADATIONS = (
     Degradation("collapse", collapse, (2.0, 4.0, 8.7), 8.7, "sharpness", "factor"),
     Degradation("jpeg", jpeg, (30, 20, 10), 10, "blockiness", "quality"),
     Degradation("gamma", gamma, (1.5, 2.2, 3.0), 3.0, "tone", "gamma"),
+    Degradation("bright_gamma", gamma, (0.7, 0.5, 0.33), 0.5, "", "gamma"),  # no signal reads it
     Degradation("overexposure", overexposure, (1.5, 2.0, 3.0), 2.0, "exposure", "gain"),
     Degradation("ghost", ghost, (0.05, 0.10, 0.15, 0.25), 0.15, "ghosting", "opacity"),
     Degradation("overlay", overlay, (0.05, 0.10, 0.15), 0.15, "", "opacity"),
     Degradation("perspective", perspective, (0.1, 0.2, 0.3), 0.2, "perspective", "corner shift"),
-    Degradation("keystone", keystone, (0.1, 0.2, 0.3), 0.2, "perspective", "corner shift"),
+    Degradation("keystone", keystone, (0.1, 0.2, 0.3), 0.2, "", "corner shift"),  # nor this
     Degradation("moire", moire, (0.1, 0.2, 0.4, 0.7), 0.4, "moire", "grid contrast"),
     Degradation("nan", nan, (0.001, 0.01), 0.001, "finite", "share"),
     Degradation("wrong_range", wrong_range, (255.0, -1.0), 255.0, "range", "scale"),
