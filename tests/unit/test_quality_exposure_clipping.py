@@ -61,3 +61,18 @@ def test_normalised_chw_reads_as_uint8_hwc() -> None:
     assert a == pytest.approx(channel_clipped(shot, HWC), abs=0.01)
     grey = np.repeat(shot[..., :1], 1, axis=-1)[..., 0]
     assert channel_clipped(grey, ImageSpec("HW", (0.0,), (255.0,))) == 0.0  # no colour
+
+
+def test_a_white_product_shot_is_not_read_as_over_exposed() -> None:
+    """High-key by nature: a correctly exposed photograph on a blown white backdrop (the
+    synthetic ``photos.high_key`` set). Its white is clipped, but beside the subject's
+    mid-tones and ink, which exposure's weighting forgives: none of the 14 reaches the default
+    rule, while the whole shot over-exposed 2× does for half of them or more."""
+    below = 0.6  # the default rule's threshold
+    shots = [c for c in photos.high_key() if c.name.endswith("/product")]
+    assert len(shots) == 14
+    found = {c.name: image_signals(c.image, HWC)["exposure"] for c in shots}
+    assert all(s.score >= below for s in found.values()), found
+    gained = [image_signals(photos.overexposure(c.image, 2.0, np.random.default_rng(0)), HWC)
+              ["exposure"].score < below for c in shots]
+    assert sum(gained) >= 7, gained
