@@ -183,15 +183,15 @@ def _luma_gain(low: tuple[float, ...], high: tuple[float, ...], channels: int
 
 def _inside(spec: ImageSpec, channels: int, mins: F32, maxs: F32) -> bool:
     """Whether every channel's values are finite and within the range the model expects."""
-    lo, hi = spec.bounds(channels)
-    return bool(np.all(mins >= lo) and np.all(maxs <= hi))  # NaN compares False
+    lo, hi = (x.tolist() for x in spec.bounds(channels))  # NaN compares False below
+    return all(a >= b for a, b in zip(mins.tolist(), lo, strict=True)) and all(
+        a <= b for a, b in zip(maxs.tolist(), hi, strict=True))
 
 
 def luminance(image: NDArray[Any], spec: ImageSpec, inside: bool = False) -> F32:
     """Luminance in [0, 1] (NaN read as 0, Inf clipped) at ~REF_SIDE on the short side.
-    ``inside``: the caller knows every value is finite and within the expected range, so the
-    plane is within [0, 1] but for the rounding of its sum (an ulp or two), and is not
-    scanned for NaN nor clipped."""
+    ``inside``: every value is known finite and in range, so the plane is in [0, 1] but for
+    its sum's rounding (an ulp or two): not scanned for NaN nor clipped."""
     image = _block_mean(image, spec.layout)
     chans = channels_of(image, spec.layout)
     gain, offset = _luma_gain(spec.low, spec.high, len(chans))
@@ -316,9 +316,9 @@ def blockiness(plane: F32, d: Differences | None = None) -> Signal:
     for e, length in zip((d.gx_energy, d.gy_energy), plane.shape[::-1], strict=True):
         # Against the block middles (4 away): an image up-scaled 2x or 4x has a period of
         # 2 or 4 px, the same at both; only an 8-px grid differs.
-        on = np.arange(7, e.size - 4, 8)
-        beside = np.maximum((e[on - 4] + e[on + 4]) * 0.5, _FLAT_ENERGY * length)
-        r = e[on] / beside
+        n = len(range(7, e.size - 4, 8))  # boundaries 7, 15, ... with a middle 4 after
+        beside = np.maximum((e[3::8][:n] + e[11::8][:n]) * 0.5, _FLAT_ENERGY * length)
+        r = e[7::8][:n] / beside
         ratios.append(float(np.partition(r, r.size // 2)[r.size // 2]))  # np.median: 5x dearer
     ratio = sum(ratios) / 2
     return Signal(_ramp(ratio, BLOCKY, NOT_BLOCKY), ratio,
