@@ -42,6 +42,7 @@ from numpy.typing import NDArray  # noqa: E402
 from filters.quality import scenes  # noqa: E402
 from filters.quality import signals as qs  # noqa: E402
 from filters.quality import text as qt  # noqa: E402
+from filters.quality import values as qv  # noqa: E402
 from filters.quality.differences import differences  # noqa: E402
 from filters.quality.filter import Quality, QualityConfig  # noqa: E402
 from filters.quality.measure import levels  # noqa: E402
@@ -87,15 +88,15 @@ def per_call_us(fn: Callable[[], object], n: int) -> float:
 
 def image_timings(arr: NDArray[Any], spec: qs.ImageSpec, n: int) -> list[tuple[str, float]]:
     img = qs.widen_float16(arr) if arr.dtype == np.float16 else arr
-    mins, maxs = qs.extrema(img, spec, 3)
+    mins, maxs = qv.extrema(img, spec, 3)
     plane = qs.luminance(img, spec)
     d = differences(plane)
     lv = levels(plane)
     timings: list[tuple[str, Callable[[], object]]] = [
         ("float16 -> float32 (FP16 only)", lambda: qs.widen_float16(arr)),
-        ("extrema (min/max per channel)", lambda: qs.extrema(img, spec, 3)),
-        ("finite (NaN/Inf, given extrema)", lambda: qs.finite(img, mins, maxs)),
-        ("range (given extrema)", lambda: qs.value_range(img, spec, mins, maxs)),
+        ("extrema (min/max per channel)", lambda: qv.extrema(img, spec, 3)),
+        ("finite (NaN/Inf, given extrema)", lambda: qv.finite(img, mins, maxs)),
+        ("range (given extrema)", lambda: qv.value_range(img, spec, mins, maxs)),
         ("luminance plane", lambda: qs.luminance(img, spec)),
         ("differences and their energies (shared)", lambda: differences(plane)),
         ("constant (given the mean)", lambda: qs.constant(plane, lv.mean)),
