@@ -176,8 +176,8 @@ def tone(plane: F32, lv: Levels | None = None) -> Signal:
     if plane.size == 0:
         return Signal(0.0, 0.0, "log-average luminance (empty image)")
     flat = plane.reshape(-1)
-    sub = flat[::4] + _KEY_DELTA  # the key of a quarter orders images the same way
-    key = math.exp(_log_sum(sub) / sub.size)
+    sub = flat[::4]  # the key of a quarter orders images the same way, 4x cheaper (log)
+    key = math.exp(float(np.log(sub + _KEY_DELTA).sum(dtype=np.float64)) / sub.size)
     lv = lv or levels(plane)
     clipped, ink, mid = lv.clipped, lv.ink, lv.mid
     near = lv.near_white - clipped
@@ -190,14 +190,6 @@ def tone(plane: F32, lv: Levels | None = None) -> Signal:
         return Signal(dark, key, "log-average luminance (key)")
     return Signal(bright, blown, f"share of white clipped from a gradient ({clipped:.0%} at "
                   f"white, {near:.0%} just below)")
-
-
-def _log_sum(x: F32) -> float:
-    """The sum of log(x) for x in [0.01, 1.02]: the logarithm of products of 16 values (at
-    least 1e-32, a normal float32; exact to ~16 ulps each), 16x fewer logarithms."""
-    n = x.size - x.size % 16
-    groups = np.multiply.reduce(x[:n].reshape(16, -1), axis=0).astype(np.float64)
-    return float(np.log(groups).sum() + np.log(x[n:].astype(np.float64)).sum())
 
 
 def ghosting(plane: F32) -> Signal:
