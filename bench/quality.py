@@ -42,6 +42,8 @@ from numpy.typing import NDArray  # noqa: E402
 from filters.quality import scenes  # noqa: E402
 from filters.quality import signals as qs  # noqa: E402
 from filters.quality import text as qt  # noqa: E402
+from filters.quality import values as qv  # noqa: E402
+from filters.quality.differences import differences  # noqa: E402
 from filters.quality.filter import Quality, QualityConfig  # noqa: E402
 from filters.quality.measure import levels  # noqa: E402
 from proxy.call import Call, Reply, Result, Target  # noqa: E402
@@ -86,31 +88,27 @@ def per_call_us(fn: Callable[[], object], n: int) -> float:
 
 def image_timings(arr: NDArray[Any], spec: qs.ImageSpec, n: int) -> list[tuple[str, float]]:
     img = qs.widen_float16(arr) if arr.dtype == np.float16 else arr
-    mins, maxs = qs.extrema(img, spec, 3)
+    mins, maxs = qv.extrema(img, spec, 3)
     plane = qs.luminance(img, spec)
-    diffs = qs.second_differences(plane)
-    energies = qs.gradient_energies(plane)
+    d = differences(plane)
     lv = levels(plane)
     timings: list[tuple[str, Callable[[], object]]] = [
         ("float16 -> float32 (FP16 only)", lambda: qs.widen_float16(arr)),
-        ("extrema (min/max per channel)", lambda: qs.extrema(img, spec, 3)),
-        ("finite (NaN/Inf, given extrema)", lambda: qs.finite(img, mins, maxs)),
-        ("range (given extrema)", lambda: qs.value_range(img, spec, mins, maxs)),
+        ("extrema (min/max per channel)", lambda: qv.extrema(img, spec, 3)),
+        ("finite (NaN/Inf, given extrema)", lambda: qv.finite(img, mins, maxs)),
+        ("range (given extrema)", lambda: qv.value_range(img, spec, mins, maxs)),
         ("luminance plane", lambda: qs.luminance(img, spec)),
-        ("second differences (shared)", lambda: qs.second_differences(plane)),
-        ("constant", lambda: qs.constant(plane)),
-        ("gradient energies (shared)", lambda: qs.gradient_energies(plane)),
-        ("sharpness (given differences, energies)", lambda: qs.sharpness(plane, diffs,
-                                                                         energies)),
-        ("blockiness (given energies)", lambda: qs.blockiness(plane, energies)),
+        ("differences and their energies (shared)", lambda: differences(plane)),
+        ("constant (given the mean)", lambda: qs.constant(plane, lv.mean)),
+        ("sharpness (given differences)", lambda: qs.sharpness(plane, d)),
+        ("blockiness (given differences)", lambda: qs.blockiness(plane, d)),
         ("levels (counted once for exposure and tone)", lambda: levels(plane)),
         ("exposure (given levels)", lambda: qs.exposure(plane, lv)),
         ("  for exposure: clipped colour channels", lambda: qs.channel_clipped(img, spec)),
         ("  of exposure: graphic test (a candidate over-exposure only)",
          lambda: scenes.graphic(plane, 0.0)),
-        ("noise (given differences)", lambda: qs.noise(plane, diffs)),
-        ("  of sharpness: sharpest region (4x4 tiles)", lambda: qs.sharpest_region(
-            plane, *diffs)),
+        ("noise (given differences)", lambda: qs.noise(plane, d)),
+        ("  of sharpness: sharpest region (4x4 tiles)", lambda: qs.sharpest_region(d)),
         ("perspective (margin edges)", lambda: scenes.perspective(plane)),
         ("tone (key, given levels)", lambda: scenes.tone(plane, lv)),
         ("shake (given the noise sigma)", lambda: scenes.shake(plane, 0.004)),

@@ -69,7 +69,7 @@ def compare(baseline: NDArray[np.float64], window: NDArray[np.float64]) -> tuple
 class Series:
     """One signal's baseline and sliding window."""
 
-    __slots__ = ("baseline", "learning", "pending", "window")
+    __slots__ = ("baseline", "changed", "learning", "pending", "window")
 
     def __init__(self, window: int, baseline: list[float] | None = None) -> None:
         self.learning: list[float] = []
@@ -77,6 +77,9 @@ class Series:
             np.sort(np.asarray(baseline, np.float64)) if baseline else None)
         self.window: deque[float] = deque(maxlen=window)
         self.pending = 0
+        self.changed = True
+        """The window holds other values than at the last ``distances`` (a value that
+        replaces an equal one changes nothing: most signals of clean inputs sit at 1.0)."""
 
     def observe(self, value: float, baseline_size: int) -> bool:
         """Add a value; True when this value completed the baseline."""
@@ -87,7 +90,10 @@ class Series:
             self.baseline = np.sort(np.asarray(self.learning, np.float64))
             self.learning = []
             return True
-        self.window.append(value)
+        window = self.window
+        if not self.changed and (len(window) < (window.maxlen or 0) or window[0] != value):
+            self.changed = True
+        window.append(value)
         self.pending += 1
         return False
 
@@ -95,9 +101,14 @@ class Series:
         return (self.baseline is not None and self.window.maxlen is not None
                 and len(self.window) == self.window.maxlen and self.pending >= every)
 
-    def distances(self) -> tuple[float, float]:
+    def distances(self) -> tuple[float, float] | None:
+        """(Wasserstein, KS) against the baseline; None when the window holds the same values
+        as at the last call (the distances are those already reported)."""
         assert self.baseline is not None
         self.pending = 0
+        if not self.changed:
+            return None
+        self.changed = False
         return compare(self.baseline, np.fromiter(self.window, np.float64, len(self.window)))
 
 
@@ -177,8 +188,8 @@ class DriftMonitor(Shared):
     def update(self) -> None:
         """Recompute the series that are due and set their gauges."""
         for (modality, signal), series in self.series.items():
-            if series.due(self.cfg.every):
-                w1, ks = series.distances()
+            if series.due(self.cfg.every) and (found := series.distances()) is not None:
+                w1, ks = found
                 self.gauges.wasserstein.labels(self.model, modality, signal).set(w1)
                 self.gauges.ks.labels(self.model, modality, signal).set(ks)
 

@@ -22,6 +22,8 @@ from filters.quality.signals import (
 )
 from filters.quality.text import TEXT_SIGNALS
 
+_MODALITY_OF = {**dict.fromkeys(IMAGE_SIGNALS, "image"), **dict.fromkeys(TEXT_SIGNALS, "text")}
+
 
 @dataclass(slots=True)
 class Item:
@@ -59,10 +61,26 @@ class Report:
     alignment_where: str = ""
     alignment_error: str = ""
     _parts: dict[str, float | None] | None = field(default=None, init=False, repr=False)
+    _lows: dict[tuple[str, str], float] | None = field(default=None, init=False, repr=False)
 
     def add(self, item: Item) -> None:
         self.items.append(item)
-        self._parts = None
+        self._parts = self._lows = None
+
+    def lows(self) -> dict[tuple[str, str], float]:
+        """(modality, signal) -> the lowest score over the items, in the order the signals
+        first appear: read by every rule, the header, the published scores (computed once per
+        report, where each of them used to walk the items)."""
+        if self._lows is None:
+            lows: dict[tuple[str, str], float] = {}
+            for item in self.items:
+                for name, s in item.signals.items():
+                    key = (item.modality, name)
+                    low = lows.get(key)
+                    if low is None or s.score < low:
+                        lows[key] = s.score
+            self._lows = lows
+        return self._lows
 
     def set_alignment(self, scores: NDArray[np.float32], where: str) -> None:
         self.alignment, self.alignment_where = scores, where
@@ -90,11 +108,9 @@ class Report:
 
     def score(self, signal: str, weights: Mapping[str, float]) -> float | None:
         """The score ``find`` would give, without its sentence (None when absent)."""
-        if signal in IMAGE_SIGNALS or signal in TEXT_SIGNALS:
-            modality = "image" if signal in IMAGE_SIGNALS else "text"
-            scores = [i.signals[signal].score for i in self.items
-                      if i.modality == modality and signal in i.signals]
-            return min(scores) if scores else None
+        modality = _MODALITY_OF.get(signal)
+        if modality is not None:
+            return self.lows().get((modality, signal))
         if signal in ("image", "text"):
             scores = [i.score for i in self.items if i.modality == signal]
             return min(scores) if scores else None
@@ -137,11 +153,12 @@ class Report:
         head = [("trust", trust_score(parts, weights)), ("image", parts["visual"]),
                 ("text", parts["text"]), ("alignment", parts["alignment"])]
         out = [f"{k}={v:.3f}" for k, v in head if v is not None]
+        lows = self.lows()
         for modality, names in (("image", IMAGE_SIGNALS), ("text", TEXT_SIGNALS)):
             for name in names:
-                item = self.worst(modality, name)
-                if item is not None:
-                    out.append(f"{name}={item.signals[name].score:.3f}")
+                low = lows.get((modality, name))
+                if low is not None:
+                    out.append(f"{name}={low:.3f}")
         return " ".join(out)
 
     def published(self, weights: Mapping[str, float]) -> dict[str, float]:
@@ -152,10 +169,9 @@ class Report:
         head = {"trust": trust_score(parts, weights), "image": parts["visual"],
                 "text": parts["text"], "alignment": parts["alignment"]}
         out = {f"quality.{k}": v for k, v in head.items() if v is not None}
-        for item in self.items:
-            for name, s in item.signals.items():
-                key = f"quality.{name}"
-                out[key] = min(out.get(key, 1.0), s.score)
+        for (_, name), low in self.lows().items():
+            key = f"quality.{name}"
+            out[key] = min(out.get(key, 1.0), low)
         return out
 
     def series(self, weights: Mapping[str, float]) -> Iterator[tuple[str, str, float]]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -31,10 +30,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from filters.quality import scenes
+from filters.quality.differences import Differences, differences, immerkaer
 from filters.quality.measure import F32 as F32
 from filters.quality.measure import Levels, levels
 from filters.quality.measure import Signal as Signal
 from filters.quality.measure import ramp as _ramp
+from filters.quality.values import ImageSpec as ImageSpec
+from filters.quality.values import _bounds, channels_of, extrema, finite, value_range
+from filters.quality.values import fmt_value as fmt_value
 
 IMAGE_SIGNALS = ("finite", "range", "constant", "sharpness", "exposure", "noise", "blockiness",
                  *scenes.SCENE_SIGNALS)
@@ -51,98 +54,10 @@ NOISE_BAD, NOISE_GOOD = 0.06, 0.02  # noise σ of the smoothest blocks; see nois
 _NOISE_BLOCK = 8
 _TILES = 4  # sharpness: the sharpest of 4 × 4 regions
 _NOISE_P25_GAIN = 1.135  # the 25th percentile of block means under pure noise, over their mean
+_ONES = np.ones(_NOISE_BLOCK, np.float32)
 
 
 # --- images -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ImageSpec:
-    """How to read one image: channel axis and the value range the model expects per channel
-    (a mean/std-normalised input has the range ((0 - mean) / std, (1 - mean) / std))."""
-
-    layout: str  # "CHW", "HWC" or "HW"
-    low: tuple[float, ...]
-    high: tuple[float, ...]
-
-    def bounds(self, channels: int) -> tuple[F32, F32]:
-        """Per-channel (low, high) arrays; shared, read-only."""
-        return _bounds(self.low, self.high, channels)
-
-
-@cache
-def _bounds(low: tuple[float, ...], high: tuple[float, ...], channels: int) -> tuple[F32, F32]:
-    lo = np.resize(np.asarray(low, np.float32), channels)
-    hi = np.resize(np.asarray(high, np.float32), channels)
-    lo.flags.writeable = hi.flags.writeable = False
-    return lo, hi
-
-
-def channels_of(image: NDArray[Any], layout: str) -> list[NDArray[Any]]:
-    """2-D views, one per channel (at most 3: an alpha plane says nothing about quality)."""
-    if layout == "HW":
-        return [image]
-    count = image.shape[0] if layout == "CHW" else image.shape[-1]
-    return [image[c] if layout == "CHW" else image[..., c] for c in range(min(count, 3))]
-
-
-def extrema(image: NDArray[Any], spec: ImageSpec, channels: int) -> tuple[F32, F32]:
-    """Per-channel (min, max); NaN or ±Inf when there are any (min/max propagate both).
-    With one range for every channel, the whole array's extrema serve each channel: one
-    contiguous pass instead of strided ones (3-7x cheaper for HWC)."""
-    if image.size == 0:
-        zero = np.zeros(channels, np.float32)
-        return zero, zero
-    if len(set(spec.low)) == 1 and len(set(spec.high)) == 1:
-        lo, hi = np.float32(image.min()), np.float32(image.max())
-        return np.full(channels, lo, np.float32), np.full(channels, hi, np.float32)
-    chans = channels_of(image, spec.layout)
-    return (np.array([x.min() for x in chans], np.float32),
-            np.array([x.max() for x in chans], np.float32))
-
-
-def finite(image: NDArray[Any], mins: F32 | None = None, maxs: F32 | None = None) -> Signal:
-    """NaN and ±Inf values: 0 when there is any. Given the extrema, a clean image costs nothing."""
-    if image.dtype.kind != "f" or image.size == 0:
-        return Signal(1.0, 0.0, "NaN/Inf values")
-    if mins is None or maxs is None:
-        mins, maxs = np.array([image.min()]), np.array([image.max()])
-    if np.isfinite(mins).all() and np.isfinite(maxs).all():
-        return Signal(1.0, 0.0, "NaN/Inf values")
-    bad = int(image.size - np.count_nonzero(np.isfinite(image)))
-    return Signal(0.0, float(bad), "NaN/Inf values")
-
-
-def value_range(image: NDArray[Any], spec: ImageSpec, mins: F32 | None = None,
-                maxs: F32 | None = None) -> Signal:
-    """Values against the range the model expects. Two failures: values far outside it (raw
-    0-255 sent to a model that reads [0, 1] or mean/std-normalised input), and a tiny share of
-    it used ([0, 1] values sent to a model that reads 0-255). NaN/Inf are the 'finite'
-    signal's business and are left out here."""
-    chans = channels_of(image, spec.layout)
-    lo, hi = spec.bounds(len(chans))
-    if mins is None or maxs is None:
-        mins, maxs = extrema(image, spec, len(chans))
-    if not (np.isfinite(mins).all() and np.isfinite(maxs).all()):
-        chans = [x[np.isfinite(x)] for x in chans]
-        mins = np.array([x.min() if x.size else 0 for x in chans], np.float32)
-        maxs = np.array([x.max() if x.size else 0 for x in chans], np.float32)
-    span = hi - lo
-    tol = 0.02 * span  # resampling overshoot (bicubic rings) is not an encoding error
-    where = f"[{fmt_value(float(lo.min()))}, {fmt_value(float(hi.max()))}]"
-    if np.all(mins >= lo - tol) and np.all(maxs <= hi + tol):
-        used = float(np.max((maxs - mins) / span))
-        if used == 0.0:  # a constant image: the 'constant' signal speaks for it
-            return Signal(1.0, 0.0, f"of the expected range {where} spanned")
-        return Signal(_ramp(used, 0.0, 0.02), used, f"of the expected range {where} spanned")
-    out = 0
-    count = 0
-    for x, low, high, t in zip(chans, lo, hi, tol, strict=True):
-        sub = x[::2, ::2] if x.ndim == 2 else x[::4]  # a quarter orders images the same way
-        out += int(np.count_nonzero((sub < low - t) | (sub > high + t)))
-        count += sub.size
-    share = out / max(count, 1)
-    return Signal(_ramp(share, 0.05, 0.0), share, f"share of values outside {where}")
 
 
 def _block_mean(image: NDArray[Any], layout: str) -> NDArray[Any]:
@@ -167,27 +82,46 @@ def _block_mean(image: NDArray[Any], layout: str) -> NDArray[Any]:
     return mean
 
 
-def luminance(image: NDArray[Any], spec: ImageSpec) -> F32:
-    """Luminance in [0, 1] (NaN read as 0, Inf clipped) at ~REF_SIDE on the short side."""
+@cache
+def _luma_gain(low: tuple[float, ...], high: tuple[float, ...], channels: int
+               ) -> tuple[F32, np.float32]:
+    """Per-channel weights that mix the channels into a luminance in [0, 1], and the offset
+    to take off; shared, read-only."""
+    lo, hi = _bounds(low, high, channels)
+    weights = np.asarray(_LUMA if channels == 3 else (1.0,) * channels, np.float32)
+    gain: F32 = weights / weights.sum() / (hi - lo)
+    gain.flags.writeable = False
+    return gain, np.float32(np.sum(gain * lo))
+
+
+def _inside(spec: ImageSpec, channels: int, mins: F32, maxs: F32) -> bool:
+    """Whether every channel's values are finite and within the range the model expects."""
+    lo, hi = (x.tolist() for x in spec.bounds(channels))  # NaN compares False below
+    return all(a >= b for a, b in zip(mins.tolist(), lo, strict=True)) and all(
+        a <= b for a, b in zip(maxs.tolist(), hi, strict=True))
+
+
+def luminance(image: NDArray[Any], spec: ImageSpec, inside: bool = False) -> F32:
+    """Luminance in [0, 1] (NaN read as 0, Inf clipped) at ~REF_SIDE on the short side.
+    ``inside``: every value is known finite and in range, so the plane is in [0, 1] but for
+    its sum's rounding (an ulp or two): not scanned for NaN nor clipped."""
     image = _block_mean(image, spec.layout)
     chans = channels_of(image, spec.layout)
-    lo, hi = spec.bounds(len(chans))
-    weights = np.asarray(_LUMA if len(chans) == 3 else (1.0,) * len(chans), np.float32)
-    gain = weights / weights.sum() / (hi - lo)
+    gain, offset = _luma_gain(spec.low, spec.high, len(chans))
     if spec.layout == "HWC":
         plane = np.asarray(image[..., : len(chans)] @ gain, np.float32)
     elif image.dtype == np.float32 and image.ndim == 3:
         # One pass over the channels (measured 2.4x cheaper than a multiply-add per channel;
-        # the same sum in the same order).
+        # the same sum in the same order). Not a BLAS product: OpenBLAS spreads a matrix-vector
+        # product this size over its threads, whose spinning cost 2.5x the CPU it saved.
         plane = np.einsum("c,chw->hw", gain, image[: len(chans)])
     else:
         plane = np.multiply(chans[0], gain[0], dtype=np.float32)
         for c in range(1, len(chans)):
             plane += np.multiply(chans[c], gain[c], dtype=np.float32)
-    offset = np.float32(np.sum(gain * lo))
     if offset:
         plane -= offset
-    if plane.size:
+    if plane.size and not inside:
         low, high = float(plane.min()), float(plane.max())
         if not (math.isfinite(low) and math.isfinite(high)):
             plane = np.nan_to_num(plane, nan=0.0, posinf=1.0, neginf=0.0)
@@ -198,51 +132,23 @@ def luminance(image: NDArray[Any], spec: ImageSpec) -> F32:
     return plane
 
 
-def second_differences(plane: F32) -> tuple[F32, F32]:
-    """(along rows, along columns): [1,-2,1] across x (H × W-2) and across y (H-2 × W). Both
-    the Laplacian (sharpness) and Immerkær's mask (noise) are made of these."""
-    rows = plane[:, :-2] + plane[:, 2:]
-    centre = plane[:, 1:-1]
-    rows -= centre  # twice, in place: no temporary for 2 * centre
-    rows -= centre
-    cols = plane[:-2] + plane[2:]
-    middle = plane[1:-1]
-    cols -= middle
-    cols -= middle
-    return rows, cols
-
-
-def _mean_var(x: F32) -> tuple[float, float]:
+def _mean_var(x: F32, mean: float | None = None) -> tuple[float, float]:
     """Mean and variance through a BLAS dot of the centred values: several times cheaper than
     ``x.var()``, and centring keeps float32 accumulation exact enough for a flat image."""
     flat = x.reshape(-1)
     n = flat.size
-    mean = float(flat.sum(dtype=np.float64)) / n
+    if mean is None:
+        mean = float(flat.sum(dtype=np.float64)) / n
     centred = flat - np.float32(mean)
     return mean, float(np.dot(centred, centred)) / n
 
 
-def constant(plane: F32) -> Signal:
-    std = math.sqrt(_mean_var(plane)[1]) if plane.size else 0.0
+def constant(plane: F32, mean: float | None = None) -> Signal:
+    std = math.sqrt(_mean_var(plane, mean)[1]) if plane.size else 0.0
     return Signal(_ramp(std, 0.0, 0.02), std, "luminance standard deviation")
 
 
-def _energy(x: F32) -> float:
-    flat = x.reshape(-1)
-    return float(np.dot(flat, flat)) / max(flat.size, 1)
-
-
-def gradient_energies(plane: F32) -> tuple[F32, F32]:
-    """(per column, per row): the summed squared first difference across x of each column
-    boundary (W-1 values) and across y of each row boundary (H-1). Sharpness reads their
-    totals, blockiness how they are spread over the 8-pixel grid."""
-    gx = plane[:, 1:] - plane[:, :-1]
-    gy = plane[1:] - plane[:-1]
-    return np.einsum("ij,ij->j", gx, gx), np.einsum("ij,ij->i", gy, gy)
-
-
-def sharpness(plane: F32, diffs: tuple[F32, F32] | None = None,
-              energies: tuple[F32, F32] | None = None) -> Signal:
+def sharpness(plane: F32, d: Differences | None = None) -> Signal:
     """How thin the edges are: per axis, the energy of the second difference over the energy
     of the first difference of the luminance (at REF_SIDE scale), and the lower of the two
     axes. A gain or an offset of the luminance scales both energies alike, so a dark or
@@ -258,15 +164,16 @@ def sharpness(plane: F32, diffs: tuple[F32, F32] | None = None,
     for it)."""
     if min(plane.shape) < 3:
         return Signal(0.0, 0.0, "second/first difference energy (image too small)")
-    rows, cols = diffs or second_differences(plane)
-    ex, ey = energies or gradient_energies(plane)
+    d = d or differences(plane)
+    ex, ey = d.gx_energy, d.gy_energy
     gx = float(ex.sum(dtype=np.float64)) / (ex.size * plane.shape[0])
     gy = float(ey.sum(dtype=np.float64)) / (ey.size * plane.shape[1])
     if min(gx, gy) <= 1e-12:
         return Signal(0.0, 0.0, "second/first difference energy (no edges)")
-    ratio = min(_energy(rows) / gx, _energy(cols) / gy)
+    rows, cols = d.second_energies()
+    ratio = min(rows / gx, cols / gy)
     # Regions only matter when the whole image is not already sharp (most photographs are).
-    region = (sharpest_region(plane, rows, cols)
+    region = (sharpest_region(d)
               if ratio < SHARPNESS_SHARP and min(plane.shape) >= 8 * _TILES else 0.0)
     if region > ratio:
         return Signal(_ramp(region, SHARPNESS_BLURRED, SHARPNESS_SHARP), region,
@@ -275,35 +182,34 @@ def sharpness(plane: F32, diffs: tuple[F32, F32] | None = None,
                   "second/first difference energy, lower axis")
 
 
-def _tile_sums(x: F32, h: int, w: int) -> F32:
-    """Sums of ``x * x`` over a _TILES × _TILES grid of its top-left h × w."""
-    sq = np.square(x[:h, :w])
-    out: F32 = sq.reshape(_TILES, h // _TILES, w).sum(axis=1).reshape(
+def _tile_sums(x: F32) -> F32:
+    """Sums of ``x * x`` over a _TILES × _TILES grid of the 2-D ``x``."""
+    h, w = x.shape
+    out: F32 = np.square(x).reshape(_TILES, h // _TILES, w).sum(axis=1).reshape(
         _TILES, _TILES, w // _TILES).sum(axis=2)
     return out
 
 
-def sharpest_region(plane: F32, rows: F32, cols: F32) -> float:
+def sharpest_region(d: Differences) -> float:
     """The sharpness ratio of the second-sharpest of 4 × 4 tiles that hold edges (a gradient
     energy at least the tiles' mean): a sharp subject on a soft background (bokeh, a blurred
     wall) is a sharp photograph; blur, defocus and up-sampling soften every tile. The second,
     not the sharpest: one tile where a shake runs along the edges reads sharp by chance
     (with the sharpest, camera shake's AUC fell from 0.98 to 0.95)."""
-    h = (plane.shape[0] - 2) // _TILES * _TILES
-    w = (plane.shape[1] - 2) // _TILES * _TILES
-    gx = plane[:, 1:] - plane[:, :-1]
-    gy = plane[1:] - plane[:-1]
-    ex, ey = _tile_sums(gx, h, w), _tile_sums(gy, h, w)
+    h = (d.height - 2) // _TILES * _TILES
+    w = (d.width - 2) // _TILES * _TILES
+    ex, ey = _tile_sums(d.grid(d.gx, h, w)), _tile_sums(d.grid(d.gy, h, w))
     enough = (ex + ey) >= float((ex + ey).mean())
     enough &= (ex > 1e-9) & (ey > 1e-9)
     if not enough.any():
         return 0.0
     with np.errstate(divide="ignore", invalid="ignore"):
-        both = np.minimum(_tile_sums(rows, h, w) / ex, _tile_sums(cols, h, w) / ey)[enough]
+        both = np.minimum(_tile_sums(d.grid(d.rows, h, w)) / ex,
+                          _tile_sums(d.grid(d.cols, h, w)) / ey)[enough]
     return float(np.partition(both, -2)[-2] if both.size >= 2 else both[0])
 
 
-def blockiness(plane: F32, energies: tuple[F32, F32] | None = None) -> Signal:
+def blockiness(plane: F32, d: Differences | None = None) -> Signal:
     """JPEG blocking: at each boundary of the 8-pixel grid (between pixels 7 and 8, 15 and
     16, ...), the gradient energy across it over the mean of the two across the middles of the
     blocks beside it; the median over the grid, the mean of both axes. A natural image has no
@@ -318,20 +224,21 @@ def blockiness(plane: F32, energies: tuple[F32, F32] | None = None) -> Signal:
     on the grid (a checkerboard of 8-px squares, pixel art scaled 8×), reads blocky."""
     if min(plane.shape) < 17:
         return Signal(1.0, 1.0, "gradient energy on the 8-px grid (image too small)")
+    d = d or differences(plane)
     ratios = []
-    for e, length in zip(energies or gradient_energies(plane), plane.shape[::-1], strict=True):
+    for e, length in zip((d.gx_energy, d.gy_energy), plane.shape[::-1], strict=True):
         # Against the block middles (4 away): an image up-scaled 2x or 4x has a period of
         # 2 or 4 px, the same at both; only an 8-px grid differs.
-        on = np.arange(7, e.size - 4, 8)
-        beside = np.maximum((e[on - 4] + e[on + 4]) * 0.5, _FLAT_ENERGY * length)
-        r = e[on] / beside
+        n = len(range(7, e.size - 4, 8))  # boundaries 7, 15, ... with a middle 4 after
+        beside = np.maximum((e[3::8][:n] + e[11::8][:n]) * 0.5, _FLAT_ENERGY * length)
+        r = e[7::8][:n] / beside
         ratios.append(float(np.partition(r, r.size // 2)[r.size // 2]))  # np.median: 5x dearer
     ratio = sum(ratios) / 2
     return Signal(_ramp(ratio, BLOCKY, NOT_BLOCKY), ratio,
                   "gradient energy on the 8-px grid over mid-block")
 
 
-def noise(plane: F32, diffs: tuple[F32, F32] | None = None) -> Signal:
+def noise(plane: F32, d: Differences | None = None) -> Signal:
     """The noise σ of the smoothest quarter of the image. Immerkær's mask
     M = [1,-2,1]ᵀ[1,-2,1] (1996) cancels ramps and axis-aligned edges; its mean |response| is
     taken per 8×8 block and the 25th percentile of the blocks is read as σ = √(π/2) · x / 6
@@ -344,15 +251,14 @@ def noise(plane: F32, diffs: tuple[F32, F32] | None = None) -> Signal:
     is cut in half, so dark, noisy frames read a little cleaner than they are."""
     if min(plane.shape) < 3 + _NOISE_BLOCK:
         return Signal(1.0, 0.0, "noise sigma (image too small)")
-    rows = (diffs or second_differences(plane))[0]
-    m = rows[:-2] + rows[2:]
-    m -= rows[1:-1]
-    m -= rows[1:-1]
-    np.abs(m, out=m)
+    d = d or differences(plane)
     b = _NOISE_BLOCK
-    h, w = (m.shape[0] // b) * b, (m.shape[1] // b) * b
-    blocks = m[:h, :w].reshape(h // b, b, w).sum(axis=1).reshape(h // b, w // b, b).sum(axis=2)
-    flat = blocks.reshape(-1)
+    h, w = ((d.height - 2) // b) * b, ((d.width - 2) // b) * b
+    # 8 × 8 block sums as two small products with ones: 5x cheaper than sums over short axes.
+    ones = _ONES[:b]
+    m = immerkaer(d)[:h * d.width].reshape(h // b, b, d.width)
+    strips = ones @ m  # (h / b) × W: each block row's column sums
+    flat = (strips[:, :w].reshape(h // b, w // b, b) @ ones).reshape(-1)
     k = flat.size // 4
     low = float(np.partition(flat, k)[k]) / (b * b)
     sigma = math.sqrt(math.pi / 2.0) * low / 6.0 * _NOISE_P25_GAIN
@@ -368,13 +274,22 @@ def channel_clipped(image: NDArray[Any], spec: ImageSpec) -> float:
     if sub.size == 0 or len(chans) < 3:
         return 0.0
     lows, highs = spec.bounds(len(chans))
-    hit = np.zeros(chans[0].shape, np.bool_)
-    level = np.zeros(chans[0].shape, np.float32)
-    for c, lo, hi in zip(chans, lows.tolist(), highs.tolist(), strict=True):
-        hit |= c >= hi - (hi - lo) * (1.5 / 255)
-        level += c  # in the input's own units: compared once, below
+    tops = [hi - (hi - lo) * (1.5 / 255) for lo, hi in zip(lows.tolist(), highs.tolist(),
+                                                           strict=True)]
+    if spec.layout == "CHW" and len(set(tops)) == 1:
+        # Copied once (numpy's loops over a stride-2 view are 3-10x slower), then reduced over
+        # the channels: the same sum in the same order; a NaN pixel is not light either way.
+        three = np.ascontiguousarray(sub[:3])
+        level = np.add.reduce(three, axis=0, dtype=np.float32)
+        hit: NDArray[np.bool_] = np.maximum.reduce(three, axis=0) >= tops[0]
+    else:
+        hit = np.zeros(chans[0].shape, np.bool_)
+        level = np.zeros(chans[0].shape, np.float32)
+        for c, top in zip(chans, tops, strict=True):
+            hit |= c >= top
+            level += c  # in the input's own units: compared once, below
     hit &= level >= np.float32(float((lows + _CLIPPED_LEVEL * (highs - lows)).sum()))
-    return float(np.count_nonzero(hit)) / hit.size
+    return np.count_nonzero(hit) / hit.size
 
 
 def exposure(plane: F32, lv: Levels | None = None, clipped: float | None = None) -> Signal:
@@ -456,16 +371,15 @@ def image_signals(image: NDArray[Any], spec: ImageSpec,
         channels = 1 if spec.layout == "HW" else min(
             image.shape[0] if spec.layout == "CHW" else image.shape[-1], 3)
         mins, maxs = extrema(image, spec, channels)
-        plane = luminance(image, spec)
-        big = min(plane.shape, default=0) >= 3
-        diffs = second_differences(plane) if big else None
-        energies = gradient_energies(plane) if big else None
+        plane = luminance(image, spec, _inside(spec, channels, mins, maxs))
+        d = differences(plane) if min(plane.shape, default=0) >= 3 else None
         lv = levels(plane) if plane.size else None
         return {"finite": finite(image, mins, maxs),
                 "range": value_range(image, spec, mins, maxs),
-                "constant": constant(plane), "sharpness": sharpness(plane, diffs, energies),
+                "constant": constant(plane, lv.mean if lv else None),
+                "sharpness": sharpness(plane, d),
                 "exposure": exposure(plane, lv, channel_clipped(image, spec)),
-                "noise": (nz := noise(plane, diffs)), "blockiness": blockiness(plane, energies),
+                "noise": (nz := noise(plane, d)), "blockiness": blockiness(plane, d),
                 "perspective": scenes.perspective(plane), "tone": scenes.tone(plane, lv),
                 "shake": scenes.shake(plane, nz.value),
                 **({"ghosting": scenes.ghosting(plane)} if "ghosting" in optional else {}),
@@ -493,8 +407,3 @@ def trust_score(parts: Mapping[str, float | None], weights: Mapping[str, float])
             total += w
             acc += w * value
     return None if total == 0 else acc / total
-
-
-def fmt_value(x: float) -> str:
-    """A measurement for a message: integers as integers, the rest to 4 significant digits."""
-    return str(int(x)) if float(x).is_integer() and abs(x) < 1e12 else f"{x:.4g}"
