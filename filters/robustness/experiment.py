@@ -93,16 +93,21 @@ class RobustnessTable:
         for key in self.counts:
             self.counts[key] = 0
 
-    def row(self, label: str) -> dict[str, Any]:
+    def row(self, label: str, metrics: bool = True) -> dict[str, Any]:
+        """``metrics``: the sides' mean metrics over the window, for the report; the verdict's
+        checks after every pair do without them (a pass over the window each time, in the
+        event loop that also times the backends' answers)."""
         n, kp, kc, p_only, c_only = self.totals[label]
         alpha, beta = self.levels
         out: dict[str, Any] = {"perturbation": label, "samples": n,
                                "production": {"kept": kp}, "canary": {"kept": kc}}
         for side, kept in (("production", kp), ("canary", kc)):
-            metrics = [getattr(p, f"{side}_metrics") for p in self.pairs[label]]
             out[side] |= {"robustness": kept / n if n else None,
                           "bounds": list(share_bounds(kept, n, alpha)),
-                          "ci95": list(wilson(kept, n)), "metrics": _means(metrics)}
+                          "ci95": list(wilson(kept, n))}
+            if metrics:
+                out[side]["metrics"] = _means([getattr(p, f"{side}_metrics")
+                                               for p in self.pairs[label]])
         lo, hi = paired_difference_bounds(n, p_only, c_only, beta, alpha)
         out |= {"difference": (kc - kp) / n if n else None, "difference_bounds": [lo, hi],
                 "difference_ci95": list(difference_interval((kc, n), (kp, n))) if n else None,
@@ -119,7 +124,7 @@ class RobustnessTable:
         upper bound of the difference below ``-max_drop`` (false-abort rate ``levels[0]``)."""
         out = []
         for label in self.pairs:
-            row = self.row(label)
+            row = self.row(label, metrics=False)
             if row["verdict"] != "fails":
                 continue
             p, c = row["production"], row["canary"]
@@ -134,7 +139,7 @@ class RobustnessTable:
 
     def passes(self) -> list[str]:
         """The promote evidence per perturbation (all of them pass) or [] (one does not yet)."""
-        rows = [self.row(label) for label in self.pairs]
+        rows = [self.row(label, metrics=False) for label in self.pairs]
         if any(r["verdict"] != "passes" for r in rows):
             return []
         return [f"robustness under '{r['perturbation']}': difference ≥ "
@@ -146,7 +151,7 @@ class RobustnessTable:
         """Perturbations not shown within the margin yet, with their figures."""
         out = []
         for label in self.pairs:
-            row = self.row(label)
+            row = self.row(label, metrics=False)
             if row["verdict"] == "not judged yet":
                 out.append(f"robustness under '{label}': {row['samples']} of "
                            f"{self.cfg.min_samples} pairs")
@@ -339,7 +344,8 @@ class RobustnessMetrics:
         self.seen = {"production_calls": 0, "canary_calls": 0, "skipped_cap": 0,
                      "skipped_baseline": 0}
 
-    def publish(self, table: RobustnessTable) -> None:
+    def count(self, table: RobustnessTable) -> None:
+        """The extra calls and the skipped copies, since the last count."""
         for key, side in (("production_calls", "production"), ("canary_calls", "canary")):
             self.calls.labels(self.route, self.canary, side).inc(
                 max(0, table.counts[key] - self.seen[key]))  # after a reset: from 0 again
@@ -347,8 +353,12 @@ class RobustnessMetrics:
             self.skipped.labels(self.route, self.canary, reason).inc(
                 max(0, table.counts[key] - self.seen[key]))
         self.seen = {k: table.counts[k] for k in self.seen}
+
+    def publish(self, table: RobustnessTable) -> None:
+        """The counters, and each side's share kept per perturbation."""
+        self.count(table)
         for label in table.pairs:
-            row = table.row(label)
+            row = table.row(label, metrics=False)
             for side in ("production", "canary"):
                 value = row[side]["robustness"]
                 if value is not None:

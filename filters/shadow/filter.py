@@ -68,6 +68,8 @@ from proxy.telemetry import caused_by, linked_span
 log = logging.getLogger("mmguard.shadow")
 
 _STATES = {"collecting": 0, "promote": 1, "hold": 2, "abort": 3}
+GAUGES_EVERY_S = 0.25
+"""How often at most the verdict's gauges are rebuilt from its snapshot (``Shadow._publish``)."""
 
 SHADOWS: StateKey[dict[str, Shadow]] = StateKey("shadows")
 """Route → its shadow filter in this runtime (``FilterContext.local``)."""
@@ -92,6 +94,7 @@ class Shadow:
         ctx.on_activate(self._take_over)
         self.queue: asyncio.Queue[Copy] | None = None
         self.workers: list[asyncio.Task[None]] = []
+        self._gauges_due, self._gauges_at = False, -GAUGES_EVERY_S
         self.waiting: set[asyncio.Task[None]] = set()
         """Copies a fault made wait, off their lane (``_work``)."""
         self.robustness = self.robustness_metrics = None  # no robustness block: no experiment
@@ -382,6 +385,32 @@ class Shadow:
         return compare_tensors(arrays(primary), arrays(canary), self.cfg.compare)
 
     def _publish(self) -> None:
+        """After an outcome: the counters now; the gauges read from the whole verdict at most
+        every ``GAUGES_EVERY_S``, and once more after the last outcome. The verdict's snapshot
+        (every figure with its bounds) runs in the event loop that also times the backends'
+        answers: rebuilt after every pair, it held that loop for ~10 ms a pair beside a
+        robustness block, and the answers that waited behind it read as backend latency
+        (docs/canary.md). A state change is set at once (``_changed``)."""
+        table = self.state.verdict.robustness
+        if self.robustness_metrics is not None and table is not None:
+            self.robustness_metrics.count(table)
+        if self._gauges_due:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a test's direct call): now
+            self._publish_gauges()
+            return
+        self._gauges_due = True
+        loop.call_later(max(0.0, self._gauges_at + GAUGES_EVERY_S - loop.time()),
+                        self._publish_gauges)
+
+    def _publish_gauges(self) -> None:
+        self._gauges_due = False
+        try:
+            self._gauges_at = asyncio.get_running_loop().time()
+        except RuntimeError:
+            pass
         snap = self.state.verdict.snapshot()
         labels = (self.ctx.route, self.cfg.canary)
         agreement = snap.get("effective_agreement")

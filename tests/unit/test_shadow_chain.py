@@ -153,3 +153,31 @@ def test_a_pair_without_backend_time_on_either_side_falls_back_to_both_whole_pat
     assert paired_latency(item, Sent(Result("cand"), 0.030, "a", [], None)) == (0.020, 0.030)
     item.primary_backend_s = None
     assert paired_latency(item, Sent(Result("cand"), 0.030, None, [], 0.012)) == (0.020, 0.030)
+
+
+async def test_the_gauges_are_rebuilt_at_most_every_interval_and_land_on_the_last_pair() -> None:
+    """The verdict's snapshot runs in the loop that times the backends' answers: not after
+    every pair (docs/canary.md, "Where the pair's noise comes from"), yet the last one shows."""
+    from filters.shadow.filter import GAUGES_EVERY_S
+    async with ChainHarness.open(SHADOWED) as h:
+        await h.infer("prod", [x(value=-1.0)])
+        await compared(h, 1)
+        shadow = (h.runtime.local.get(SHADOWS) or {})["prod"]
+        built = []
+        snapshot = shadow.state.verdict.snapshot
+
+        def counted() -> dict[str, object]:
+            built.append(1)
+            return snapshot()
+
+        shadow.state.verdict.snapshot = counted  # type: ignore[method-assign]
+        started = asyncio.get_running_loop().time()
+        for i in range(30):
+            await h.infer("prod", [x(value=float(i))])
+        await compared(h, 31)
+        rebuilt_in_burst = len(built)
+        intervals = (asyncio.get_running_loop().time() - started) / GAUGES_EVERY_S
+        await asyncio.sleep(GAUGES_EVERY_S * 2)  # the trailing rebuild
+        samples = shadow.m_evidence.labels("prod", "cand", "agreement", "samples")._value.get()
+    assert rebuilt_in_burst <= intervals + 2, (rebuilt_in_burst, intervals)
+    assert samples == 31
