@@ -107,6 +107,11 @@ BACKEND_S: CallKey[float] = CallKey("backend_s")
 """Seconds the call spent waiting on its backends' unary answers, summed over every try (the
 terminal adds each one); absent for a stream and for a call no backend was asked. What a
 canary's latency is judged on: the model's time, not the proxy's own path to it."""
+BACKEND_TIMED_S: CallKey[float] = CallKey("backend_timed_s")
+"""Set by a backend that times its own work off the event loop (in-process ONNX Runtime: from
+the call's hand-over to its thread pool until the run ended, read in the worker thread). The
+terminal prefers it to its own time around the await, which also holds the wait for the event
+loop to resume the call: on a busy machine, mmguard's scheduling, not the model's."""
 
 
 @dataclass(slots=True)

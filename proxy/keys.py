@@ -58,3 +58,8 @@ class Store:
 
     def put(self, key: BaseKey[T], value: T) -> None:
         self._items[key] = value
+
+    def pop(self, key: BaseKey[T]) -> T | None:
+        """The value under ``key``, removed; None when there was none."""
+        found: T | None = self._items.pop(key, None)
+        return found

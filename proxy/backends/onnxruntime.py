@@ -11,6 +11,7 @@ import asyncio
 import ctypes
 import hashlib
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ except ImportError as exc:  # `pip install mmguard` without an ONNX Runtime extr
 
 from proxy.backends.base import Backend
 from proxy.backends.classification import class_count, classify
-from proxy.call import Call, Result, Target
+from proxy.call import BACKEND_TIMED_S, Call, Result, Target
 from proxy.config.backends import OnnxRuntimeBackendConfig
 from proxy.config.refs import find_models
 from proxy.contract import ModelContract, TensorSpec
@@ -164,11 +165,13 @@ class OnnxRuntimeBackend(Backend):
         classes = [asked.get(n, 0) for n in names]
         timeout = self.timeout_for(call)
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._pool, _run, m.session, names, feeds)
+        handed = time.monotonic()
+        fut = loop.run_in_executor(self._pool, _timed_run, m.session, names, feeds)
         try:
-            arrays = await asyncio.wait_for(fut, timeout)
+            arrays, ended = await asyncio.wait_for(fut, timeout)
         except TimeoutError:
             raise self.deadline_error(target, timeout) from None
+        call.state[BACKEND_TIMED_S] = ended - handed  # the pool's queue and the run, not the loop
         outputs = [_to_tensor(n, a, m.output_types[n]) for n, a in zip(names, arrays, strict=True)]
         check_outputs(outputs, answer_source(self.name, target.model))
         for i, k in enumerate(classes):
@@ -180,6 +183,13 @@ class OnnxRuntimeBackend(Backend):
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._models.clear()
+
+
+def _timed_run(session: ort.InferenceSession, names: list[str],
+               feeds: dict[str, Any]) -> tuple[list[Any], float]:
+    """``_run``, and when it ended, read in the worker thread."""
+    arrays = _run(session, names, feeds)
+    return arrays, time.monotonic()
 
 
 def _run(session: ort.InferenceSession, names: list[str], feeds: dict[str, Any]) -> list[Any]:

@@ -3,7 +3,8 @@
 The target, not the route: a fallback level or a reroute hands the call on with another
 route's target, and the same terminal serves it. A backend that has not started yet answers
 UNAVAILABLE with a Retry-After; a streamed call gets the backend's stream as its result; every
-unary call's backend latency is observed, and added to the call's ``BACKEND_S``.
+unary call's backend latency is observed, and added to the call's ``BACKEND_S`` (the backend's
+own timing, ``BACKEND_TIMED_S``, where it keeps one off the event loop).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.backends.base import Backend
-from proxy.call import BACKEND_S, Call, LocalReply, Reply, Result
+from proxy.call import BACKEND_S, BACKEND_TIMED_S, Call, LocalReply, Reply, Result
 from proxy.clock import Clock
 from proxy.errors import ErrorKind, ProxyError
 from proxy.telemetry import Telemetry
@@ -45,7 +46,11 @@ class Terminal:
             return LocalReply.from_error(err)
         finally:
             took = self.clock.monotonic() - start
-            call.state[BACKEND_S] = (call.state.get(BACKEND_S) or 0.0) + took
+            # A backend that timed its own work off the loop (BACKEND_TIMED_S) says what the
+            # model took; ``took`` also holds the loop's wait to resume this call.
+            own = call.state.pop(BACKEND_TIMED_S)
+            call.state[BACKEND_S] = (call.state.get(BACKEND_S) or 0.0) + \
+                (took if own is None else min(own, took))
             child = self._latency.get((call.model, target.backend))
             if child is None:
                 child = self._latency[(call.model, target.backend)] = \
