@@ -319,25 +319,26 @@ def moire(plane: F32) -> Signal:
     inner -= p[1:-1, 2:]
     inner -= inner.mean()
     inner *= _hann(side)[1:-1, 1:-1]
-    half = np.fft.rfft2(lap)  # rows: every fy; columns: fx = 0 .. side // 2
+    # Only the columns the band (periods down to 2.5 px: |fx| <= 0.4) and its surround reach:
+    # the second FFT pass runs over those columns only.
+    cols = side // 2 + 1
+    reach = min(cols, int(side / _MOIRE_PERIODS[0]) + 1 + _MOIRE_RING)
+    rows_done = np.fft.rfft(lap, axis=1)
+    half = np.fft.fft(rows_done[:, :reach] if reach < cols else rows_done, axis=0)
     power = half.real ** 2
     power += half.imag ** 2
-    cols = power.shape[1]
-    # The mean over every frequency: each column but fx = 0 (and the Nyquist one of an even
-    # side) stands for its mirror too.
-    total = 2.0 * float(power.sum()) - float(power[:, 0].sum())
-    if side % 2 == 0:
-        total -= float(power[:, -1].sum())
-    mean_power = total / (side * side)
+    # The mean over every frequency, by Parseval: the sum of |F|² is side² × the sum of lap².
+    mean_power = float(np.dot(inner.ravel().astype(np.float64), inner.ravel()))
     if mean_power <= 1e-20:
         return Signal(1.0, 0.0, "twin spectral peaks (no edges)")
     peak, around = _half_box_sums(power, side, 1, _MOIRE_RING)
+    cols = peak.shape[1]
     around -= peak
     around *= 9.0 / 72.0
     around += mean_power * 1e-6  # an empty surround (a flat picture) is no peak
     ratio = np.divide(peak, around, out=peak)
-    ratio[~_moire_band(side)] = 0.0
-    twin = np.minimum(ratio, ratio.flat[_turned(side)])
+    ratio[~_moire_band(side, cols)] = 0.0
+    twin = np.minimum(ratio, ratio.flat[_turned(side, cols)])
     at = int(np.argmax(twin))
     value = float(twin.flat[at])
     fy, fx = divmod(at, cols)
@@ -351,20 +352,26 @@ def _half_box_sums(power: NDArray[np.float64], side: int, small: int, big: int
                    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """The sums of the (2r + 1)² powers around every frequency of ``rfft2``'s half (rows: fy,
     periodic; columns: fx = 0 ..), for r = ``small`` and ``big``: the columns a box reaches
-    past either end are read off the mirrored half (P(fy, -fx) = P(-fy, fx)), then one
-    running sum down the rows and one along them. Only the half is summed: ~2x less than
-    the whole spectrum, and row sums instead of a 2-D integral image."""
-    cols = power.shape[1]
+    below fx = 0 are read off the mirrored half (P(fy, -fx) = P(-fy, fx)), then one running
+    sum down the rows and one along them. ``power`` holds every column of the half, or its
+    first ones only: then the sums are of all but its last ``big`` columns (they are the
+    surround of the others) and nothing is read past its end."""
+    width = power.shape[1]
+    truncated = width < side // 2 + 1
+    out_cols = width - big if truncated else width
     flipped = power[(-np.arange(side)) % side]  # P(-fy, fx)
-    ext = np.empty((side + 2 * big + 1, cols + 2 * big + 1))
-    ext[0] = 0.0
+    ext = np.empty((side + 2 * big + 1, out_cols + 2 * big + 1))
     body = ext[1 + big:1 + big + side, 1:]
-    body[:, big:big + cols] = power
     body[:, :big] = flipped[:, big:0:-1]  # fx = -big .. -1
-    last = cols - 1 if side % 2 else cols - 2  # the last column mirrored past the end
-    body[:, big + cols:] = flipped[:, last:last - big:-1]  # fx = cols .. cols + big - 1
+    if truncated:
+        body[:, big:] = power
+    else:
+        body[:, big:big + width] = power
+        last = width - 1 if side % 2 else width - 2  # the last column mirrored past the end
+        body[:, big + width:] = flipped[:, last:last - big:-1]  # fx = width .. width + big - 1
     ext[1:1 + big, 1:] = body[-big:]
     ext[1 + big + side:, 1:] = body[:big]
+    ext[0] = 0.0
     ext[:, 0] = 0.0
     np.cumsum(ext, axis=0, out=ext)
     out = []
@@ -372,20 +379,20 @@ def _half_box_sums(power: NDArray[np.float64], side: int, small: int, big: int
         lo, hi = big - r, big + r + 1
         rows = ext[hi:hi + side] - ext[lo:lo + side]
         np.cumsum(rows, axis=1, out=rows)
-        out.append(rows[:, hi:hi + cols] - rows[:, lo:lo + cols])
+        out.append(rows[:, hi:hi + out_cols] - rows[:, lo:lo + out_cols])
     return out[0], out[1]
 
 
 @cache
-def _turned(side: int) -> NDArray[np.intp]:
-    """Per frequency (fy, fx) of ``rfft2``'s half, the flat index in that half of the
-    frequency turned by 90°, (fx, -fy), or of its mirror (-fx, fy) where -fy < 0 (a power
-    and every box sum of it are the same at f and -f)."""
-    cols = side // 2 + 1
+def _turned(side: int, cols: int) -> NDArray[np.intp]:
+    """Per frequency (fy, fx) of the first ``cols`` columns of ``rfft2``'s half, the flat
+    index there of the frequency turned by 90°, (fx, -fy), or of its mirror (-fx, fy) where
+    -fy < 0 (a power and every box sum of it are the same at f and -f). A turned frequency
+    past the columns kept is outside the band, as its own is: it reads the last column."""
     fy = (np.arange(side)[:, None] + side // 2) % side - side // 2
     fx = np.arange(cols)[None, :]
     row = np.where(fy <= 0, fx, -fx) % side
-    index: NDArray[np.intp] = (row * cols + np.abs(fy)).astype(np.intp)
+    index: NDArray[np.intp] = (row * cols + np.minimum(np.abs(fy), cols - 1)).astype(np.intp)
     index.flags.writeable = False
     return index
 
@@ -399,10 +406,11 @@ def _hann(side: int) -> F32:
 
 
 @cache
-def _moire_band(side: int) -> NDArray[np.bool_]:
-    """The frequencies of ``rfft2``'s half whose period is in ``_MOIRE_PERIODS``."""
+def _moire_band(side: int, cols: int) -> NDArray[np.bool_]:
+    """The frequencies of the first ``cols`` columns of ``rfft2``'s half whose period is in
+    ``_MOIRE_PERIODS``."""
     f = np.fft.fftfreq(side)
-    r = np.hypot(f[:, None], np.fft.rfftfreq(side)[None, :])
+    r = np.hypot(f[:, None], np.fft.rfftfreq(side)[None, :cols])
     lo, hi = _MOIRE_PERIODS
     band: NDArray[np.bool_] = (r >= 1.0 / hi) & (r <= 1.0 / lo)
     band.flags.writeable = False
