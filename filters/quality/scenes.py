@@ -304,7 +304,9 @@ def moire(plane: F32) -> Signal:
     Known confusions: a picture of a regular grid (a checkerboard, tiles, a fence seen square
     on, graph paper) is a grid and reads as moiré; moiré along one direction only (a screen
     whose subpixel stripes beat but whose rows do not) is not seen, nor a beat coarser than
-    32 px (a broad colour wave) or a beat that a perspective chirps across the frame."""
+    32 px (a broad colour wave); a beat that a perspective chirps across the frame spreads its
+    peak (the keystoned moiré ladder: AUC 0.889 square on, 0.813 / 0.677 / 0.576 at corner
+    shifts 0.1 / 0.2 / 0.3)."""
     side = min(plane.shape[0], plane.shape[1], _MOIRE_N)
     if side < 32:
         return Signal(1.0, 0.0, "twin spectral peaks (image too small)")
