@@ -452,6 +452,13 @@ def moire(x: U8, contrast: float, rng: np.random.Generator) -> U8:
                       np.uint8)
 
 
+def keystone_moire(x: U8, strength: float, rng: np.random.Generator) -> U8:
+    """A phone photo of a screen that fills the frame, taken at an angle, with its moiré: the
+    moiré of grid contrast 0.4 (``moire``), then keystoned by ``strength`` (``keystone``): the
+    screen's pitch, so the beat's period, now changes across the frame (a chirp)."""
+    return keystone(moire(x, 0.4, rng), strength, rng)
+
+
 def nan(x: U8, share: float, rng: np.random.Generator) -> F32:
     """FP16 overflow as it reaches a model: a share of pixels NaN, in a float [0, 1] tensor."""
     out = np.asarray(_f(x), np.float32)
@@ -495,6 +502,8 @@ DEGRADATIONS = (
     Degradation("perspective", perspective, (0.1, 0.2, 0.3), 0.2, "perspective", "corner shift"),
     Degradation("keystone", keystone, (0.1, 0.2, 0.3), 0.2, "", "corner shift"),  # nor this
     Degradation("moire", moire, (0.1, 0.2, 0.4, 0.7), 0.4, "moire", "grid contrast"),
+    Degradation("keystone_moire", keystone_moire, (0.1, 0.2, 0.3), 0.2, "moire",
+                "corner shift, moiré 0.4"),
     Degradation("nan", nan, (0.001, 0.01), 0.001, "finite", "share"),
     Degradation("wrong_range", wrong_range, (255.0, -1.0), 255.0, "range", "scale"),
 )

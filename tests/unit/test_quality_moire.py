@@ -93,3 +93,50 @@ def test_moire_is_measured_only_when_asked_and_small_or_flat_images_pass() -> No
     assert moire(np.full((224, 224), 0.5, np.float32)).score == 1.0
     wide = moire(plane(np.ascontiguousarray(np.concatenate([img, img], axis=1))))
     assert 0.0 <= wide.score <= 1.0 and np.isfinite(wide.value)
+
+
+def _moire_by_the_definition(p: NDArray[np.float32]) -> float:
+    """moire's value computed the long way, over the whole spectrum: the complex FFT of the
+    windowed Laplacian, each bin's 3 × 3 sum over the mean of the 72 bins around it in its
+    9 × 9 (by rolling, the spectrum read as periodic), zero outside periods 2.5-32 px, and the
+    highest over every frequency of the lower of it and the same at the frequency turned by
+    90°."""
+    side = min(p.shape[0], p.shape[1], 224)
+    top, left = (p.shape[0] - side) // 2, (p.shape[1] - side) // 2
+    w = p[top:top + side, left:left + side].astype(np.float64)
+    lap = np.zeros((side, side))
+    lap[1:-1, 1:-1] = (4 * w[1:-1, 1:-1] - w[:-2, 1:-1] - w[2:, 1:-1] - w[1:-1, :-2]
+                       - w[1:-1, 2:])
+    lap[1:-1, 1:-1] -= lap[1:-1, 1:-1].mean()
+    hann = np.hanning(side)
+    lap *= np.outer(hann, hann)
+    power = np.abs(np.fft.fft2(lap)) ** 2
+
+    def box(r: int) -> NDArray[np.float64]:
+        return sum((np.roll(power, (dy, dx), axis=(0, 1))
+                    for dy in range(-r, r + 1) for dx in range(-r, r + 1)),
+                   np.zeros_like(power))
+
+    peak = box(1)
+    ratio = peak / ((box(4) - peak) / 72 * 9 + power.mean() * 1e-6)
+    f = np.fft.fftfreq(side)
+    r = np.hypot(f[:, None], f[None, :])
+    ratio[(r < 1 / 32) | (r > 1 / 2.5)] = 0.0
+    turned = np.empty_like(ratio)
+    for fy in range(side):
+        for fx in range(side):
+            turned[fy, fx] = ratio[fx, -fy % side]
+    return float(np.minimum(ratio, turned).max())
+
+
+@pytest.mark.parametrize("shape", [(224, 224), (230, 301), (57, 33), (100, 40), (33, 64)])
+def test_the_value_is_the_whole_spectrum_s_by_the_definition(shape: tuple[int, int]) -> None:
+    # moire reads half the spectrum, only the columns its band reaches (a real image's power
+    # is symmetric): the same value as the whole spectrum's, on even, odd and small sides
+    # (the band reaching the last column or not), for a screen photo and for noise
+    rng = np.random.default_rng(sum(shape))
+    for p in (rng.random(shape, dtype=np.float32),
+              plane(photos.moire(np.asarray(rng.integers(0, 256, (*shape, 3)), np.uint8),
+                                 0.7, rng))):
+        got = moire(p).value
+        assert got == pytest.approx(_moire_by_the_definition(p), rel=1e-6, abs=1e-9), shape
