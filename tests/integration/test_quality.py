@@ -234,7 +234,7 @@ def test_a_clean_image_is_scored_and_served(ort: RunningMmguard) -> None:
     assert scores(trailers["mmguard-quality-scores"]) == {
         "trust": 1.0, "image": 1.0, "finite": 1.0, "range": 1.0, "constant": 1.0,
         "sharpness": 1.0, "exposure": 1.0, "noise": 1.0, "blockiness": 1.0,
-        "perspective": 1.0, "tone": 1.0}
+        "perspective": 1.0, "tone": 1.0, "shake": 1.0}
     assert not any(k.startswith("mmguard-quality-") and k != "mmguard-quality-scores"
                    for k in trailers)
 
