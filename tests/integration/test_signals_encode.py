@@ -128,6 +128,39 @@ def _small_output(module: Any, regions: Regions) -> tuple[Any, Any]:
     return x, y
 
 
+def _refused(client: Any, front: str, model: str, inputs: list[Any],
+             outputs: list[Any] | None = None) -> Any:
+    """The client's error for one call, unary or on a stream (where it comes to the callback)."""
+    if front == "grpc stream":
+        got: queue.Queue[Any] = queue.Queue()
+        client.start_stream(callback=lambda result, error: got.put(error or result))
+        client.async_stream_infer(model, inputs, outputs=outputs)
+        err = got.get(timeout=30)
+        client.stop_stream()
+        assert isinstance(err, InferenceServerException), err
+        return err
+    with pytest.raises(InferenceServerException) as info:
+        client.infer(model, inputs, outputs=outputs)
+    return info.value
+
+
+def _counted_once(proxy: RunningMmguard, exporter: InMemorySpanExporter, model: str, front: str,
+                  before: dict[str, float], code: str, http_status: int,
+                  grpc_code: grpc.StatusCode) -> None:
+    """The call is one request of ``code`` in the metric, and its server span says the same."""
+    label = "http" if front == "http" else "grpc"
+    after = _counts(proxy, model, label)
+    assert {c: after[c] - before[c] for c in after} == \
+        {c: 1 if c == code else 0 for c in ("ok", "invalid_argument", "internal", "not_found")}
+    span = _server_span(exporter)
+    assert span.attributes is not None
+    assert span.attributes["error.type"] == code
+    if front == "http":
+        assert span.attributes["http.response.status_code"] == http_status
+    else:
+        assert span.attributes["rpc.response.status_code"] == grpc_code.name
+
+
 @pytest.mark.parametrize("route", ["g", "h"])
 @pytest.mark.parametrize("front", ["http", "grpc", "grpc stream"])
 def test_an_answer_too_big_for_its_region(proxy: RunningMmguard,
@@ -145,32 +178,15 @@ def test_an_answer_too_big_for_its_region(proxy: RunningMmguard,
     try:
         x, y = _small_output(module, regions)
         exporter.clear()
-        if front == "grpc stream":
-            got: queue.Queue[Any] = queue.Queue()
-            client.start_stream(callback=lambda result, error: got.put(error or result))
-            client.async_stream_infer(model, [x], outputs=[y])
-            err = got.get(timeout=30)
-            client.stop_stream()
-            assert isinstance(err, InferenceServerException), err
-        else:
-            with pytest.raises(InferenceServerException) as info:
-                client.infer(model, [x], outputs=[y])
-            err = info.value
+        err = _refused(client, front, model, [x], [y])
+        if front != "grpc stream":
             assert err.status() == ("500" if front == "http" else "StatusCode.INTERNAL")
         assert "'y'" in (err.message() or "") and "16 bytes" in (err.message() or "")
     finally:
         regions.close()
         client.close()
-    after = _counts(proxy, model, label)
-    assert {c: after[c] - before[c] for c in after} == \
-        {"ok": 0, "invalid_argument": 0, "internal": 1, "not_found": 0}
-    span = _server_span(exporter)
-    assert span.attributes is not None
-    assert span.attributes["error.type"] == "internal"
-    if front == "http":
-        assert span.attributes["http.response.status_code"] == 500
-    else:
-        assert span.attributes["rpc.response.status_code"] == grpc.StatusCode.INTERNAL.name
+    _counted_once(proxy, exporter, model, front, before, "internal", 500,
+                  grpc.StatusCode.INTERNAL)
 
 
 @pytest.mark.parametrize("front", ["http", "grpc", "grpc stream"])
@@ -188,29 +204,12 @@ def test_a_region_never_registered(proxy: RunningMmguard, exporter: InMemorySpan
     x = module.InferInput("x", [1, 16], "FP32")
     x.set_shared_memory("never_registered", X.nbytes)
     try:
-        if front == "grpc stream":
-            got: queue.Queue[Any] = queue.Queue()
-            client.start_stream(callback=lambda result, error: got.put(error or result))
-            client.async_stream_infer(model, [x])
-            err = got.get(timeout=30)
-            client.stop_stream()
-            assert isinstance(err, InferenceServerException), err
-        else:
-            with pytest.raises(InferenceServerException) as info:
-                client.infer(model, [x])
-            err = info.value
+        err = _refused(client, front, model, [x])
+        if front != "grpc stream":
             assert err.status() == ("404" if front == "http" else "StatusCode.NOT_FOUND")
         assert "Unable to find shared memory region: 'never_registered'" in (err.message()
                                                                              or "")
     finally:
         client.close()
-    after = _counts(proxy, model, label)
-    assert {c: after[c] - before[c] for c in after} == \
-        {"ok": 0, "invalid_argument": 0, "internal": 0, "not_found": 1}
-    span = _server_span(exporter)
-    assert span.attributes is not None
-    assert span.attributes["error.type"] == "not_found"
-    if front == "http":
-        assert span.attributes["http.response.status_code"] == 404
-    else:
-        assert span.attributes["rpc.response.status_code"] == grpc.StatusCode.NOT_FOUND.name
+    _counted_once(proxy, exporter, model, front, before, "not_found", 404,
+                  grpc.StatusCode.NOT_FOUND)
