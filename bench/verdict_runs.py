@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import statistics
 import sys
 import tempfile
 import time
@@ -103,6 +104,9 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--load", type=int, default=2, help="busy processes beside the run")
     ap.add_argument("--gap-requests", type=int, default=600)
+    ap.add_argument("--gap-repeats", type=int, default=1,
+                    help="measure the gaps this many times (a fresh mmguard each): the median "
+                         "and range of the difference")
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="mmguard-bench-verdict-"))
     repo = write_model_repository(root / "repo", ensure_clip_demo(root / "onnx"))
@@ -112,15 +116,23 @@ def main() -> int:
         for p in load:
             p.start()
         try:
-            if a.gap_requests > 0:  # 0: only the runs
+            diffs: list[float] = []
+            for r in range(a.gap_repeats if a.gap_requests > 0 else 0):  # 0: only the runs
                 print(f"1. clean-copy p50 gap, {a.gap_requests} requests per shadow, "
-                      f"interleaved, {a.load} busy processes")
+                      f"interleaved, {a.load} busy processes (repeat {r + 1})")
                 g = gap(triton, a.gap_requests)
                 for route, figs in g.items():
                     print(f"  {route:6s} " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float)
                                                       else f"{k} {v}" for k, v in figs.items()))
-                print(f"  difference of the gaps (chaos - plain): "
-                      f"{g['chaos']['gap_ms'] - g['plain']['gap_ms']:+.2f} ms")
+                diffs.append(g["chaos"]["gap_ms"] - g["plain"]["gap_ms"])
+                print(f"  difference of the gaps (chaos - plain): {diffs[-1]:+.2f} ms",
+                      flush=True)
+            if len(diffs) > 1:
+                print(f"  over {len(diffs)} repeats: median {statistics.median(diffs):+.2f} ms, "
+                      f"range {min(diffs):+.2f} to {max(diffs):+.2f} ms, "
+                      f"{sum(d > 0 for d in diffs)} of {len(diffs)} above zero")
+            if a.runs <= 0:
+                return 0
             print(f"2. {a.runs} runs, identical canary under chaos + robustness, "
                   f"{a.load} busy processes")
             found = runs(triton, a.runs)
