@@ -330,10 +330,11 @@ class Shadow:
         c = self._judge(item.primary, item.primary_text, reply, text)
         self.m_compared.labels(self.ctx.route, self.cfg.canary, str(c.agree).lower()).inc()
         if not c.agree:
-            log.info("canary %r disagrees with %r: %s", self.cfg.canary, self.ctx.route,
-                     c.reason, extra={"fields": {"model": self.ctx.route,
-                                                 "canary": self.cfg.canary,
-                                                 "reason": c.reason}})
+            # per call: DEBUG (the admin API keeps the last disagreements, the counter all)
+            log.debug("canary %r disagrees with %r: %s", self.cfg.canary, self.ctx.route,
+                      c.reason, extra={"fields": {"model": self.ctx.route,
+                                                  "canary": self.cfg.canary,
+                                                  "reason": c.reason}})
         st.judged(c, *paired_latency(item, sent), [*item.primary_faults, *faults], key)
         experiments = self.ctx.state.get(EXPERIMENTS)
         if experiments is not None:
