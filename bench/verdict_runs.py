@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.cli.demo_model import ensure_clip_demo
-from tests.integration.test_release_verdict import VERDICT, config, one_run, reset
+from tests.integration.test_release_verdict import MAX_CALLS, VERDICT, config, one_run, reset
 from tests.integration.test_robustness import CHAOS, smooth_body
 from tests.support.mmguard import RunningMmguard
 from tests.support.triton import TritonServer, write_model_repository
@@ -76,7 +76,7 @@ def gap(triton: TritonServer, requests: int) -> dict[str, dict[str, float]]:
     return out
 
 
-def runs(triton: TritonServer, n: int) -> list[dict[str, Any]]:
+def runs(triton: TritonServer, n: int, max_calls: int) -> list[dict[str, Any]]:
     found = []
     with RunningMmguard(config(triton, "clip_demo", VERDICT, chaos=True)) as m:
         m.wait_ready(timeout=60)
@@ -86,7 +86,7 @@ def runs(triton: TritonServer, n: int) -> list[dict[str, Any]]:
         for _ in range(n):
             reset(m)
             t = time.monotonic()
-            snap, calls = one_run(m, first)
+            snap, calls = one_run(m, first, max_calls)
             first += calls
             lat = snap["evidence"]["latency"]
             found.append({"state": snap["state"], "calls": calls, "clean": snap["samples"],
@@ -107,6 +107,9 @@ def main() -> int:
     ap.add_argument("--gap-repeats", type=int, default=1,
                     help="measure the gaps this many times (a fresh mmguard each): the median "
                          "and range of the difference")
+    ap.add_argument("--max-calls", type=int, default=MAX_CALLS,
+                    help=f"calls a run may take before it stops undecided (the test's "
+                         f"{MAX_CALLS})")
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="mmguard-bench-verdict-"))
     repo = write_model_repository(root / "repo", ensure_clip_demo(root / "onnx"))
@@ -133,9 +136,10 @@ def main() -> int:
                       f"{sum(d > 0 for d in diffs)} of {len(diffs)} above zero")
             if a.runs <= 0:
                 return 0
-            print(f"2. {a.runs} runs, identical canary under chaos + robustness, "
+            print(f"2. {a.runs} runs (at most {a.max_calls} calls each), identical canary "
+                  f"under chaos + robustness, "
                   f"{a.load} busy processes")
-            found = runs(triton, a.runs)
+            found = runs(triton, a.runs, a.max_calls)
             states = [r["state"] for r in found]
             print(f"  promote {states.count('promote')}, abort {states.count('abort')}, "
                   f"undecided {len(states) - states.count('promote') - states.count('abort')}")

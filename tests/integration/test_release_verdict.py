@@ -77,10 +77,11 @@ def reset(m: RunningMmguard) -> None:
     urllib.request.urlopen(req, timeout=5).close()
 
 
-def one_run(m: RunningMmguard, first: int) -> tuple[dict[str, Any], int]:
-    """Traffic until the verdict decides (or MAX_CALLS); every 10th answer checked against
+def one_run(m: RunningMmguard, first: int,
+            max_calls: int = MAX_CALLS) -> tuple[dict[str, Any], int]:
+    """Traffic until the verdict decides (or ``max_calls``); every 10th answer checked against
     the route with no filter, byte for byte."""
-    for i in range(first, first + MAX_CALLS):
+    for i in range(first, first + max_calls):
         body, trailers = grpc_infer_raw(m.grpc_url, smooth_body("prod", i))
         assert "mmguard-fault" not in dict(trailers)
         if i % 10 == 0:
@@ -96,7 +97,7 @@ def one_run(m: RunningMmguard, first: int) -> tuple[dict[str, Any], int]:
     while snap["state"] not in ("promote", "abort") and time.monotonic() < deadline:
         time.sleep(0.2)  # the last copies' comparisons
         snap = verdict(m)
-    return snap, MAX_CALLS
+    return snap, max_calls
 
 
 @pytest.mark.triton
