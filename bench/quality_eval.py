@@ -315,7 +315,12 @@ def main() -> None:
                         help="measure these degradations only (e.g. keystone); the false "
                         "positives and operating points are measured all the same")
     args = parser.parse_args()
-    result = evaluate([n for n in args.only.split(",") if n])
+    only = [n for n in args.only.split(",") if n]
+    unknown = [n for n in only if n not in photos.BY_NAME]
+    if unknown:
+        parser.error(f"--only: no such degradation {', '.join(unknown)} (one of "
+                     f"{', '.join(photos.BY_NAME)})")
+    result = evaluate(only)
     print(table(result, args.all_severities))
     args.out.mkdir(parents=True, exist_ok=True)
     plot(result, args.out / "roc.png")
