@@ -1,6 +1,6 @@
 """How well the quality signals catch real degradations of real photographs, in numbers.
 
-    python -m bench.quality_eval [--out bench/out] [--all-severities]
+    python -m bench.quality_eval [--out bench/out] [--all-severities] [--only keystone,...]
 
 Builds the evaluation set of ``tests/support/photos.py`` (the photographs scikit-image,
 matplotlib and scikit-learn ship in their wheels, resized to 224 × 224 as a client would; documents,
@@ -12,6 +12,8 @@ shipped signals (``ghosting`` and ``moire`` included). Prints, per degradation:
   copy scores below every clean photo);
 - at the shipped default rules (``QualityConfig().rules``), the share of degraded copies that
   a rule catches, per severity;
+- for the ladders of ``KIND_LADDERS`` (keystone), the same on the documents and on the
+  screenshots (their clean inputs of every framing against keystoned copies of them);
 
 then, per framing (the evaluation framing, random crops, whole frames) and per kind of clean
 input, the share that a default rule flags, with its 95 % Wilson interval; and the operating
@@ -129,7 +131,38 @@ def _false_positives_by_set(scored: dict[str, list[Any]],
     return out
 
 
-def evaluate() -> dict[str, Any]:
+# Ladders measured on other kinds of clean input too, each against the clean inputs of its kind
+# (every framing): a screen or a page keystoned is what users photograph, a photograph has
+# nothing straight to see.
+KIND_LADDERS = {"keystone": ("document", "screenshot")}
+KIND_SEEDS = 4  # keystoned copies per clean input (the near side is drawn per copy)
+
+
+def _kind_ladder(d: photos.Degradation, scored: dict[str, list[Any]], kind: str,
+                 thresholds: dict[str, float], opt_in: dict[str, float]) -> dict[str, Any]:
+    """``d``'s ladder on the clean inputs of ``kind`` of every framing: per severity, the AUC
+    of every signal (those clean inputs against their degraded copies, ``KIND_SEEDS`` each)
+    and the share caught by the default rules and by ``d.signal``'s rule alone."""
+    rules = {**opt_in, **thresholds}
+    rows = [(c, s) for f in scored.values() for c, s in f if c.kind == kind]
+    clean = [s for _, s in rows]
+    out: dict[str, Any] = {"n_clean": len(rows), "severities": {}}
+    for sev in d.ladder:
+        got = [score(np.asarray(d.apply(c.image, sev, np.random.default_rng(
+            [seed, i, int(abs(sev) * 1000)]))))
+            for i, (c, _) in enumerate(rows) for seed in range(KIND_SEEDS)]
+        out["severities"][f"{sev:g}"] = {
+            "n": len(got),
+            "auc": {k: auc([s[k].score for s in clean], [s[k].score for s in got])
+                    for k in IMAGE_SIGNALS},
+            "detected": float(np.mean([bool(flagged(s, thresholds)) for s in got])),
+            "detected_by_signal": float(np.mean([s[d.signal].score < rules[d.signal]
+                                                 for s in got]))
+            if d.signal in rules else None}
+    return out
+
+
+def evaluate(only: Sequence[str] = ()) -> dict[str, Any]:
     thresholds = default_thresholds()
     scored = {f: [(c, score(c.image)) for c in cs] for f, cs in framings().items()}
     photo = [s for c, s in scored["eval framing"] if c.kind == "photo"]
@@ -157,6 +190,8 @@ def evaluate() -> dict[str, Any]:
                                              for n, s in shaken},
                                "shake": {n: round(s["shake"].value, 3) for n, s in shaken}}}
     for d in photos.DEGRADATIONS:
+        if only and d.name not in only:
+            continue
         entry: dict[str, Any] = {"signal": d.signal, "source": d.source, "unit": d.unit,
                                  "severities": {}}
         for sev in d.ladder:
@@ -172,6 +207,8 @@ def evaluate() -> dict[str, Any]:
                            [s[d.signal or "sharpness"].score for s in got]),
             }
         out["degradations"][d.name] = entry
+        entry["by_kind"] = {k: _kind_ladder(d, scored, k, thresholds, opt_in)
+                            for k in KIND_LADDERS.get(d.name, ())}
     return out
 
 
@@ -197,7 +234,17 @@ def table(result: dict[str, Any], all_severities: bool) -> str:
                          + (f" (by {d['signal']} < {rules[d['signal']]:g}:"
                             f" {r['detected_by_signal']:.0%})"
                             if d["signal"] in rules else ""))
-    lines.append("* the severity the source documents name")
+            for kind, k in d.get("by_kind", {}).items():
+                r = k["severities"][sev]
+                label = f"  {kind[:3]} {k['n_clean']}/{r['n']}"
+                lines.append(f"{label:13s} {sev + ' ' + d['unit'][:4]:>10s}{mark}"
+                             + " ".join(f"{r['auc'][s]:5.3f}" for s in IMAGE_SIGNALS)
+                             + f" {d['signal'] or '-':>9s} {r['detected']:8.0%}"
+                             + (f" (by {d['signal']} < {rules[d['signal']]:g}:"
+                                f" {r['detected_by_signal']:.0%})"
+                                if d["signal"] in rules else ""))
+    lines.append("* the severity the source documents name; indented (doc, scr): the same "
+                 "ladder on another kind's clean inputs of every framing (clean n / degraded n)")
     lines.append("")
     lines.append("false positives at the default rules "
                  + ", ".join(f"{k} < {v:g}" for k, v in result["thresholds"].items()))
@@ -264,8 +311,16 @@ def main() -> None:
                                      description=__doc__.split("\n", 1)[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out")
     parser.add_argument("--all-severities", action="store_true")
+    parser.add_argument("--only", default="", metavar="NAME[,NAME]",
+                        help="measure these degradations only (e.g. keystone); the false "
+                        "positives and operating points are measured all the same")
     args = parser.parse_args()
-    result = evaluate()
+    only = [n for n in args.only.split(",") if n]
+    unknown = [n for n in only if n not in photos.BY_NAME]
+    if unknown:
+        parser.error(f"--only: no such degradation {', '.join(unknown)} (one of "
+                     f"{', '.join(photos.BY_NAME)})")
+    result = evaluate(only)
     print(table(result, args.all_severities))
     args.out.mkdir(parents=True, exist_ok=True)
     plot(result, args.out / "roc.png")
