@@ -30,7 +30,7 @@ from urllib.parse import urlencode
 from aiohttp import web
 from prometheus_client import Counter
 
-from proxy.call import Api, Call, LocalReply, Result, SseEvent
+from proxy.call import Api, Call, LocalReply, Result, SseEvent, SseEvents
 from proxy.config.model import OpenAIConfig
 from proxy.engine.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
@@ -99,6 +99,7 @@ class OpenAIFront:
         self._rules: MediaRules | None = None
         self._retired: set[asyncio.Task[None]] = set()
         self._stream_children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+        self._counter_children: dict[tuple[Any, str, str], Any] = {}
         self._media = plane.telemetry.metric(
             Counter, "mmguard_remote_media_total",
             "Remote media URLs in OpenAI requests, by what mmguard did with them.", ["outcome"])
@@ -231,7 +232,7 @@ class OpenAIFront:
                             content_type="application/json")
 
     async def _stream(self, request: web.Request, call: Call) -> web.StreamResponse:
-        items = self.plane.stream(call)
+        items = self.plane.stream(call, by_read=True)
         first = await anext(items, None)
         if first is None or isinstance(first, LocalReply):
             await items.aclose()
@@ -257,12 +258,15 @@ class OpenAIFront:
                         break
                     held.append(_error_event(item))
                     break
-                if isinstance(item, SseEvent):
-                    # parsed only to rename, or when it may carry usage / a finish reason
-                    doc = item.json() if rename or _ACCOUNTED.search(item.raw) else None
-                    if doc is not None:
-                        self._account_usage(call, doc)
-                    held.append(_renamed_event(item, doc, call.model) if rename else item.raw)
+                if isinstance(item, SseEvents):  # what one backend read brought
+                    held.append(self._events(call, item.raws, rename))
+                    if len(item.raws) > 1:  # the client gets them at once: no gap between
+                        gaps.repeat(0.0, len(item.raws) - 1)
+                    if not item.ended:
+                        await resp.write(held[0] if len(held) == 1 else b"".join(held))
+                        held.clear()
+                elif isinstance(item, SseEvent):  # one by one: a filter wrapped the stream
+                    held.append(self._events(call, [item.raw], rename))
                     if not item.more:
                         await resp.write(held[0] if len(held) == 1 else b"".join(held))
                         held.clear()
@@ -284,6 +288,22 @@ class OpenAIFront:
         with contextlib.suppress(ConnectionResetError):
             await resp.write_eof()  # when the client left first (a no-op once it was sent)
         return resp
+
+    def _events(self, call: Call, raws: list[bytes], rename: bool) -> bytes:
+        """Events as the client gets them (renamed to the client's model name when the route
+        renames), their usage and finish reasons counted. An event is parsed only to rename
+        it, or when it may carry usage / a finish reason: one search over all of them first."""
+        joined = raws[0] if len(raws) == 1 else b"".join(raws)
+        if not rename and _ACCOUNTED.search(joined) is None:
+            return joined
+        out = []
+        for raw in raws:
+            event = SseEvent(raw)
+            doc = event.json() if rename or _ACCOUNTED.search(raw) else None
+            if doc is not None:
+                self._account_usage(call, doc)
+            out.append(_renamed_event(event, doc, call.model) if rename else raw)
+        return b"".join(out)
 
     def _stream_metrics(self, model: str, backend: str) -> tuple[Any, Any, Any]:
         """The TTFT, inter-token and stream-duration children of a served model (kept: three
@@ -308,11 +328,23 @@ class OpenAIFront:
                                 ("completion", ("completion_tokens", "output_tokens"))):
                 value = next((usage[n] for n in names if isinstance(usage.get(n), int)), None)
                 if value is not None:
-                    t.tokens.labels(call.model, kind).inc(value)
+                    self._child(t.tokens, call.model, kind).inc(value)
         for choice in doc.get("choices") or []:
             reason = choice.get("finish_reason") if isinstance(choice, dict) else None
             if reason:
-                t.finish_reasons.labels(call.model, str(reason)).inc()
+                self._child(t.finish_reasons, call.model, str(reason)).inc()
+
+    def _child(self, counter: Any, model: str, label: str) -> Any:
+        """A token or finish-reason counter's child, kept (``labels()`` takes a lock and builds
+        a key: three per stream). At most ``_MAX_CHILDREN`` kept: a finish reason is the
+        backend's word, and the counter's own children are not bounded by this cache."""
+        key = (counter, model, label)
+        child = self._counter_children.get(key)
+        if child is None:
+            child = counter.labels(model, label)
+            if len(self._counter_children) < _MAX_CHILDREN:
+                self._counter_children[key] = child
+        return child
 
     # --- endpoints without filters ---------------------------------------------------------
 
@@ -458,6 +490,8 @@ def _renamed(result: Result, call: Call) -> bytes:
         return body
     return json.dumps(doc).encode()
 
+
+_MAX_CHILDREN = 1024
 
 _ACCOUNTED = re.compile(rb'"(?:usage|finish_reason)"\s*:\s*[{"]')
 """An event that may carry token usage or a finish reason (``null`` ones do not count): the
