@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
@@ -317,5 +317,58 @@ class SseEvent:
         return doc if isinstance(doc, dict) else None
 
 
+@dataclass(slots=True)
+class SseEvents:
+    """The complete events one backend read brought, in order, each exactly as the backend sent
+    it: what a front that handles a stream read by read sends in one write (``SseStream.reads``).
+    Filters never see one: they read a stream event by event."""
+
+    raws: list[bytes]
+    ended: bool = False
+    """The same read also brought the stream's end: a writer may send these events with the
+    end of its own answer in one write."""
+
+
 Reply = Result | LocalReply
-StreamItem = Result | LocalReply | SseEvent
+StreamItem = Result | LocalReply | SseEvent | SseEvents
+
+
+class SseStream:
+    """A backend's server-sent events, read one way or the other (not both):
+
+    - ``async for``: one ``SseEvent`` at a time, ``more`` set while what follows came in the same
+      read; what filters wrap and see, and what a traced stream reads;
+    - ``reads()``: one ``SseEvents`` per backend read, for a front that sends what a read brought
+      in one write and needs no event on its own (no per-event item to make and hand through
+      the data plane's layers: the larger part of a streamed answer's own cost in mmguard).
+
+    A failure is a ``LocalReply`` item or an exception, either way."""
+
+    __slots__ = ("_queue", "_reads")
+
+    def __init__(self, reads: AsyncGenerator[SseEvents | LocalReply, None]) -> None:
+        self._reads = reads
+        self._queue: list[SseEvent] = []  # the rest of the last read, reversed
+
+    def reads(self) -> AsyncGenerator[SseEvents | LocalReply, None]:
+        return self._reads
+
+    def __aiter__(self) -> SseStream:
+        return self
+
+    async def __anext__(self) -> SseEvent | LocalReply:
+        if self._queue:
+            return self._queue.pop()
+        item = await anext(self._reads)  # StopAsyncIteration: the stream ended
+        while isinstance(item, SseEvents) and not item.raws:
+            item = await anext(self._reads)
+        if not isinstance(item, SseEvents):
+            return item
+        last = len(item.raws) - 1
+        self._queue = [SseEvent(raw, more=i < last or item.ended)
+                       for i, raw in enumerate(item.raws)][::-1]
+        return self._queue.pop()
+
+    async def aclose(self) -> None:
+        self._queue = []
+        await self._reads.aclose()

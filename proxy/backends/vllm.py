@@ -12,7 +12,7 @@ import asyncio
 import base64
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -20,7 +20,16 @@ import aiohttp
 from proxy.backends.fingerprint import PROBES, tokenizer_part
 from proxy.backends.http_base import HttpBackend
 from proxy.backends.propagation import forward_headers
-from proxy.call import Call, LocalReply, Result, SseEvent, StreamItem, Target, Wire
+from proxy.call import (
+    Call,
+    LocalReply,
+    Result,
+    SseEvents,
+    SseStream,
+    StreamItem,
+    Target,
+    Wire,
+)
 from proxy.config.backends import VllmBackendConfig
 from proxy.contract import ModelContract, fingerprint
 from proxy.errors import ErrorKind, ProxyError
@@ -186,9 +195,10 @@ class VllmBackend(HttpBackend):
 
     def stream(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
         return traced_stream(call, "openai", self.name, target.model, self.base,
-                             self._stream_once(call, target))
+                             SseStream(self._reads(call, target)))
 
-    async def _stream_once(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
+    async def _reads(self, call: Call, target: Target
+                     ) -> AsyncGenerator[SseEvents | LocalReply, None]:
         url, body, headers = self._request(call, target)
         timeout = self.timeout_for(call)
         try:
@@ -207,11 +217,11 @@ class VllmBackend(HttpBackend):
                 events = splitter.feed(chunk)
                 # All that came in this read goes out together; so does the stream's end when
                 # it came in the same read (vLLM's [DONE] and its last chunk often do).
-                ended = resp.content.at_eof()
-                for i, event in enumerate(events, 1):
-                    yield SseEvent(event, more=i < len(events) or ended)
-            for event in splitter.end():
-                yield SseEvent(event)
+                if events:
+                    yield SseEvents(events, ended=resp.content.at_eof())
+            last = splitter.end()
+            if last:
+                yield SseEvents(last, ended=True)
             if splitter.pending.strip():
                 raise ProxyError(ErrorKind.UNAVAILABLE,
                                  f"backend '{self.name}' ended the stream mid-event")

@@ -33,6 +33,7 @@ from proxy.call import (
     LocalReply,
     Reply,
     Result,
+    SseStream,
     StreamItem,
 )
 from proxy.contract import ModelContract
@@ -228,20 +229,22 @@ class DataPlane:
 
     # --- inference --------------------------------------------------------------------------
 
-    async def infer(self, call: Call, finish: Finish | None = None) -> Reply:
+    async def infer(self, call: Call, finish: Finish | None = None,
+                    by_read: bool = False) -> Reply:
         """One call through its route, counted and traced with what its client got. A stream
         is settled at its end, not its start (``_watched``). ``finish`` runs on each answer
         (a unary one, each of a stream's) before it is counted; a failure of it replaces the
-        answer, so the front sends that failure."""
+        answer, so the front sends that failure. ``by_read``: a backend's server-sent events
+        that no filter wrapped come as one ``SseEvents`` per backend read (``SseStream``)."""
         if not tracing_on():
-            return await self._infer(call, None, finish)
+            return await self._infer(call, None, finish, by_read)
         scheme = "https" if self.runtime.config.listeners.http.tls is not None else "http"
         name, attrs = server_span(call, scheme)
         span = _tracer.start_span(name, context=propagate.extract(call.headers),
                                   kind=trace.SpanKind.SERVER, attributes=attrs)
         token = otel_context.attach(trace.set_span_in_context(span))
         try:
-            return await self._infer(call, span, finish)
+            return await self._infer(call, span, finish, by_read)
         except BaseException:
             # cancelled: the client left, or its deadline passed (_infer counted it)
             late = call.deadline is not None and time.monotonic() >= call.deadline - 0.005
@@ -252,7 +255,8 @@ class DataPlane:
         finally:
             otel_context.detach(token)
 
-    async def _infer(self, call: Call, span: Span | None, finish: Finish | None) -> Reply:
+    async def _infer(self, call: Call, span: Span | None, finish: Finish | None,
+                     by_read: bool = False) -> Reply:
         route = self.runtime.routes.get(call.model)
         # Unknown names share one label value, so a scan of names cannot blow up cardinality.
         model = call.model if route is not None else "(unknown)"
@@ -273,7 +277,10 @@ class DataPlane:
                          time.perf_counter_ns() - start)
             raise
         if isinstance(reply, Result) and reply.stream is not None:
-            reply.stream = self._watched(call, route, m, start, reply.stream, span, finish)
+            stream = reply.stream
+            if by_read and isinstance(stream, SseStream):
+                stream = stream.reads()
+            reply.stream = self._watched(call, route, m, start, stream, span, finish)
             return reply  # in flight, and not yet counted, until the stream ends
         m.in_flight.dec()
         # Injected faults are counted apart, so no dashboard or alert takes them for the model's.
@@ -383,12 +390,12 @@ class DataPlane:
             st.fail_count += 1
             st.fail_ns += elapsed_ns
 
-    async def stream(self, call: Call,
-                     finish: Finish | None = None) -> AsyncGenerator[StreamItem, None]:
+    async def stream(self, call: Call, finish: Finish | None = None,
+                     by_read: bool = False) -> AsyncGenerator[StreamItem, None]:
         """Each response of a streamed call as it comes; errors become a LocalReply item.
-        ``finish``: as ``infer``'s, on each response."""
+        ``finish`` and ``by_read``: as ``infer``'s."""
         call.streaming = True
-        reply = await self.infer(call, finish)
+        reply = await self.infer(call, finish, by_read)
         if isinstance(reply, LocalReply) or reply.stream is None:
             yield reply
             return

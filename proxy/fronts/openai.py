@@ -30,12 +30,13 @@ from urllib.parse import urlencode
 from aiohttp import web
 from prometheus_client import Counter
 
-from proxy.call import Api, Call, LocalReply, Result, SseEvent
+from proxy.call import Api, Call, LocalReply, Result, SseEvent, SseEvents
 from proxy.config.model import OpenAIConfig
 from proxy.engine.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
 from proxy.fronts.body import INLINE_JSON_BYTES, read_body
 from proxy.fronts.media_fetch import FetchBudget, ImageFetcher
+from proxy.fronts.openai_answers import AnswerCounts, rename_answer
 from proxy.fronts.openai_refusals import register_refusals
 from proxy.telemetry.metrics import Observations
 from proxy.wire import openai
@@ -99,6 +100,7 @@ class OpenAIFront:
         self._rules: MediaRules | None = None
         self._retired: set[asyncio.Task[None]] = set()
         self._stream_children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+        self._counts = AnswerCounts(plane.telemetry)
         self._media = plane.telemetry.metric(
             Counter, "mmguard_remote_media_total",
             "Remote media URLs in OpenAI requests, by what mmguard did with them.", ["outcome"])
@@ -226,12 +228,12 @@ class OpenAIFront:
                 drop_connection(request)
             return openai_error(reply, call.shown_decisions())
         body = bodies[-1]
-        self._account_usage(call, _json(body))
+        self._counts.count(call.model, _json(body))
         return web.Response(body=body, headers=call.shown_decisions(),
                             content_type="application/json")
 
     async def _stream(self, request: web.Request, call: Call) -> web.StreamResponse:
-        items = self.plane.stream(call)
+        items = self.plane.stream(call, by_read=True)
         first = await anext(items, None)
         if first is None or isinstance(first, LocalReply):
             await items.aclose()
@@ -257,12 +259,15 @@ class OpenAIFront:
                         break
                     held.append(_error_event(item))
                     break
-                if isinstance(item, SseEvent):
-                    # parsed only to rename, or when it may carry usage / a finish reason
-                    doc = item.json() if rename or _ACCOUNTED.search(item.raw) else None
-                    if doc is not None:
-                        self._account_usage(call, doc)
-                    held.append(_renamed_event(item, doc, call.model) if rename else item.raw)
+                if isinstance(item, SseEvents):  # what one backend read brought
+                    held.append(self._counts.events(call.model, item.raws, rename))
+                    if len(item.raws) > 1:  # the client gets them at once: no gap between
+                        gaps.repeat(0.0, len(item.raws) - 1)
+                    if not item.ended:
+                        await resp.write(held[0] if len(held) == 1 else b"".join(held))
+                        held.clear()
+                elif isinstance(item, SseEvent):  # one by one: a filter wrapped the stream
+                    held.append(self._counts.events(call.model, [item.raw], rename))
                     if not item.more:
                         await resp.write(held[0] if len(held) == 1 else b"".join(held))
                         held.clear()
@@ -295,24 +300,6 @@ class OpenAIFront:
                 t.ttft.labels(model, backend), t.inter_token.labels(model, backend),
                 t.stream_duration.labels(model, backend))
         return found
-
-    def _account_usage(self, call: Call, doc: dict[str, Any] | None) -> None:
-        if not doc:
-            return
-        t = self.plane.telemetry
-        response = doc.get("response")
-        usage = doc.get("usage") or (response.get("usage") if isinstance(response, dict)
-                                     else None)
-        if isinstance(usage, dict):
-            for kind, names in (("prompt", ("prompt_tokens", "input_tokens")),
-                                ("completion", ("completion_tokens", "output_tokens"))):
-                value = next((usage[n] for n in names if isinstance(usage.get(n), int)), None)
-                if value is not None:
-                    t.tokens.labels(call.model, kind).inc(value)
-        for choice in doc.get("choices") or []:
-            reason = choice.get("finish_reason") if isinstance(choice, dict) else None
-            if reason:
-                t.finish_reasons.labels(call.model, str(reason)).inc()
 
     # --- endpoints without filters ---------------------------------------------------------
 
@@ -438,39 +425,15 @@ def _json(body: bytes) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _rename(doc: dict[str, Any], model: str) -> bool:
-    """The client's model name in an answer (top level, or a responses event's ``response``)."""
-    renamed = False
-    for holder in (doc, doc.get("response")):
-        if isinstance(holder, dict) and "model" in holder:
-            holder["model"] = model
-            renamed = True
-    return renamed
-
-
 def _renamed(result: Result, call: Call) -> bytes:
     assert result.wire is not None
     body = result.wire.body
     if call.target is None or call.target.model == call.model:
         return body
     doc = _json(body)
-    if doc is None or not _rename(doc, call.model):
+    if doc is None or not rename_answer(doc, call.model):
         return body
     return json.dumps(doc).encode()
-
-
-_ACCOUNTED = re.compile(rb'"(?:usage|finish_reason)"\s*:\s*[{"]')
-"""An event that may carry token usage or a finish reason (``null`` ones do not count): the
-only events the front parses when it does not rename (a JSON parse per event was ~20 µs, the
-largest per-event cost of a stream)."""
-
-
-def _renamed_event(item: SseEvent, doc: dict[str, Any] | None, model: str) -> bytes:
-    """The event with the client's model name; its other lines (``event: …``) kept."""
-    if doc is None or not _rename(doc, model):
-        return item.raw
-    lines = [ln for ln in item.raw.split(b"\n") if ln and not ln.startswith(b"data:")]
-    return b"\n".join([*lines, b"data: " + json.dumps(doc).encode()]) + b"\n\n"
 
 
 def _error_event(reply: LocalReply) -> bytes:

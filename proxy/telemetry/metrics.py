@@ -335,6 +335,12 @@ class Observations:
         if len(self.values) >= self.every:
             self.flush()
 
+    def repeat(self, value: float, times: int) -> None:
+        """``add(value)`` ``times`` times."""
+        self.values.extend([value] * times)
+        if len(self.values) >= self.every:
+            self.flush()
+
     def flush(self) -> None:
         values, self.values = self.values, []
         if values:

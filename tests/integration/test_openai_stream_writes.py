@@ -2,6 +2,9 @@
 reads: several events in one write, one event cut across two, every event and the stream's end
 in one read (mmguard then sends them and its own end in one write), usage and finish reasons
 counted (compact and spaced JSON, ``null`` ones not), renamed routes renamed on every event.
+Each test runs on the default chain, where the front reads the stream read by read
+(``SseStream.reads``), and behind a filter that wraps the stream (``shape_guard``), where it
+reads it event by event.
 
 The backend is hand-written: it speaks vLLM's SSE wire, and on cue writes its events in the
 groupings a real server only shows under load (events of one read sent together by mmguard is
@@ -68,6 +71,7 @@ class SseBackend:
         app.router.add_get("/version", self._version)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/tokenize", self._tokenize)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -80,6 +84,9 @@ class SseBackend:
 
     async def _ok(self, request: web.Request) -> web.Response:
         return web.Response()
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        return web.json_response({"count": 3, "max_model_len": 128, "tokens": [1, 2, 3]})
 
     async def _version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": "0-fake"})
@@ -115,12 +122,15 @@ def backend() -> Iterator[SseBackend]:
     loop.loop.close()
 
 
-@pytest.fixture(scope="module")
-def proxy(backend: SseBackend) -> Iterator[RunningMmguard]:
-    cfg = {"backends": [{"kind": "vllm", "name": "fake", "url": f"http://127.0.0.1:{backend.port}",
-                         "image_input": "no"}],
-           "models": [{"name": MODEL, "backend": "fake"},
-                      {"name": "renamed", "backend": "fake", "backend_model": MODEL}]}
+@pytest.fixture(scope="module", params=["default chain", "stream wrapped by a filter"])
+def proxy(backend: SseBackend, request: pytest.FixtureRequest) -> Iterator[RunningMmguard]:
+    cfg: dict[str, Any] = {
+        "backends": [{"kind": "vllm", "name": "fake", "url": f"http://127.0.0.1:{backend.port}",
+                      "image_input": "no"}],
+        "models": [{"name": MODEL, "backend": "fake"},
+                   {"name": "renamed", "backend": "fake", "backend_model": MODEL}]}
+    if request.param != "default chain":
+        cfg["defaults"] = {"filters": [{"limits": {}}, {"shape_guard": {}}]}
     with RunningMmguard(cfg) as m:
         m.wait_ready(timeout=60)
         yield m
