@@ -61,7 +61,7 @@ def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 RULED = ("range", "sharpness", "exposure", "noise", "blockiness", "perspective", "tone", "shake",
-         "ghosting", "moire")
+         "ghosting", "moire", "washout")
 GRID = tuple(round(0.05 * i, 2) for i in range(1, 20))
 
 
@@ -215,7 +215,8 @@ def evaluate(only: Sequence[str] = ()) -> dict[str, Any]:
 def table(result: dict[str, Any], all_severities: bool) -> str:
     short = {"finite": "fin", "range": "rng", "constant": "cst", "sharpness": "shp",
              "exposure": "exp", "noise": "noi", "blockiness": "blk", "perspective": "psp",
-             "tone": "ton", "shake": "shk", "ghosting": "gho", "moire": "moi"}
+             "tone": "ton", "shake": "shk", "ghosting": "gho", "moire": "moi",
+             "washout": "wsh"}
     head = (f"{'degradation':13s} {'severity':>10s} " + " ".join(f"{short[k]:>5s}"
             for k in IMAGE_SIGNALS) + f" {'meant':>9s} {'detected':>8s}")
     rules = {**result["opt_in_thresholds"], **result["thresholds"]}

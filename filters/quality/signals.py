@@ -383,7 +383,8 @@ def image_signals(image: NDArray[Any], spec: ImageSpec,
                 "perspective": scenes.perspective(plane), "tone": scenes.tone(plane, lv),
                 "shake": scenes.shake(plane, nz.value),
                 **({"ghosting": scenes.ghosting(plane)} if "ghosting" in optional else {}),
-                **({"moire": scenes.moire(plane)} if "moire" in optional else {})}
+                **({"moire": scenes.moire(plane)} if "moire" in optional else {}),
+                **({"washout": scenes.washout(plane)} if "washout" in optional else {})}
 
 
 # --- scores -------------------------------------------------------------------------------------

@@ -495,7 +495,7 @@ DEGRADATIONS = (
     Degradation("collapse", collapse, (2.0, 4.0, 8.7), 8.7, "sharpness", "factor"),
     Degradation("jpeg", jpeg, (30, 20, 10), 10, "blockiness", "quality"),
     Degradation("gamma", gamma, (1.5, 2.2, 3.0), 3.0, "tone", "gamma"),
-    Degradation("bright_gamma", gamma, (0.7, 0.5, 0.33), 0.5, "", "gamma"),  # no signal reads it
+    Degradation("bright_gamma", gamma, (0.7, 0.5, 0.33), 0.5, "washout", "gamma"),
     Degradation("overexposure", overexposure, (1.5, 2.0, 3.0), 2.0, "exposure", "gain"),
     Degradation("ghost", ghost, (0.05, 0.10, 0.15, 0.25), 0.15, "ghosting", "opacity"),
     Degradation("overlay", overlay, (0.05, 0.10, 0.15), 0.15, "", "opacity"),
