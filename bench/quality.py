@@ -112,6 +112,8 @@ def image_timings(arr: NDArray[Any], spec: qs.ImageSpec, n: int) -> list[tuple[s
         ("perspective (margin edges)", lambda: scenes.perspective(plane)),
         ("tone (key, given levels)", lambda: scenes.tone(plane, lv)),
         ("shake (given the noise sigma)", lambda: scenes.shake(plane, 0.004)),
+        ("washout (key below white, 1/16 grid; opt-in)",
+         lambda: scenes.washout(plane)),
         ("ghosting (256^2 FFT pair, log; only when a rule names it)",
          lambda: scenes.ghosting(plane)),
         ("moire (224^2 real FFT, box sums; only when a rule names it)",
@@ -119,6 +121,7 @@ def image_timings(arr: NDArray[Any], spec: qs.ImageSpec, n: int) -> list[tuple[s
         ("ALL image signals (image_signals)", lambda: qs.image_signals(arr, spec)),
         ("ALL + ghosting", lambda: qs.image_signals(arr, spec, ("ghosting",))),
         ("ALL + moire", lambda: qs.image_signals(arr, spec, ("moire",))),
+        ("ALL + washout", lambda: qs.image_signals(arr, spec, ("washout",))),
     ]
     return [(label, per_call_us(fn, n) if arr.dtype == np.float16 or "FP16" not in label
              else 0.0) for label, fn in timings]

@@ -1,6 +1,7 @@
 """Image signals for the real edge scenes: a phone photo of a screen, a ghosted frame, a tone
-curve that sank the picture or blew it out; and whether a bright picture is drawn (a
-screenshot, clip art) rather than an over-exposed photograph (``graphic``, for exposure).
+curve that sank the picture or blew it out, a bright curve that washed it out (``washout``,
+opt-in); and whether a bright picture is drawn (a screenshot, clip art) rather than an
+over-exposed photograph (``graphic``, for exposure).
 
 Guards against the inputs users really send and the first round's signals could not see: a
 screen photographed at an angle (the seeds' "screenshot distortion": AUC 0.50 before), a faint
@@ -216,11 +217,14 @@ def washout(plane: F32) -> Signal:
     washed out; a hazy or misty scene, a backlit photo or a phone's HDR rendering would too,
     and a snow scene with a dark object in it is read as any picture is."""
     sub = plane[::4, ::4]
-    below = sub[sub < NEAR_WHITE]
+    below = sub[sub < NEAR_WHITE]  # a copy: its log is taken in place
     if below.size == 0:
         return Signal(1.0, 1.0, "key below white (nothing below white)")
-    key = math.exp(float(np.log(below + _KEY_DELTA).sum(dtype=np.float64)) / below.size)
-    if np.count_nonzero(below < _DARKS) < _DARKS_SHARE * sub.size:
+    darks = np.count_nonzero(below < _DARKS)
+    below += _KEY_DELTA
+    np.log(below, out=below)
+    key = math.exp(float(below.sum(dtype=np.float64)) / below.size)
+    if darks < _DARKS_SHARE * sub.size:
         return Signal(1.0, key, "key below white (no dark tones: a high-key scene, not read)")
     return Signal(_ramp(key, WASHOUT_BAD, WASHOUT_GOOD), key, "key below white (log-average "
                   "luminance of the pixels under 0.9)")
