@@ -46,6 +46,7 @@ from filters.quality import values as qv  # noqa: E402
 from filters.quality.differences import differences  # noqa: E402
 from filters.quality.filter import Quality, QualityConfig  # noqa: E402
 from filters.quality.measure import levels  # noqa: E402
+from filters.quality.washout import washout  # noqa: E402
 from proxy.call import Call, Reply, Result, Target  # noqa: E402
 from proxy.chain import FilterContext  # noqa: E402
 from proxy.clock import SystemClock  # noqa: E402
@@ -113,7 +114,7 @@ def image_timings(arr: NDArray[Any], spec: qs.ImageSpec, n: int) -> list[tuple[s
         ("tone (key, given levels)", lambda: scenes.tone(plane, lv)),
         ("shake (given the noise sigma)", lambda: scenes.shake(plane, 0.004)),
         ("washout (key below white, 1/16 grid; opt-in)",
-         lambda: scenes.washout(plane)),
+         lambda: washout(plane)),
         ("ghosting (256^2 FFT pair, log; only when a rule names it)",
          lambda: scenes.ghosting(plane)),
         ("moire (224^2 real FFT, box sums; only when a rule names it)",

@@ -1,7 +1,6 @@
 """Image signals for the real edge scenes: a phone photo of a screen, a ghosted frame, a tone
-curve that sank the picture or blew it out, a bright curve that washed it out (``washout``,
-opt-in); and whether a bright picture is drawn (a screenshot, clip art) rather than an
-over-exposed photograph (``graphic``, for exposure).
+curve that sank the picture or blew it out; and whether a bright picture is drawn (a
+screenshot, clip art) rather than an over-exposed photograph (``graphic``, for exposure).
 
 Guards against the inputs users really send and the first round's signals could not see: a
 screen photographed at an angle (the seeds' "screenshot distortion": AUC 0.50 before), a faint
@@ -25,12 +24,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from filters.quality.measure import BLOWN as _BLOWN
-from filters.quality.measure import F32, NEAR_WHITE, Levels, Signal, levels
+from filters.quality.measure import F32, Levels, Signal, levels
 from filters.quality.measure import ramp as _ramp
 
 SCENE_SIGNALS = ("perspective", "tone", "shake", "ghosting", "moire", "washout")
 # Measured only when a rule names it: ghosting and moire for their cost; washout because no
-# default rule holds on every kind of clean input (a stained slide reads washed out).
+# default rule holds on every kind of clean input (a stained slide reads washed out); its code
+# is filters/quality/washout.py.
 OPTIONAL_SIGNALS = frozenset({"ghosting", "moire", "washout"})
 _EDGE_TOL = 0.03  # luminance: a margin pixel is within this of the border's own colour
 _EDGE_FLAT = 0.015  # luminance: half the border's IQR, at most, for a flat surround
@@ -40,9 +40,6 @@ _OBLIQUE = 0.01  # px per px: an edge leaning more than this is not the frame's 
 KEY_DARK, KEY_LIT = 0.08, 0.18  # log-average luminance; see tone()
 CLIPPED_BAD, CLIPPED_GOOD = 0.45, 0.2  # share clipped white reached by a gradient; tone()
 _KEY_DELTA = np.float32(0.01)
-WASHOUT_BAD, WASHOUT_GOOD = 0.80, 0.40  # key of the pixels below white; see washout()
-_DARKS = np.float32(0.68)  # luminance: a dark tone, for washout, is any pixel under this
-_DARKS_SHARE = 0.01  # washout reads only a picture with at least this share of dark tones
 GHOST_BAD, GHOST_GOOD = 0.16, 0.02  # cepstrum peak off zero; see ghosting()
 _GHOST_FLOOR = 1e-4  # of the mean power, added before the logarithm
 # A pattern's second harmonic counts three times its prominence against the first (a UI's
@@ -197,37 +194,6 @@ def tone(plane: F32, lv: Levels | None = None) -> Signal:
         return Signal(dark, key, "log-average luminance (key)")
     return Signal(bright, blown, f"share of white clipped from a gradient ({clipped:.0%} at "
                   f"white, {near:.0%} just below)")
-
-
-def washout(plane: F32) -> Signal:
-    """A bright tone curve (value^γ, γ < 1: a "lift shadows" or "brighten" slider) that washed
-    the picture out, told from a high-key scene by the shape of its histogram.
-
-    The key (as in ``tone``) of the pixels below white (0.9): a curve lifts every mid-tone and
-    shadow, so a photograph's 0.2-0.5 rises to 0.5-0.7 at γ 0.5, while the white the curve
-    cannot lift further is left out. A white product shot keeps its subject's own key (the
-    backdrop is white, so not counted); a snow field has no dark tones at all, and is not
-    read: the key counts only where at least 1 % of the picture lies under 0.68 (a curve keeps
-    the darkest tones under that up to γ 0.33 on photographs; a snow field starts at 0.72).
-    0.80 scores 0, 0.40 scores 1 (0.5 at 0.60, above every clean photograph of the evaluation
-    set and all but one random crop: docs/quality.md, Round 8). Read on a grid of every 4th
-    row and column (a 16th of the pixels: the log is the cost).
-
-    No default rule (opt-in): a bright-field stained slide, a light page and a light UI read
-    washed out; a hazy or misty scene, a backlit photo or a phone's HDR rendering would too,
-    and a snow scene with a dark object in it is read as any picture is."""
-    sub = plane[::4, ::4]
-    below = sub[sub < NEAR_WHITE]  # a copy: its log is taken in place
-    if below.size == 0:
-        return Signal(1.0, 1.0, "key below white (nothing below white)")
-    darks = np.count_nonzero(below < _DARKS)
-    below += _KEY_DELTA
-    np.log(below, out=below)
-    key = math.exp(float(below.sum(dtype=np.float64)) / below.size)
-    if darks < _DARKS_SHARE * sub.size:
-        return Signal(1.0, key, "key below white (no dark tones: a high-key scene, not read)")
-    return Signal(_ramp(key, WASHOUT_BAD, WASHOUT_GOOD), key, "key below white (log-average "
-                  "luminance of the pixels under 0.9)")
 
 
 def ghosting(plane: F32) -> Signal:

@@ -38,6 +38,7 @@ from filters.quality.measure import ramp as _ramp
 from filters.quality.values import ImageSpec as ImageSpec
 from filters.quality.values import _bounds, channels_of, extrema, finite, value_range
 from filters.quality.values import fmt_value as fmt_value
+from filters.quality.washout import washout
 
 IMAGE_SIGNALS = ("finite", "range", "constant", "sharpness", "exposure", "noise", "blockiness",
                  *scenes.SCENE_SIGNALS)
@@ -384,7 +385,7 @@ def image_signals(image: NDArray[Any], spec: ImageSpec,
                 "shake": scenes.shake(plane, nz.value),
                 **({"ghosting": scenes.ghosting(plane)} if "ghosting" in optional else {}),
                 **({"moire": scenes.moire(plane)} if "moire" in optional else {}),
-                **({"washout": scenes.washout(plane)} if "washout" in optional else {})}
+                **({"washout": washout(plane)} if "washout" in optional else {})}
 
 
 # --- scores -------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The washout signal (filters/quality/scenes.py, ``washout``): a bright tone curve value^γ on a
+"""The washout signal (filters/quality/washout.py): a bright tone curve value^γ on a
 real photograph reads washed out and its clean source does not; the synthetic high-key scenes
 (a white product shot, a snow field: tests/support/photos.py ``high_key``) are not read as a
 curve; an over-exposed gain is measured by exposure and tone exactly as without the signal."""
@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from filters.quality.scenes import OPTIONAL_SIGNALS, washout
+from filters.quality.scenes import OPTIONAL_SIGNALS
 from filters.quality.signals import ImageSpec, image_signals, luminance
+from filters.quality.washout import washout
 from tests.support import photos
 
 HWC = ImageSpec("HWC", (0.0,), (255.0,))
