@@ -1,6 +1,7 @@
 """The edge scenes and canary eligibility through a real front and a real Triton (clip_demo over
 Triton's gRPC): a phone photo of a screen (at an angle, or square on with moiré), a ghosted
-frame and a shaken photograph (at the default rules; and the real shaken clock) made from
+frame, a washed-out photograph (a bright tone curve, opt-in) and a shaken photograph (at the
+default rules; and the real shaken clock) made from
 real photographs are annotated, their clean sources are not; with
 ``canary.eligible`` on the quality filter's alignment, only well-aligned calls become canary
 traffic (a fault experiment on canary traffic hits them and nothing else), the shadow mirrors
@@ -53,6 +54,7 @@ def proxy(triton: TritonServer, tmp_path_factory: pytest.TempPathFactory
     rules = [{"signal": "perspective", "below": 0.5, "action": "annotate"},
              {"signal": "ghosting", "below": 0.5, "action": "annotate"},
              {"signal": "moire", "below": 0.5, "action": "annotate"},
+             {"signal": "washout", "below": 0.5, "action": "annotate"},
              {"signal": "sharpness", "below": 0.5, "action": "annotate"}]
     abort = {"name": "gray", "actions": [{"kind": "abort", "grpc_code": "UNAVAILABLE",
                                           "http_status": 503, "message": "canary fault"}]}
@@ -136,6 +138,22 @@ def test_moire_of_a_screen_is_annotated_and_its_clean_source_is_not(
     screen = photos.moire(source, 0.7, np.random.default_rng(4))
     note = annotated(proxy, "scenes", "moire", source, screen)
     assert "twin spectral peaks (period" in note and note.endswith("threshold 0.5"), note
+
+
+@pytest.mark.parametrize("name", ["chelsea", "grass", "brick"])
+def test_a_washed_out_photo_is_annotated_and_its_clean_source_is_not(
+        proxy: RunningMmguard, name: str) -> None:
+    """A bright tone curve (value^0.5) on a route whose rules name the opt-in washout signal."""
+    source = photo(name)
+    _, clean = answer(proxy.grpc_url, "scenes", clip_inputs(source))
+    assert "washout" not in quality_notes(clean), clean
+    assert scores(clean["mmguard-quality-scores"])["washout"] >= 0.5
+    resp, bad = answer(proxy.grpc_url, "scenes",
+                       clip_inputs(photos.gamma(source, 0.5, np.random.default_rng(0))))
+    assert resp.outputs  # annotated, not refused
+    note = quality_notes(bad)["washout"]
+    assert note.startswith("annotate; input 'pixel_values' image 0: signal 'washout' is 0."), note
+    assert note.endswith("threshold 0.5"), note
 
 
 @pytest.mark.parametrize("name", ["astronaut", "coffee", "chelsea"])
