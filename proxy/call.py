@@ -123,6 +123,9 @@ class Wire:
     body: bytes
     header_length: int | None = None
     content_type: str | None = None
+    head: dict[str, Any] | None = None
+    """An HTTP answer's JSON head as parsed when it came (never edited): a renamed route's
+    answer is rewritten from it without parsing the head again."""
 
     @property
     def api(self) -> Api:

@@ -72,6 +72,11 @@ async def read_body(request: web.Request, limit: int,
 
 
 async def _read_raw(request: web.Request, limit: int, setting: str) -> bytes:
+    if request.content.is_eof():  # all in already (a small body): no iterator to step through
+        data = request.content.read_nowait()
+        if len(data) > limit:
+            raise _too_large(f"request body is over {limit} bytes", limit, setting)
+        return data
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.content.iter_chunked(_STEP):

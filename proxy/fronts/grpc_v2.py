@@ -204,7 +204,7 @@ class GrpcFront:
         out = encoded[-1]  # an answer (not a refusal) was encoded before it counted
         if decisions := call.shown_decisions():
             context.set_trailing_metadata(tuple(decisions.items()))
-        self.plane.telemetry.response_bytes.labels(call.model, "grpc").inc(len(out))
+        self.plane.telemetry.count_response_bytes(call.model, "grpc", len(out))
         return out
 
     async def model_stream_infer(self, requests: AsyncIterator[bytes],

@@ -98,12 +98,14 @@ class HttpFront:
         r.add_post("/v2/repository/models/{model}/load", self.repository_load)
         r.add_post("/v2/repository/models/{model}/unload", self.repository_unload)
         # Triton's router takes only digits as a version: anything else is its 404 Not Found.
-        for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version:[0-9]+}"):
+        bases = ("/v2/models/{model}", "/v2/models/{model}/versions/{version:[0-9]+}")
+        for base in bases:  # first: aiohttp tries these patterns in order, infer is the hot one
+            r.add_post(base + "/infer", self.infer)
+        for base in bases:
             r.add_get(base, self.model_metadata)
             r.add_get(base + "/ready", self.model_ready)
             r.add_get(base + "/config", self.model_config)
             r.add_get(base + "/stats", self.stats)
-            r.add_post(base + "/infer", self.infer)
         fronts.add_http_routes(r, self.shm)
         for path, extension in (("/v2/trace/setting", "trace"),
                                 ("/v2/models/{model}/trace/setting", "trace"),
@@ -248,7 +250,7 @@ class HttpFront:
         headers = dict(call.shown_decisions())
         if hlen is not None:
             headers[kserve_http.HEADER_LENGTH] = str(hlen)
-        self.plane.telemetry.response_bytes.labels(call.model, "http").inc(len(data))
+        self.plane.telemetry.count_response_bytes(call.model, "http", len(data))
         response = web.Response(body=data, headers=headers,
                                 content_type=kserve_http.BINARY_TYPE if hlen is not None
                                 else kserve_http.JSON_TYPE)

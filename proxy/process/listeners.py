@@ -146,8 +146,8 @@ def body_deadline(timeout_s: float, min_rate: int, listener: str, refused: Any) 
 
     @web.middleware
     async def body_deadline(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not request.body_exists:
-            return await handler(request)
+        if not request.body_exists or request.content.is_eof():
+            return await handler(request)  # no body, or all of it in already: nothing to watch
         watch = _BodyWatch(request.content, timeout_s, min_rate, listener)
         try:
             response = await handler(request)

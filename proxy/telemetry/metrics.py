@@ -168,6 +168,9 @@ class Telemetry:
                                  "Decisions filters made (reject, reroute, degrade, inject...).",
                                  ["filter", "model", "decision"], registry=r)
         self._decision_children: dict[tuple[str, str, str], Any] = {}
+        self._response_bytes: dict[tuple[str, str], Any] = {}
+        """(model, front) → its ``mmguard_response_bytes_total`` child (a counter: never
+        removed, so the cached child stays the shown series)."""
         self.backend_ready = Gauge("mmguard_backend_ready", "1 when the backend is ready.",
                                    ["backend"], registry=r,
                                    multiprocess_mode=gauge_mode("mmguard_backend_ready"))
@@ -259,6 +262,15 @@ class Telemetry:
                 self._jitter.get(model) or self._jitter.setdefault(
                     model, Jitter(self.jitter.labels(model))))
         return found
+
+    def count_response_bytes(self, model: str, front: str, size: int) -> None:
+        """An answer's body bytes on ``mmguard_response_bytes_total`` (the child looked up
+        once: ``labels()`` takes a lock and builds a key on every call)."""
+        child = self._response_bytes.get((model, front))
+        if child is None:
+            child = self._response_bytes[(model, front)] = self.response_bytes.labels(model,
+                                                                                       front)
+        child.inc(size)
 
     def observe_latency(self, m: RequestMetrics, seconds: float) -> None:
         m.latency.observe(seconds)

@@ -345,7 +345,7 @@ def decode_response(body: bytes, header_length: str | None, wire_valid: bool,
                 out.append(t)
         return out
 
-    wire = Wire("http", body, hlen) if wire_valid else None
+    wire = Wire("http", body, hlen, head=doc) if wire_valid else None
     return Result(wire=wire, decode=decode)
 
 
@@ -407,7 +407,7 @@ def encode_response(call: Call, result: Result) -> tuple[bytes, int | None]:
             return wire.body, wire.header_length
         # Renamed route: rewrite the small JSON header only; binary tensors stay as they are.
         end = wire.header_length if wire.header_length is not None else len(wire.body)
-        renamed = json.loads(wire.body[:end])
+        renamed = dict(wire.head) if wire.head is not None else json.loads(wire.body[:end])
         renamed["model_name"] = call.model
         header = json.dumps(renamed, separators=(",", ":")).encode()
         if wire.header_length is None:

@@ -23,6 +23,8 @@ class WireError(ValueError):
 
 
 def _varint(view: memoryview | bytes, pos: int) -> tuple[int, int]:
+    if pos < len(view) and view[pos] < 0x80:  # one byte: most tags and small lengths
+        return view[pos], pos + 1
     result = shift = 0
     while True:
         if pos >= len(view):
@@ -102,10 +104,19 @@ def wire_type_at(view: memoryview, start: int) -> int:
 
 def count_varints(view: memoryview) -> int:
     """How many varints a packed field holds: one per byte without the continuation bit."""
+    if len(view) <= _SMALL_PACKED:  # a shape: bytes' own C loop, numpy's set-up costs more
+        if view and view[-1] & 0x80:
+            raise WireError("a packed varint field ends inside a varint")
+        return len(view) - len(bytes(view).translate(None, _CONTINUED))
     data = np.frombuffer(view, dtype=np.uint8)
     if data.size and data[-1] & 0x80:
         raise WireError("a packed varint field ends inside a varint")
     return int(np.count_nonzero(data < 0x80))
+
+
+_SMALL_PACKED = 256
+_CONTINUED = bytes(range(0x80))
+"""``bytes.translate`` deletes these (the bytes that end a varint): what is left continues one."""
 
 
 def decode_varints(view: memoryview | bytes) -> NDArray[np.uint64]:
