@@ -223,27 +223,25 @@ def table(result: dict[str, Any], all_severities: bool) -> str:
     lines = ["ROC AUC per signal (clean photos vs degraded copies); detected = share caught by a "
              "default rule (by its meant signal's default or opt-in rule alone)", head,
              "-" * len(head)]
+
+    def row(label: str, sev: str, mark: str, d: dict[str, Any], r: dict[str, Any]) -> str:
+        return (f"{label:13s} {sev + ' ' + d['unit'][:4]:>10s}{mark}"
+                + " ".join(f"{r['auc'][k]:5.3f}" for k in IMAGE_SIGNALS)
+                + f" {d['signal'] or '-':>9s} {r['detected']:8.0%}"
+                + (f" (by {d['signal']} < {rules[d['signal']]:g}:"
+                   f" {r['detected_by_signal']:.0%})" if d["signal"] in rules else ""))
+
     for name, d in result["degradations"].items():
         for sev, r in d["severities"].items():
             is_source = float(sev) == d["source"]
             if not (all_severities or is_source or len(d["severities"]) <= 4):
                 continue
             mark = "*" if is_source else " "
-            lines.append(f"{name:13s} {sev + ' ' + d['unit'][:4]:>10s}{mark}"
-                         + " ".join(f"{r['auc'][k]:5.3f}" for k in IMAGE_SIGNALS)
-                         + f" {d['signal'] or '-':>9s} {r['detected']:8.0%}"
-                         + (f" (by {d['signal']} < {rules[d['signal']]:g}:"
-                            f" {r['detected_by_signal']:.0%})"
-                            if d["signal"] in rules else ""))
+            lines.append(row(name, sev, mark, d, r))
             for kind, k in d.get("by_kind", {}).items():
-                r = k["severities"][sev]
-                label = f"  {kind[:3]} {k['n_clean']}/{r['n']}"
-                lines.append(f"{label:13s} {sev + ' ' + d['unit'][:4]:>10s}{mark}"
-                             + " ".join(f"{r['auc'][s]:5.3f}" for s in IMAGE_SIGNALS)
-                             + f" {d['signal'] or '-':>9s} {r['detected']:8.0%}"
-                             + (f" (by {d['signal']} < {rules[d['signal']]:g}:"
-                                f" {r['detected_by_signal']:.0%})"
-                                if d["signal"] in rules else ""))
+                r_kind = k["severities"][sev]
+                lines.append(row(f"  {kind[:3]} {k['n_clean']}/{r_kind['n']}", sev, mark, d,
+                                 r_kind))
     lines.append("* the severity the source documents name; indented (doc, scr): the same "
                  "ladder on another kind's clean inputs of every framing (clean n / degraded n)")
     lines.append("")
