@@ -4,7 +4,7 @@ only when a rule names it (``scenes.OPTIONAL_SIGNALS``: no default rule holds on
 clean input). What it catches and confuses on real photographs: docs/quality.md, Round 8.
 
 Rules that MUST hold: the score is finite and in [0, 1]; on the evaluation set, no photograph
-under the curve value^0.5 scores above its clean source (tests/unit/test_quality_photos.py).
+under the curve value^0.5 scores above its clean source (tests/unit/test_quality_tone_bright.py).
 """
 
 from __future__ import annotations

@@ -79,3 +79,13 @@ def test_washout_is_opt_in_and_the_edge_cases_pass() -> None:
     flat = washout(np.full((224, 224), 0.65, np.float32))  # a flat light grey, darks present
     assert flat.score == pytest.approx((0.8 - 0.66) / 0.4, abs=0.01), flat
     assert washout(np.zeros((0, 0), np.float32)).score == 1.0
+
+
+def test_no_photograph_scores_higher_under_a_bright_curve_than_clean() -> None:
+    """The module's rule: on the evaluation set's photographs, value^0.5 never raises the
+    score (a curve never makes a photograph read less washed out)."""
+    found = [(c.name, washout(plane(c.image)).score,
+              washout(plane(photos.gamma(c.image, 0.5, RNG(0)))).score)
+             for c in photos.clean_set() if c.kind == "photo"]
+    assert len(found) == 99
+    assert [f for f in found if f[2] > f[1]] == []
