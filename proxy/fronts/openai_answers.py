@@ -14,17 +14,14 @@ from proxy.telemetry import Telemetry
 
 ACCOUNTED = re.compile(rb'"(?:usage|finish_reason)"\s*:\s*[{"]')
 """An event that may carry token usage or a finish reason (``null`` ones do not count)."""
-MAX_CHILDREN = 1024
-"""Counter children kept by one front: a finish reason is the backend's word."""
 
 
 class AnswerCounts:
     """``mmguard_tokens_total`` and ``mmguard_finish_reasons_total`` from the answers a front
-    sends, their children kept (``labels()`` takes a lock and builds a key: three per stream)."""
+    sends (their children looked up once: ``Telemetry.child``)."""
 
     def __init__(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry
-        self._children: dict[tuple[Any, str, str], Any] = {}
 
     def events(self, model: str, raws: list[bytes], rename: bool) -> bytes:
         """Streamed events as the client gets them (renamed to ``model`` when ``rename``),
@@ -54,20 +51,11 @@ class AnswerCounts:
                                 ("completion", ("completion_tokens", "output_tokens"))):
                 value = next((usage[n] for n in names if isinstance(usage.get(n), int)), None)
                 if value is not None:
-                    self._child(t.tokens, model, kind).inc(value)
+                    t.child(t.tokens, model, kind).inc(value)
         for choice in doc.get("choices") or []:
             reason = choice.get("finish_reason") if isinstance(choice, dict) else None
             if reason:
-                self._child(t.finish_reasons, model, str(reason)).inc()
-
-    def _child(self, counter: Any, model: str, label: str) -> Any:
-        key = (counter, model, label)
-        child = self._children.get(key)
-        if child is None:
-            child = counter.labels(model, label)
-            if len(self._children) < MAX_CHILDREN:
-                self._children[key] = child
-        return child
+                t.child(t.finish_reasons, model, str(reason)).inc()
 
 
 def rename_answer(doc: dict[str, Any], model: str) -> bool:

@@ -45,6 +45,8 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.25, 0.5, 1.0,
                     2.5, 5.0, 10.0, 30.0)
 JITTER_WINDOW = 200
+MAX_CACHED_CHILDREN = 4096
+"""Counter children ``Telemetry.child`` keeps looked up."""
 """Requests per model over which the response jitter coefficient (std / mean) is computed."""
 JITTER_EVERY = 50
 
@@ -167,10 +169,9 @@ class Telemetry:
         self.decisions = Counter("mmguard_filter_decisions_total",
                                  "Decisions filters made (reject, reroute, degrade, inject...).",
                                  ["filter", "model", "decision"], registry=r)
-        self._decision_children: dict[tuple[str, str, str], Any] = {}
-        self._response_bytes: dict[tuple[str, str], Any] = {}
-        """(model, front) → its ``mmguard_response_bytes_total`` child (a counter: never
-        removed, so the cached child stays the shown series)."""
+        self._children: dict[tuple[Any, ...], Any] = {}
+        """(counter, *labels) → its child (``child``): counters' children are never removed,
+        so a cached child stays the shown series."""
         self.backend_ready = Gauge("mmguard_backend_ready", "1 when the backend is ready.",
                                    ["backend"], registry=r,
                                    multiprocess_mode=gauge_mode("mmguard_backend_ready"))
@@ -263,14 +264,21 @@ class Telemetry:
                     model, Jitter(self.jitter.labels(model))))
         return found
 
+    def child(self, counter: Counter, *labels: str) -> Any:
+        """``counter.labels(*labels)``, looked up once per label set (``labels()`` takes a lock
+        and builds a key on every call); at most ``MAX_CACHED_CHILDREN`` kept (a label can be a
+        backend's word, e.g. a finish reason): past that, looked up each time."""
+        key = (counter, *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = counter.labels(*labels)
+            if len(self._children) < MAX_CACHED_CHILDREN:
+                self._children[key] = found
+        return found
+
     def count_response_bytes(self, model: str, front: str, size: int) -> None:
-        """An answer's body bytes on ``mmguard_response_bytes_total`` (the child looked up
-        once: ``labels()`` takes a lock and builds a key on every call)."""
-        child = self._response_bytes.get((model, front))
-        if child is None:
-            child = self._response_bytes[(model, front)] = self.response_bytes.labels(model,
-                                                                                       front)
-        child.inc(size)
+        """An answer's body bytes on ``mmguard_response_bytes_total``."""
+        self.child(self.response_bytes, model, front).inc(size)
 
     def observe_latency(self, m: RequestMetrics, seconds: float) -> None:
         m.latency.observe(seconds)
@@ -312,10 +320,7 @@ class Telemetry:
         if header:
             decision = f"{header}:{decision}"
         labels = (filter_name, call.model, decision)
-        child = self._decision_children.get(labels)
-        if child is None:  # labels() takes a lock and builds a key on every call
-            child = self._decision_children[labels] = self.decisions.labels(*labels)
-        child.inc()
+        self.child(self.decisions, *labels).inc()
         span = trace.get_current_span()
         debug = log.isEnabledFor(logging.DEBUG)
         if not (debug or span.is_recording()):
