@@ -1,5 +1,6 @@
-"""Triton over HTTP/REST (KServe v2 with the binary tensor extension): one aiohttp session with
-keep-alive connections. An unedited HTTP request is forwarded as its original body."""
+"""Triton over HTTP/REST (KServe v2 with the binary tensor extension): infer calls on the lean
+keep-alive client of ``http_client`` (or the aiohttp session, ``infer_client: aiohttp``), every
+other call on the aiohttp session. An unedited HTTP request is forwarded as its original body."""
 
 from __future__ import annotations
 
@@ -10,22 +11,26 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import yarl
 
 from proxy.backends import shm_handoff
 from proxy.backends.base import RepositoryParameter
 from proxy.backends.fingerprint import with_files
 from proxy.backends.http_base import HttpBackend
+from proxy.backends.http_client import HttpPool
 from proxy.backends.propagation import forward_headers
 from proxy.backends.shm_handoff import HandoffPool
 from proxy.backends.triton_grpc import contract_from_triton
 from proxy.call import Call, Result, Target
 from proxy.config.backends import TritonHttpBackendConfig
 from proxy.contract import ModelContract
+from proxy.errors import ErrorKind, ProxyError
 from proxy.telemetry import backend_span
 from proxy.wire import kserve_http
 from proxy.wire.answers import answer_source
 
 _STREAM_ABOVE = 512 * 1024
+_TARGETS_KEPT = 1024  # request targets remembered per backend (a model, a version: one each)
 
 
 async def _parts(parts: list[Any]) -> AsyncIterator[bytes]:
@@ -44,6 +49,9 @@ class TritonHttpBackend(HttpBackend):
         pool = cfg.shared_memory_pool
         self.handoff = (HandoffPool(cfg.name, pool.slots, pool.max_slot_bytes)
                         if cfg.shared_memory == "system" else None)
+        self.pool = (HttpPool(self.base, cfg.pool_size, self._ssl)
+                     if cfg.infer_client == "httptools" else None)
+        self._targets: dict[tuple[str, str], str] = {}
 
     async def ready(self) -> bool:
         return await self._ok("/v2/health/ready")
@@ -75,10 +83,12 @@ class TritonHttpBackend(HttpBackend):
                 return result
         parts, hlen, forwarded = kserve_http.encode_request(call)
         size = sum(len(p) for p in parts)
-        body: Any = parts[0] if len(parts) == 1 else b"".join(parts)
-        if size > _STREAM_ABOVE:
-            # aiohttp warns (and copies) for large bytes bodies; stream the parts as they are.
-            body = _parts(parts)
+        body: Any = parts  # the lean client writes the parts as they are
+        if self.pool is None:
+            body = parts[0] if len(parts) == 1 else b"".join(parts)
+            if size > _STREAM_ABOVE:
+                # aiohttp warns (and copies) for large bytes bodies; stream the parts.
+                body = _parts(parts)
         data, answer_hlen = await self._post_infer(call, target, body, hlen, size)
         return kserve_http.decode_response(data, answer_hlen, forwarded,
                                           answer_source(self.name, target.model))
@@ -94,6 +104,8 @@ class TritonHttpBackend(HttpBackend):
         if hlen is not None:
             headers[kserve_http.HEADER_LENGTH] = str(hlen)
         timeout = self.timeout_for(call)
+        if self.pool is not None:
+            return await self._post_lean(target, body, headers, timeout)
         url = self.base + self._model_path(target.model, target.version) + "/infer"
         try:
             async with asyncio.timeout(timeout):
@@ -106,6 +118,37 @@ class TritonHttpBackend(HttpBackend):
             raise self.deadline_error(target, timeout) from None
         except aiohttp.ClientError as exc:
             raise self._transport_error(exc, target.model) from None
+
+    async def _post_lean(self, target: Target, body: Any, headers: dict[str, str],
+                         limit_s: float) -> tuple[bytes, str | None]:
+        assert self.pool is not None
+        try:
+            head = self.pool.head("POST", self._infer_target(target), headers)
+        except ValueError as exc:
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT, str(exc)) from None
+        if isinstance(body, bytes | memoryview):
+            body = (body,)
+        try:
+            async with asyncio.timeout(limit_s):
+                answer = await self.pool.request(head, body)
+        except TimeoutError:
+            raise self.deadline_error(target, limit_s) from None
+        except OSError as exc:
+            raise self._transport_error(exc, target.model) from None
+        if answer.status != 200:
+            raise self._status_error(answer.status, answer.body)
+        return answer.body, answer.headers.get(kserve_http.HEADER_LENGTH.lower())
+
+    def _infer_target(self, target: Target) -> str:
+        """The request target of a model's infer call, encoded as aiohttp's client would."""
+        key = (target.model, target.version)
+        path = self._targets.get(key)
+        if path is None:
+            if len(self._targets) >= _TARGETS_KEPT:
+                self._targets.clear()
+            url = yarl.URL(self.base + self._model_path(target.model, target.version) + "/infer")
+            path = self._targets[key] = url.raw_path_qs
+        return path
 
     async def _register(self, name: str, key: str, size: int) -> None:
         body = json.dumps({"key": key, "offset": 0, "byte_size": size}).encode()
@@ -130,6 +173,8 @@ class TritonHttpBackend(HttpBackend):
         return contract
 
     async def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
         if self.handoff is not None and self._session is not None:
             try:
                 await self.handoff.close(self._unregister)

@@ -1,0 +1,187 @@
+"""The lean backend client (``proxy/backends/http_client.py``) on real loopback sockets.
+
+What a real Triton does not do on cue — close an idle keep-alive connection, drop a request it
+read, never answer, answer in chunks or with ``Connection: close`` — a scripted HTTP/1.1 server
+does here, over the real wire: each connection reads whole requests (head, then
+Content-Length bytes) and does what the next entry of its script says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from proxy.backends.http_client import BackendDisconnected, HttpPool
+
+
+class Scripted:
+    """A loopback HTTP/1.1 server; ``script`` is consumed one entry per request received."""
+
+    def __init__(self, script: list[str]) -> None:
+        self.script = script
+        self.connections = 0
+        self.open = 0
+        self.most_open = 0
+        self.requests: list[bytes] = []
+        self.closed_by_client = 0
+        self.server: asyncio.Server | None = None
+
+    @property
+    def base(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    self.closed_by_client += 1
+                    return
+                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                body = await reader.readexactly(length)
+                self.requests.append(head + body)
+                step = self.script.pop(0) if self.script else "ok"
+                if step == "drop":  # read the request, answer nothing, close
+                    return
+                if step == "hang":  # read the request, never answer
+                    await reader.read()  # until the client closes
+                    self.closed_by_client += 1
+                    return
+                if step == "slow":
+                    await asyncio.sleep(0.2)
+                if step == "chunked":
+                    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n"
+                                 b"X-Answer: chunked\r\n\r\n"
+                                 b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+                else:
+                    payload = b"echo:" + body
+                    close = step in ("close", "ok-then-close")
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s"
+                                 b"X-Answer: one\r\nX-Answer: two\r\n\r\n%s"
+                                 % (len(payload), b"Connection: close\r\n" if step == "close"
+                                    else b"", payload))
+                    if close:
+                        await writer.drain()
+                        return  # "ok-then-close": closed without saying so (an idle timeout)
+                await writer.drain()
+        finally:
+            self.open -= 1
+            writer.close()
+
+
+@asynccontextmanager
+async def scripted(script: list[str]) -> AsyncIterator[Scripted]:
+    s = Scripted(script)
+    s.server = await asyncio.start_server(s.handle, "127.0.0.1", 0)
+    try:
+        yield s
+    finally:
+        s.server.close()
+
+
+async def post(pool: HttpPool, body: bytes, headers: dict[str, str] | None = None
+               ) -> tuple[int, dict[str, str], bytes]:
+    head = pool.head("POST", "/v2/models/m/infer",
+                     {"Content-Length": str(len(body)), **(headers or {})})
+    answer = await pool.request(head, (body[:3], memoryview(body)[3:]))
+    return answer.status, dict(answer.headers), answer.body
+
+
+async def test_keep_alive_reuses_one_connection_and_reads_the_first_of_repeated_headers() -> None:
+    async with scripted([]) as s:
+        pool = HttpPool(s.base, 4, True)
+        for i in range(5):
+            status, headers, body = await post(pool, b"x%d" % i, {"traceparent": "00-ab-cd-01"})
+            assert (status, body) == (200, b"echo:x%d" % i)
+            assert headers["x-answer"] == "one"
+        assert s.connections == 1
+        assert b"traceparent: 00-ab-cd-01\r\n" in s.requests[0]
+        assert s.requests[0].startswith(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: 127.0.0.1:")
+        pool.close()
+
+
+async def test_a_connection_the_backend_closed_while_idle_is_not_reused() -> None:
+    async with scripted(["ok-then-close", "ok"]) as s:
+        pool = HttpPool(s.base, 4, True)
+        assert (await post(pool, b"a"))[2] == b"echo:a"
+        await asyncio.sleep(0.05)  # the close reaches the client: the connection is known gone
+        assert (await post(pool, b"b"))[2] == b"echo:b"
+        assert s.connections == 2
+        pool.close()
+
+
+async def test_a_request_dropped_on_a_reused_connection_is_an_error_and_is_not_repeated() -> None:
+    # What an idle close racing the request looks like: the backend read it and closed without
+    # a byte of answer. It may have run it: a sequence model must not see it twice.
+    async with scripted(["ok", "drop", "ok"]) as s:
+        pool = HttpPool(s.base, 4, True)
+        assert (await post(pool, b"a"))[2] == b"echo:a"
+        with pytest.raises(BackendDisconnected, match="closed the connection before the end"):
+            await post(pool, b"b")
+        assert [r.endswith(b"b") for r in s.requests] == [False, True]
+        assert (await post(pool, b"c"))[2] == b"echo:c"  # the broken connection is not reused
+        assert s.connections == 2
+        pool.close()
+
+
+async def test_a_timed_out_call_closes_its_connection_and_the_next_call_opens_one() -> None:
+    async with scripted(["hang", "ok"]) as s:
+        pool = HttpPool(s.base, 4, True)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await post(pool, b"a")
+        for _ in range(50):
+            if s.closed_by_client:
+                break
+            await asyncio.sleep(0.02)
+        assert s.closed_by_client == 1  # the late answer cannot reach the next call
+        assert (await post(pool, b"b"))[2] == b"echo:b"
+        assert s.connections == 2
+        pool.close()
+
+
+async def test_chunked_and_connection_close_answers() -> None:
+    async with scripted(["chunked", "close", "ok"]) as s:
+        pool = HttpPool(s.base, 4, True)
+        status, headers, body = await post(pool, b"a")
+        assert (status, body, headers["x-answer"]) == (200, b"hello world", "chunked")
+        assert (await post(pool, b"b"))[2] == b"echo:b"  # same connection, then it closes
+        assert (await post(pool, b"c"))[2] == b"echo:c"  # so a new one
+        assert s.connections == 2
+        pool.close()
+
+
+async def test_never_more_connections_than_the_pool_size() -> None:
+    async with scripted(["slow"] * 8) as s:
+        pool = HttpPool(s.base, 2, True)
+        answers = await asyncio.gather(*(post(pool, b"%d" % i) for i in range(8)))
+        assert sorted(a[2] for a in answers) == sorted(b"echo:%d" % i for i in range(8))
+        assert s.most_open == 2
+        pool.close()
+
+
+@pytest.mark.parametrize("name, value", [("x-a", "v\r\nX-Injected: 1"), ("x-a", "v\nw"),
+                                         ("x-a", "v\0"), ("x a", "v"), ("x:a", "v"),
+                                         ("", "v"), ("x-\u00e9", "v")])
+def test_a_header_that_cannot_be_one_line_is_refused_and_nothing_is_written(
+        name: str, value: str) -> None:
+    pool = HttpPool("http://127.0.0.1:9", 1, True)
+    with pytest.raises(ValueError, match="cannot be sent to the backend"):
+        pool.head("POST", "/", {name: value})
+
+
+def test_the_host_header_and_tls_defaults_follow_the_url() -> None:
+    pool = HttpPool("https://localhost:8443", 1, True)
+    assert (pool.host, pool.port, pool.tls) == ("localhost", 8443, True)
+    assert pool.head("GET", "/v2", {}) == b"GET /v2 HTTP/1.1\r\nHost: localhost:8443\r\n\r\n"
+    plain = HttpPool("http://127.0.0.1", 1, True)
+    assert (plain.port, plain.tls, plain.host_header) == (80, False, "127.0.0.1")
