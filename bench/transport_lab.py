@@ -112,7 +112,9 @@ def _listening(port: int) -> bool:
 def available(names: list[str]) -> tuple[list[str], dict[str, str]]:
     """The variants that can run here, and why the others cannot."""
     missing: dict[str, str] = {}
-    for name, module in (("granian-rsgi", "granian"), ("httptools-uvloop", "httptools")):
+    for name, module in (("granian-rsgi", "granian"), ("httptools-uvloop", "httptools"),
+                         ("aiohttp-rawclient-uvloop", "httptools"),
+                         ("httptools-aioclient-uvloop", "httptools")):
         if name in names:
             try:
                 __import__(module)

@@ -10,6 +10,10 @@ Triton, its bytes back; no parsing, filters, metrics or tracing) on another stac
 * ``httptools-uvloop``: a raw ``asyncio.Protocol`` server parsing with ``httptools`` (the C
   parser uvicorn uses), upstream over pooled keep-alive connections parsed the same way, on
   uvloop;
+* ``aiohttp-rawclient-uvloop``: the aiohttp server of ``aiohttp-uvloop`` with the raw upstream
+  connections of ``httptools-uvloop`` (what the client side alone costs);
+* ``httptools-aioclient-uvloop``: the raw server of ``httptools-uvloop`` with the aiohttp client
+  session of ``aiohttp-uvloop`` (what the server side alone costs);
 * ``granian-rsgi``: not run from here: ``granian --interface rsgi bench.transports:rsgi_app``
   (a Rust HTTP server, hyper + tokio, calling the Python app; aiohttp client upstream, uvloop);
 * ``grpc-aio`` / ``grpc-aio-uvloop``: grpc.aio server + one grpc.aio channel, raw bytes (no
@@ -33,7 +37,8 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 LIMIT = 256 << 20
 GRPC_OPTS = [("grpc.max_receive_message_length", LIMIT), ("grpc.max_send_message_length", LIMIT)]
 GRPC_SERVICE = "inference.GRPCInferenceService"
-HTTP_VARIANTS = ("aiohttp", "aiohttp-uvloop", "httptools-uvloop", "granian-rsgi")
+HTTP_VARIANTS = ("aiohttp", "aiohttp-uvloop", "httptools-uvloop", "aiohttp-rawclient-uvloop",
+                 "httptools-aioclient-uvloop", "granian-rsgi")
 GRPC_VARIANTS = ("grpc-aio", "grpc-aio-uvloop", "grpc-sync")
 
 
@@ -81,6 +86,34 @@ async def serve_aiohttp(port: int, triton_http: str) -> None:
     await _until_signalled()
     await runner.cleanup()
     await session.close()
+
+
+async def serve_aiohttp_rawclient(port: int, triton_http: str) -> None:
+    from aiohttp import web
+
+    host, _, up_port = triton_http.rpartition(":")
+    upstream = _Pool(host, int(up_port))
+
+    async def infer(request: web.Request) -> web.Response:
+        body = await request.read()
+        length = request.headers.get(HEADER_LENGTH)
+        status, answer = await upstream.forward(
+            _upstream_path(request.path.encode()),
+            request.headers.get("Content-Type", "application/json").encode(),
+            length.encode() if length is not None else None, body)
+        h = answer.headers
+        out = ({HEADER_LENGTH: h[b"inference-header-content-length"].decode()}
+               if b"inference-header-content-length" in h else {})
+        return web.Response(body=b"".join(answer.body), status=status, headers=out,
+                            content_type=h.get(b"content-type", b"application/json").decode())
+
+    app = web.Application(client_max_size=LIMIT)
+    app.router.add_post("/v2/models/{model}/infer", infer)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    await _until_signalled()
+    await runner.cleanup()
 
 
 # --- HTTP: a raw protocol with httptools ---------------------------------------------------------
@@ -141,6 +174,85 @@ class _Upstream(asyncio.Protocol):
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.writelines((head, body))
         return await self.waiter
+
+
+class _Pool:
+    """Keep-alive raw upstream connections, one request at a time each."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.idle: list[_Upstream] = []
+
+    async def forward(self, path: bytes, content_type: bytes, header_length: bytes | None,
+                      body: bytes) -> tuple[int, _Message]:
+        head = [b"POST " + path + b" HTTP/1.1", b"Host: " + self.host.encode(),
+                b"Content-Length: " + str(len(body)).encode(), b"Content-Type: " + content_type,
+                b"Accept-Encoding: identity"]
+        if header_length is not None:
+            head.append(b"Inference-Header-Content-Length: " + header_length)
+        up = None
+        while self.idle and up is None:
+            candidate = self.idle.pop()
+            up = None if candidate.lost else candidate
+        if up is None:
+            _, up = await asyncio.get_running_loop().create_connection(_Upstream, self.host,
+                                                                       self.port)
+        answer = await up.send(b"\r\n".join(head) + b"\r\n\r\n", body)
+        self.idle.append(up)
+        return answer
+
+
+class _AioclientDownstream(asyncio.Protocol):
+    """The raw server of ``httptools-uvloop``, forwarding through an aiohttp client session."""
+
+    def __init__(self, session: Any, upstream: str) -> None:
+        import httptools
+
+        self.httptools = httptools
+        self.session, self.upstream = session, upstream
+        self.transport: asyncio.Transport | None = None
+        self.message = _Message()
+        self.parser = httptools.HttpRequestParser(self.message)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
+        if self.message.done:
+            message, self.message = self.message, _Message()
+            self.parser = self.httptools.HttpRequestParser(self.message)
+            asyncio.ensure_future(self._forward(message))  # noqa: RUF006 - ends on its own
+
+    async def _forward(self, message: _Message) -> None:
+        h = message.headers
+        headers = {"Content-Type": h.get(b"content-type", b"application/json").decode(),
+                   "Accept-Encoding": "identity"}
+        if b"inference-header-content-length" in h:
+            headers[HEADER_LENGTH] = h[b"inference-header-content-length"].decode()
+        url = f"http://{self.upstream}{_upstream_path(message.url).decode()}"
+        async with self.session.post(url, data=b"".join(message.body), headers=headers) as r:
+            data = await r.read()
+            out = [b"HTTP/1.1 %d OK" % r.status, b"Content-Length: " + str(len(data)).encode(),
+                   b"Content-Type: " + r.headers.get("Content-Type", "application/json").encode()]
+            if HEADER_LENGTH in r.headers:
+                out.append(b"Inference-Header-Content-Length: "
+                           + r.headers[HEADER_LENGTH].encode())
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.writelines((b"\r\n".join(out) + b"\r\n\r\n", data))
+
+
+async def serve_httptools_aioclient(port: int, triton_http: str) -> None:
+    from aiohttp import ClientSession, TCPConnector
+
+    session = ClientSession(connector=TCPConnector(limit=64, keepalive_timeout=60),
+                            auto_decompress=False)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: _AioclientDownstream(session, triton_http),
+                                      "127.0.0.1", port)
+    await _until_signalled()
+    server.close()
+    await session.close()
 
 
 class _Downstream(asyncio.Protocol):
@@ -297,6 +409,8 @@ def main(argv: list[str]) -> None:
     coro = {"aiohttp": lambda: serve_aiohttp(port, triton_http),
             "aiohttp-uvloop": lambda: serve_aiohttp(port, triton_http),
             "httptools-uvloop": lambda: serve_httptools(port, triton_http),
+            "aiohttp-rawclient-uvloop": lambda: serve_aiohttp_rawclient(port, triton_http),
+            "httptools-aioclient-uvloop": lambda: serve_httptools_aioclient(port, triton_http),
             "grpc-aio": lambda: serve_grpc_aio(port, triton_grpc),
             "grpc-aio-uvloop": lambda: serve_grpc_aio(port, triton_grpc)}[variant]()
     if variant.endswith("uvloop"):
