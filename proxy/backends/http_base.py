@@ -1,18 +1,26 @@
 """What the HTTP backends share: one keep-alive aiohttp session per backend, made inside the
 running loop, TLS (a ``tls`` block, or an ``https://`` url with the system's trust store), health
-probes, JSON GETs and the error that names the backend and its address."""
+probes, JSON GETs and the error that names the backend and its address; and, for inference
+calls, the lean client of ``http_client`` (``infer_client: httptools``, the default)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
+from collections.abc import Iterable
 from typing import Any
 
 import aiohttp
+import yarl
 
 from proxy.backends.base import Backend
+from proxy.backends.http_client import Answer, HttpPool, Streamed
+from proxy.call import Target
 from proxy.config.tls import TlsClient, backend_ssl_context
 from proxy.errors import ErrorKind, ProxyError, kind_from_http
+
+_TARGETS_KEPT = 1024  # request targets remembered per backend (one per model and endpoint)
 
 
 class HttpBackend(Backend):
@@ -27,6 +35,9 @@ class HttpBackend(Backend):
         self._pool_size = pool_size
         self._auto_decompress = auto_decompress
         self._session: aiohttp.ClientSession | None = None
+        self.pool: HttpPool | None = None
+        """The lean client of inference calls; None: they go through the session too."""
+        self._targets: dict[str, str] = {}
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -77,7 +88,52 @@ class HttpBackend(Backend):
                           f"backend '{self.name}' ({self.base}) is unavailable for model "
                           f"'{model}': {type(exc).__name__}: {exc}")
 
+    # --- inference calls on the lean client --------------------------------------------------
+
+    def _use_lean_client(self, infer_client: str) -> None:
+        if infer_client == "httptools":
+            self.pool = HttpPool(self.base, self._pool_size, self._ssl)
+
+    def _lean_head(self, path: str, headers: dict[str, str], length: int) -> bytes:
+        """A POST's head to ``path`` (encoded as aiohttp's client encodes a url) for a body
+        of ``length`` bytes."""
+        assert self.pool is not None
+        target = self._targets.get(path)
+        if target is None:
+            if len(self._targets) >= _TARGETS_KEPT:
+                self._targets.clear()
+            target = self._targets[path] = yarl.URL(self.base + path).raw_path_qs
+        try:
+            return self.pool.head("POST", target, headers, length)
+        except ValueError as exc:
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT, str(exc)) from None
+
+    async def _lean_post(self, head: bytes, body: Iterable[bytes | memoryview], limit_s: float,
+                         target: Target) -> Answer:
+        assert self.pool is not None
+        try:
+            async with asyncio.timeout(limit_s):
+                return await self.pool.request(head, body)
+        except TimeoutError:
+            raise self.deadline_error(target, limit_s) from None
+        except OSError as exc:
+            raise self._transport_error(exc, target.model) from None
+
+    async def _lean_stream(self, head: bytes, body: Iterable[bytes | memoryview],
+                           limit_s: float, target: Target) -> Streamed:
+        """The deadline bounds the wait for the answer's head; a long stream may run on."""
+        assert self.pool is not None
+        try:
+            async with asyncio.timeout(limit_s):
+                return await self.pool.open_stream(head, body)
+        except TimeoutError:
+            raise self.deadline_error(target, limit_s) from None
+        except OSError as exc:
+            raise self._transport_error(exc, target.model) from None
+
     async def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -22,7 +22,7 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import httptools
@@ -39,6 +39,87 @@ class Answer(NamedTuple):
     body: bytes
 
 
+class _Head(NamedTuple):
+    status: int
+    headers: Mapping[str, str]
+    body: Body
+
+
+class Body:
+    """A streamed answer's body as it arrives: one item per socket read (de-chunked). Past
+    ``PAUSE_ABOVE`` bytes waiting to be read, the socket is not read until they are."""
+
+    PAUSE_ABOVE = 1 << 20
+
+    def __init__(self, conn: _Conn) -> None:
+        self._conn = conn
+        self._reads: deque[bytes] = deque()
+        self._pending: list[bytes] = []  # this socket read's pieces
+        self._waiting = 0
+        self._paused = False
+        self._wake: asyncio.Future[None] | None = None
+        self.ended = False
+        self.error: Exception | None = None
+
+    def _piece(self, data: bytes) -> None:
+        self._pending.append(data)
+
+    def _read_done(self) -> None:
+        if self._pending:
+            data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
+            self._pending = []
+            self._reads.append(data)
+            self._waiting += len(data)
+            if self._waiting > self.PAUSE_ABOVE and not self._paused:
+                self._paused = True
+                if self._conn.transport is not None:
+                    self._conn.transport.pause_reading()
+        self._notify()
+
+    def _end(self) -> None:
+        self._read_done()
+        self.ended = True
+        self._notify()
+
+    def _fail(self, exc: Exception) -> None:
+        if not self.ended:
+            self.error = exc
+            self._notify()
+
+    def _notify(self) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    async def read(self) -> tuple[bytes, bool]:
+        """The next read's bytes, and whether the body ended with them ((b"", True) after
+        the end); the connection's error once what came before it has been read."""
+        while not self._reads and not self.ended and self.error is None:
+            self._wake = asyncio.get_running_loop().create_future()
+            try:
+                await self._wake
+            finally:
+                self._wake = None
+        if self._reads:
+            data = self._reads.popleft()
+            self._waiting -= len(data)
+            if self._paused and self._waiting <= self.PAUSE_ABOVE // 2:
+                self._paused = False
+                if self._conn.transport is not None and not self._conn.lost:
+                    self._conn.transport.resume_reading()
+            return data, self.ended and not self._reads
+        if self.error is not None:
+            raise self.error
+        return b"", True
+
+    async def read_all(self) -> bytes:
+        parts = []
+        ended = False
+        while not ended:
+            data, ended = await self.read()
+            parts.append(data)
+        return b"".join(parts)
+
+
 class BackendDisconnected(ConnectionError):
     """The backend closed the connection before the end of its answer."""
 
@@ -53,7 +134,9 @@ class _Conn(asyncio.Protocol):
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self.waiter: asyncio.Future[Answer] | None = None
+        self.waiter: asyncio.Future[Any] | None = None
+        self.streaming = False
+        self.body: Body | None = None  # the streamed answer being read
         self.lost = False
         self.keep = False
         self.idle_since = 0.0
@@ -65,13 +148,32 @@ class _Conn(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
 
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if not self.streaming or status < 200:
+            return
+        self.keep = bool(self.parser.should_keep_alive())
+        waiter, self.waiter = self.waiter, None
+        if waiter is None or waiter.done():
+            self.close()
+            return
+        self.body = Body(self)
+        waiter.set_result(_Head(status, self.headers, self.body))
+
     def on_body(self, body: bytes) -> None:
-        self.chunks.append(body)
+        if self.body is not None:
+            self.body._piece(body)
+        else:
+            self.chunks.append(body)
 
     def on_message_complete(self) -> None:
         status = self.parser.get_status_code()
         if status < 200:  # an interim answer (100 Continue): the real one follows
             self.headers = {}
+            return
+        if self.body is not None:
+            self.keep = self.keep and bool(self.parser.should_keep_alive())
+            self.body._end()
             return
         waiter, self.waiter = self.waiter, None
         if waiter is None or waiter.done():  # a second answer to one request
@@ -85,14 +187,16 @@ class _Conn(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
-        if self.waiter is None:  # nothing asked: the backend is out of step
-            self.close()
+        if self.waiter is None and (self.body is None or self.body.ended):  # nothing asked
+            self.close()  # the backend is out of step
             return
         try:
             self.parser.feed_data(data)
         except Exception as exc:  # httptools' parse errors, an upgrade
             self._fail(BackendProtocolError(f"unreadable answer: {type(exc).__name__}: {exc}"))
             self.close()
+        if self.body is not None:  # this read's pieces of a streamed body, as one item
+            self.body._read_done()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -103,12 +207,17 @@ class _Conn(asyncio.Protocol):
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
+        if self.body is not None:
+            self.body._fail(exc)
 
-    async def send(self, head: bytes, body: Iterable[bytes | memoryview]) -> Answer:
+    async def send(self, head: bytes, body: Iterable[bytes | memoryview],
+                   streaming: bool = False) -> Any:
+        """The whole ``Answer``, or with ``streaming`` a ``_Head`` once the headers are in."""
         assert self.transport is not None
         self.parser = httptools.HttpResponseParser(self)
         self.headers, self.chunks = {}, []
-        waiter: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self.streaming, self.body = streaming, None
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.waiter = waiter
         self.transport.writelines((head, *body))
         try:
@@ -139,11 +248,15 @@ class HttpPool:
         self._slots: asyncio.Semaphore | None = None
         self._idle: deque[_Conn] = deque()
 
-    def head(self, method: str, target: str, headers: Mapping[str, str]) -> bytes:
-        """The request line and headers; ``ValueError`` for a name or value that cannot be one
+    def head(self, method: str, target: str, headers: Mapping[str, str], length: int) -> bytes:
+        """The request line and headers, ``Content-Length`` the body's ``length`` (one given
+        in ``headers`` is not repeated); ``ValueError`` for a name or value that cannot be one
         header line (nothing is written then)."""
-        lines = [f"{method} {target} HTTP/1.1", f"Host: {self.host_header}"]
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {self.host_header}",
+                 f"Content-Length: {length}"]
         for name, value in headers.items():
+            if name.lower() == "content-length":
+                continue
             if (not name or not name.isascii() or not name.isprintable() or " " in name
                     or ":" in name or value.translate(_BAD_VALUE) != value):
                 raise ValueError(f"header {name!r} cannot be sent to the backend: its name or "
@@ -162,16 +275,43 @@ class HttpPool:
     async def _exchange(self, conn: _Conn, head: bytes, body: Iterable[bytes | memoryview]
                         ) -> Answer:
         try:
-            answer = await conn.send(head, body)
+            answer: Answer = await conn.send(head, body)
         except BaseException:
             conn.close()  # cancelled, timed out or broken: an answer may still be coming
             raise
-        if conn.keep and not conn.lost:
+        self._done_with(conn, True)
+        return answer
+
+    async def open_stream(self, head: bytes, body: Iterable[bytes | memoryview]) -> Streamed:
+        """A request whose answer is read as it arrives; ``Streamed.release`` (always) hands
+        its connection back, or closes it when its answer was not read to the end."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.limit)
+        await self._slots.acquire()
+        try:
+            conn = self._reuse() or await self._connect()
+            try:
+                first: _Head = await conn.send(head, body, streaming=True)
+            except BaseException:
+                conn.close()
+                raise
+        except BaseException:
+            self._slots.release()
+            raise
+        return Streamed(self, conn, first)
+
+    def _done_with(self, conn: _Conn, whole: bool) -> None:
+        if whole and conn.keep and not conn.lost:
             conn.idle_since = time.monotonic()
+            conn.body = None
             self._idle.append(conn)
         else:
             conn.close()
-        return answer
+
+    def _release(self, conn: _Conn, whole: bool) -> None:
+        self._done_with(conn, whole)
+        if self._slots is not None:
+            self._slots.release()
 
     def _reuse(self) -> _Conn | None:
         now = time.monotonic()
@@ -192,3 +332,18 @@ class HttpPool:
     def close(self) -> None:
         while self._idle:
             self._idle.pop().close()
+
+
+class Streamed:
+    """A streamed answer: its status, headers and ``body``; ``release`` exactly once."""
+
+    def __init__(self, pool: HttpPool, conn: _Conn, head: _Head) -> None:
+        self._pool, self._conn = pool, conn
+        self.status, self.headers, self.body = head.status, head.headers, head.body
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            whole = self.body.ended and self.body.error is None  # all of it came
+            self._pool._release(self._conn, whole)

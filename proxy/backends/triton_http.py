@@ -11,26 +11,22 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-import yarl
 
 from proxy.backends import shm_handoff
 from proxy.backends.base import RepositoryParameter
 from proxy.backends.fingerprint import with_files
 from proxy.backends.http_base import HttpBackend
-from proxy.backends.http_client import HttpPool
 from proxy.backends.propagation import forward_headers
 from proxy.backends.shm_handoff import HandoffPool
 from proxy.backends.triton_grpc import contract_from_triton
 from proxy.call import Call, Result, Target
 from proxy.config.backends import TritonHttpBackendConfig
 from proxy.contract import ModelContract
-from proxy.errors import ErrorKind, ProxyError
 from proxy.telemetry import backend_span
 from proxy.wire import kserve_http
 from proxy.wire.answers import answer_source
 
 _STREAM_ABOVE = 512 * 1024
-_TARGETS_KEPT = 1024  # request targets remembered per backend (a model, a version: one each)
 
 
 async def _parts(parts: list[Any]) -> AsyncIterator[bytes]:
@@ -49,9 +45,7 @@ class TritonHttpBackend(HttpBackend):
         pool = cfg.shared_memory_pool
         self.handoff = (HandoffPool(cfg.name, pool.slots, pool.max_slot_bytes)
                         if cfg.shared_memory == "system" else None)
-        self.pool = (HttpPool(self.base, cfg.pool_size, self._ssl)
-                     if cfg.infer_client == "httptools" else None)
-        self._targets: dict[tuple[str, str], str] = {}
+        self._use_lean_client(cfg.infer_client)
 
     async def ready(self) -> bool:
         return await self._ok("/v2/health/ready")
@@ -105,7 +99,7 @@ class TritonHttpBackend(HttpBackend):
             headers[kserve_http.HEADER_LENGTH] = str(hlen)
         timeout = self.timeout_for(call)
         if self.pool is not None:
-            return await self._post_lean(target, body, headers, timeout)
+            return await self._post_lean(target, body, headers, timeout, size)
         url = self.base + self._model_path(target.model, target.version) + "/infer"
         try:
             async with asyncio.timeout(timeout):
@@ -120,35 +114,14 @@ class TritonHttpBackend(HttpBackend):
             raise self._transport_error(exc, target.model) from None
 
     async def _post_lean(self, target: Target, body: Any, headers: dict[str, str],
-                         limit_s: float) -> tuple[bytes, str | None]:
-        assert self.pool is not None
-        try:
-            head = self.pool.head("POST", self._infer_target(target), headers)
-        except ValueError as exc:
-            raise ProxyError(ErrorKind.INVALID_ARGUMENT, str(exc)) from None
-        if isinstance(body, bytes | memoryview):
-            body = (body,)
-        try:
-            async with asyncio.timeout(limit_s):
-                answer = await self.pool.request(head, body)
-        except TimeoutError:
-            raise self.deadline_error(target, limit_s) from None
-        except OSError as exc:
-            raise self._transport_error(exc, target.model) from None
+                         limit_s: float, size: int) -> tuple[bytes, str | None]:
+        head = self._lean_head(self._model_path(target.model, target.version) + "/infer",
+                               headers, size)
+        answer = await self._lean_post(head, (body,) if isinstance(body, bytes | memoryview)
+                                       else body, limit_s, target)
         if answer.status != 200:
             raise self._status_error(answer.status, answer.body)
         return answer.body, answer.headers.get(kserve_http.HEADER_LENGTH.lower())
-
-    def _infer_target(self, target: Target) -> str:
-        """The request target of a model's infer call, encoded as aiohttp's client would."""
-        key = (target.model, target.version)
-        path = self._targets.get(key)
-        if path is None:
-            if len(self._targets) >= _TARGETS_KEPT:
-                self._targets.clear()
-            url = yarl.URL(self.base + self._model_path(target.model, target.version) + "/infer")
-            path = self._targets[key] = url.raw_path_qs
-        return path
 
     async def _register(self, name: str, key: str, size: int) -> None:
         body = json.dumps({"key": key, "offset": 0, "byte_size": size}).encode()
@@ -173,8 +146,6 @@ class TritonHttpBackend(HttpBackend):
         return contract
 
     async def close(self) -> None:
-        if self.pool is not None:
-            self.pool.close()
         if self.handoff is not None and self._session is not None:
             try:
                 await self.handoff.close(self._unregister)

@@ -1,4 +1,6 @@
-"""vLLM over its OpenAI-compatible HTTP API: one aiohttp session, SSE forwarded event by event.
+"""vLLM over its OpenAI-compatible HTTP API: inference calls on the lean keep-alive client of
+``http_client`` (or the aiohttp session, ``infer_client: aiohttp``), every other call on the
+session; SSE forwarded as it arrives.
 
 The contract comes from ``/v1/models`` (``max_model_len``) and ``/version``; whether the model
 takes images is declared in config or probed once with a one-token request. Token counts come
@@ -19,6 +21,7 @@ import aiohttp
 
 from proxy.backends.fingerprint import PROBES, tokenizer_part
 from proxy.backends.http_base import HttpBackend
+from proxy.backends.http_client import Body
 from proxy.backends.propagation import forward_headers
 from proxy.call import (
     Call,
@@ -52,6 +55,7 @@ class VllmBackend(HttpBackend):
     def __init__(self, cfg: VllmBackendConfig) -> None:
         super().__init__(cfg.name, cfg.url, cfg.timeout_s, cfg.pool_size, tls=cfg.tls)
         self.cfg = cfg
+        self._use_lean_client(cfg.infer_client)
         self._accepts_images: dict[str, bool | None] = {}
 
     async def ready(self) -> bool:
@@ -136,6 +140,14 @@ class VllmBackend(HttpBackend):
         sent = forward_headers(headers or {})
         if body is not None:
             sent["Content-Type"] = "application/json"
+        if self.pool is not None and method == "POST" and body is not None:  # /tokenize: hot
+            head = self._lean_head(path, sent, len(body))
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    answer = await self.pool.request(head, (body,))
+            except OSError as exc:
+                raise self._transport_error(exc, path) from None
+            return answer.status, answer.headers.get("content-type", ""), answer.body
         try:
             async with self.session.request(
                     method, self.base + path, data=body, headers=sent,
@@ -181,6 +193,13 @@ class VllmBackend(HttpBackend):
     async def _infer_once(self, call: Call, target: Target) -> Result:
         url, body, headers = self._request(call, target)
         timeout = self.timeout_for(call)
+        if self.pool is not None:
+            answer = await self._lean_post(self._lean_head(call.endpoint, headers, len(body)),
+                                           (body,),
+                                           timeout, target)
+            if answer.status != 200:
+                raise self._status_error(answer.status, answer.body)
+            return Result(target.model, wire=Wire("openai", answer.body))
         try:
             async with asyncio.timeout(timeout):
                 async with self.session.post(url, data=body, headers=headers) as r:
@@ -201,24 +220,33 @@ class VllmBackend(HttpBackend):
                      ) -> AsyncGenerator[SseEvents | LocalReply, None]:
         url, body, headers = self._request(call, target)
         timeout = self.timeout_for(call)
+        if self.pool is not None:
+            streamed = await self._lean_stream(self._lean_head(call.endpoint, headers, len(body)),
+                                           (body,),
+                                               timeout, target)
+            status, read_body, release = streamed.status, streamed.body.read_all, streamed.release
+            chunks = _lean_chunks(streamed.body)
+        else:
+            try:
+                # The deadline bounds the wait for the answer to start; a long stream may run on.
+                async with asyncio.timeout(timeout):
+                    resp = await self.session.post(url, data=body, headers=headers)
+            except TimeoutError:
+                raise self.deadline_error(target, timeout) from None
+            except aiohttp.ClientError as exc:
+                raise self._transport_error(exc, target.model) from None
+            status, read_body, release = resp.status, resp.read, resp.release
+            chunks = _session_chunks(resp)
         try:
-            # The deadline bounds the wait for the answer to start; a long stream may run on.
-            async with asyncio.timeout(timeout):
-                resp = await self.session.post(url, data=body, headers=headers)
-        except TimeoutError:
-            raise self.deadline_error(target, timeout) from None
-        except aiohttp.ClientError as exc:
-            raise self._transport_error(exc, target.model) from None
-        try:
-            if resp.status != 200:
-                raise self._status_error(resp.status, await resp.read())
+            if status != 200:
+                raise self._status_error(status, await read_body())
             splitter = SseSplitter()  # \n\n, \r\n\r\n and \r\r all end an event
-            async for chunk in resp.content.iter_any():
+            async for chunk, ended in chunks:
                 events = splitter.feed(chunk)
                 # All that came in this read goes out together; so does the stream's end when
                 # it came in the same read (vLLM's [DONE] and its last chunk often do).
                 if events:
-                    yield SseEvents(events, ended=resp.content.at_eof())
+                    yield SseEvents(events, ended=ended)
             last = splitter.end()
             if last:
                 yield SseEvents(last, ended=True)
@@ -230,7 +258,21 @@ class VllmBackend(HttpBackend):
                              f"backend '{self.name}' ({self.base}) broke off the stream for model "
                              f"'{target.model}': {type(exc).__name__}: {exc}")
         finally:
-            resp.release()
+            release()
+
+
+async def _lean_chunks(body: Body) -> AsyncIterator[tuple[bytes, bool]]:
+    """Each socket read of a streamed answer, and whether the answer ended with it."""
+    ended = False
+    while not ended:
+        chunk, ended = await body.read()
+        if chunk:
+            yield chunk, ended
+
+
+async def _session_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[tuple[bytes, bool]]:
+    async for chunk in resp.content.iter_any():
+        yield chunk, resp.content.at_eof()
 
 
 def _json_or_none(body: bytes) -> dict[str, Any] | None:

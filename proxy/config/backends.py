@@ -118,6 +118,10 @@ class VllmBackendConfig(Strict):
     """Whether the model takes images; auto probes once with a one-token request."""
     tls: TlsClient | None = None
     """TLS to vLLM; an ``https://`` url without it uses the system's trust store."""
+    infer_client: Literal["httptools", "aiohttp"] = "httptools"
+    """The client of chat, completion and responses calls, streamed or not: ``httptools``, a
+    lean keep-alive HTTP/1.1 client, or ``aiohttp``, the session every other call to this
+    server (health, models, tokenize) uses."""
 
     @model_validator(mode="after")
     def _scheme(self) -> VllmBackendConfig:

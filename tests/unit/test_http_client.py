@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from proxy.backends.http_client import BackendDisconnected, HttpPool
+from proxy.backends.http_client import BackendDisconnected, HttpPool, Streamed
 
 
 class Scripted:
@@ -58,6 +58,20 @@ class Scripted:
                     return
                 if step == "slow":
                     await asyncio.sleep(0.2)
+                if step in ("stream", "stream-forever"):  # an SSE-like answer, read by read
+                    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                    for i in range(3 if step == "stream" else 10_000):
+                        writer.write(b"6\r\nevent%d\r\n" % (i % 10))
+                        await writer.drain()
+                        await asyncio.sleep(0.02)
+                        if writer.is_closing() or reader.at_eof():
+                            break
+                    if step == "stream-forever":
+                        self.closed_by_client += 1
+                        return
+                    writer.write(b"0\r\n\r\n")
+                    await writer.drain()
+                    continue
                 if step == "chunked":
                     writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n"
                                  b"X-Answer: chunked\r\n\r\n"
@@ -90,8 +104,8 @@ async def scripted(script: list[str]) -> AsyncIterator[Scripted]:
 
 async def post(pool: HttpPool, body: bytes, headers: dict[str, str] | None = None
                ) -> tuple[int, dict[str, str], bytes]:
-    head = pool.head("POST", "/v2/models/m/infer",
-                     {"Content-Length": str(len(body)), **(headers or {})})
+    head = pool.head("POST", "/v2/models/m/infer", {"content-length": "999", **(headers or {})},
+                     len(body))
     answer = await pool.request(head, (body[:3], memoryview(body)[3:]))
     return answer.status, dict(answer.headers), answer.body
 
@@ -105,6 +119,8 @@ async def test_keep_alive_reuses_one_connection_and_reads_the_first_of_repeated_
             assert headers["x-answer"] == "one"
         assert s.connections == 1
         assert b"traceparent: 00-ab-cd-01\r\n" in s.requests[0]
+        assert s.requests[0].lower().count(b"content-length:") == 1  # the body's, not "999"
+        assert b"Content-Length: 2\r\n" in s.requests[0]
         assert s.requests[0].startswith(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: 127.0.0.1:")
         pool.close()
 
@@ -176,12 +192,52 @@ def test_a_header_that_cannot_be_one_line_is_refused_and_nothing_is_written(
         name: str, value: str) -> None:
     pool = HttpPool("http://127.0.0.1:9", 1, True)
     with pytest.raises(ValueError, match="cannot be sent to the backend"):
-        pool.head("POST", "/", {name: value})
+        pool.head("POST", "/", {name: value}, 0)
 
 
 def test_the_host_header_and_tls_defaults_follow_the_url() -> None:
     pool = HttpPool("https://localhost:8443", 1, True)
     assert (pool.host, pool.port, pool.tls) == ("localhost", 8443, True)
-    assert pool.head("GET", "/v2", {}) == b"GET /v2 HTTP/1.1\r\nHost: localhost:8443\r\n\r\n"
+    assert pool.head("GET", "/v2", {}, 0) == (b"GET /v2 HTTP/1.1\r\nHost: localhost:8443\r\n"
+                                              b"Content-Length: 0\r\n\r\n")
     plain = HttpPool("http://127.0.0.1", 1, True)
     assert (plain.port, plain.tls, plain.host_header) == (80, False, "127.0.0.1")
+
+
+async def _stream(pool: HttpPool) -> Streamed:
+    return await pool.open_stream(pool.head("POST", "/v1/chat/completions", {}, 1), (b"x",))
+
+
+async def test_a_streamed_answer_comes_read_by_read_and_its_connection_is_reused() -> None:
+    async with scripted(["stream", "ok"]) as s:
+        pool = HttpPool(s.base, 4, True)
+        streamed = await _stream(pool)
+        reads = []
+        ended = False
+        while not ended:
+            data, ended = await streamed.body.read()
+            reads.append(data)
+        streamed.release()
+        assert streamed.status == 200
+        assert b"".join(reads) == b"event0event1event2"
+        assert len([r for r in reads if r]) == 3  # one item per read, not one at the end
+        assert (await post(pool, b"b"))[2] == b"echo:b"
+        assert s.connections == 1
+        pool.close()
+
+
+async def test_a_stream_left_before_its_end_closes_its_connection() -> None:
+    # What makes vLLM stop generating for a client that went away.
+    async with scripted(["stream-forever", "ok"]) as s:
+        pool = HttpPool(s.base, 1, True)
+        streamed = await _stream(pool)
+        assert (await streamed.body.read())[0] == b"event0"
+        streamed.release()
+        assert (await post(pool, b"b"))[2] == b"echo:b"  # the pool's one slot was given back
+        for _ in range(100):
+            if s.closed_by_client:
+                break
+            await asyncio.sleep(0.02)
+        assert s.closed_by_client == 1
+        assert s.connections == 2
+        pool.close()
