@@ -134,6 +134,7 @@ class HttpBackend(Backend):
     async def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
+            await asyncio.sleep(0)  # a closed transport lets its socket go on the next turn
         if self._session is not None:
             await self._session.close()
             self._session = None
