@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from filters.quality.measure import BLOWN as _BLOWN
-from filters.quality.measure import F32, Levels, Signal, levels
+from filters.quality.measure import F32, Levels, Signal, levels, tile_sums
 from filters.quality.measure import ramp as _ramp
 
 SCENE_SIGNALS = ("perspective", "tone", "shake", "ghosting", "moire", "washout")
@@ -461,26 +461,32 @@ def shake(plane: F32, sigma: float) -> Signal:
     if min(h, w) < 8 * t:
         return Signal(1.0, 2.0, "noise-free edge ratio (image too small)")
     # Every other pixel of every other row (a quarter of the cost; a tile keeps ~800 samples),
-    # read from the plane's four parity lattices, each copied once so that every neighbour of
-    # the sampled pixels is a contiguous slice.
+    # read from the plane's four parity lattices, copied once into one buffer. Each lattice
+    # keeps a row stride of m + 1, so every neighbour of the sampled pixels is one contiguous
+    # run of the flat buffer (one loop per difference, not one per row): the last column of
+    # each row of a difference steps into the next row and is never summed.
     th, tw = (h - 2) // (2 * t), (w - 2) // (2 * t)
     n, m = th * t, tw * t
-    lattice = [[np.ascontiguousarray(plane[a:2 * n + 2:2, b:2 * m + 2:2]) for b in (0, 1)]
-               for a in (0, 1)]
-    centre = lattice[1][1][:n, :m]
+    stride, size = m + 1, n * (m + 1)
+    lattices = np.empty((2, 2, (n + 1) * stride + 1), np.float32)
+    lattices[:, :, -1] = 0.0  # a spare value: where a diagonal's last reach lands, never summed
+    grid = plane[:2 * n + 2, :2 * m + 2].reshape(n + 1, 2, stride, 2)
+    for a in (0, 1):
+        np.copyto(lattices[a, :, :-1].reshape(2, n + 1, stride), grid[:, a].transpose(2, 0, 1))
+    centre = lattices[1, 1, :size]
     twice = centre + centre
     k = len(_SHAKE_DIRECTIONS)
-    diffs = np.empty((2 * k, n, m), np.float32)  # the first differences, then the second
+    diffs = np.empty((2 * k, size), np.float32)  # the first differences, then the second
     for d, (dy, dx) in enumerate(_SHAKE_DIRECTIONS):
-        # the neighbour at offset (oy, ox) of sampled pixel (2i + 1, 2j + 1)
-        before, after = (lattice[1 - abs(oy)][1 - abs(ox)][(oy + 1) // 2:, (ox + 1) // 2:][:n, :m]
-                         for oy, ox in ((-dy, -dx), (dy, dx)))
+        # the neighbour at offset (oy, ox) of sampled pixel (2i + 1, 2j + 1): lattice
+        # (1 - |oy|, 1 - |ox|), shifted by a row when oy = 1 and by a column when ox = 1
+        before, after = (lattices[1 - abs(oy), 1 - abs(ox)][
+            (oy + 1) // 2 * stride + (ox + 1) // 2:][:size] for oy, ox in ((-dy, -dx), (dy, dx)))
         np.subtract(after, centre, out=diffs[d])
         np.add(after, before, out=diffs[k + d])
         diffs[k + d] -= twice
     np.square(diffs, out=diffs)
-    energy = diffs.reshape(2 * k * t, th, m).sum(axis=1).reshape(-1, tw).sum(axis=1).reshape(
-        2 * k, t, t)
+    energy = tile_sums(diffs, stride, n, m, t)  # (2k, t, t); past m: a row's wrap, not read
     energy /= np.float32(th * tw)
     noise2 = np.float32(sigma) ** 2
     first, second = energy[:k], energy[k:]
