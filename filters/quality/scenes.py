@@ -427,6 +427,7 @@ _SHAKE_TILES = 4  # per side
 _SHAKE_EDGE = 9.0  # a tile holds edges when its first-difference energy is 9× the noise's
 _SHAKE_RANK = 3  # the third-sharpest edge tile
 _SHAKE_DIRECTIONS = ((0, 1), (1, 0), (1, 1), (1, -1))  # the axes and the diagonals
+_SHAKE_FLOORS = np.array((1e-12, 0.0), np.float32).reshape(2, 1, 1, 1)  # first, second energy
 
 
 def shake(plane: F32, sigma: float) -> Signal:
@@ -486,16 +487,15 @@ def shake(plane: F32, sigma: float) -> Signal:
         np.add(after, before, out=diffs[k + d])
         diffs[k + d] -= twice
     np.square(diffs, out=diffs)
-    energy = tile_sums(diffs, stride, n, m, t)  # (2k, t, t); past m: a row's wrap, not read
+    # (first or second, direction, tile row, tile column); past m: a row's wrap, not read
+    energy = tile_sums(diffs, stride, n, m, t).reshape(2, k, t, t)
     energy /= np.float32(th * tw)
     noise2 = np.float32(sigma) ** 2
-    first, second = energy[:k], energy[k:]
-    edges = (first > 2 * noise2 * _SHAKE_EDGE + 1e-9).any(axis=0)
-    second -= 6 * noise2
-    np.maximum(second, 0, out=second)
-    first -= 2 * noise2
-    np.maximum(first, 1e-12, out=first)
-    ratio = (second / first).min(axis=0)
+    edges = (energy[0] > 2 * noise2 * _SHAKE_EDGE + 1e-9).any(axis=0)
+    # less the noise's share (2σ² of a first difference, 6σ² of a second), floored
+    energy -= np.array((2 * noise2, 6 * noise2), np.float32).reshape(2, 1, 1, 1)
+    np.maximum(energy, _SHAKE_FLOORS, out=energy)
+    ratio = (energy[1] / energy[0]).min(axis=0)
     counted = np.sort(ratio[edges])
     if counted.size == 0:
         return Signal(1.0, 2.0, "noise-free edge ratio (no edge tiles)")
