@@ -6,6 +6,8 @@ chosen at the edges (NaN, ±Inf, the clipping threshold, the light level)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from numpy.typing import NDArray
@@ -63,7 +65,7 @@ def test_float16_widening_matches_astype_bit_for_bit() -> None:
     assert widen_float16(strided).shape == strided.shape
 
 
-def channel_clipped_by_channel(image: NDArray[np.generic], spec: ImageSpec) -> float:
+def channel_clipped_by_channel(image: NDArray[Any], spec: ImageSpec) -> float:
     """channel_clipped as first written: one channel at a time, in the input's own values."""
     sub = image[:, ::2, ::2] if spec.layout == "CHW" else image[::2, ::2]
     chans = [sub[c] if spec.layout == "CHW" else sub[..., c] for c in range(3)]
