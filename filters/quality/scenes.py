@@ -447,8 +447,7 @@ def shake(plane: F32, sigma: float) -> Signal:
     ``sharpness`` speak for a flat picture). 0.3 scores 0, 0.7 scores 1 (0.5 at 0.5: the
     lowest clean photograph or random crop reads 0.67, a crop of the flower; the clock's five
     views 0.04-0.44; at 0.55 the up-sampled checkerboard, 0.52, would be flagged).
-    Differences are taken at every other pixel of every other row (~730 per tile): 4 lattice
-    copies and one pass over 8 difference planes of a quarter size.
+    Differences are taken at every other pixel of every other row (~730 per tile).
 
     Known confusions: defocus and up-sampling lower it as they lower ``sharpness`` (it is
     the same ratio, cleaned of noise); noise that is not white (a picture up-scaled after the
@@ -461,14 +460,12 @@ def shake(plane: F32, sigma: float) -> Signal:
     h, w = plane.shape
     if min(h, w) < 8 * t:
         return Signal(1.0, 2.0, "noise-free edge ratio (image too small)")
-    # Every other pixel of every other row (a quarter of the cost; a tile keeps ~800 samples),
-    # read from the plane's four parity lattices, copied once into one buffer. Each lattice
-    # keeps a row stride of m + 1, so every neighbour of the sampled pixels is one contiguous
-    # run of the flat buffer (one loop per difference, not one per row): the last column of
-    # each row of a difference steps into the next row and is never summed.
+    # Every other pixel of every other row (a tile keeps ~800 samples), read from the plane's
+    # four parity lattices, copied once into one buffer with a row stride of m + 1: every
+    # neighbour is one contiguous run (one loop per difference, not one per row); a row's last
+    # column steps into the next row and is never summed.
     th, tw = (h - 2) // (2 * t), (w - 2) // (2 * t)
-    n, m = th * t, tw * t
-    stride, size = m + 1, n * (m + 1)
+    n, m, stride, size = th * t, tw * t, tw * t + 1, th * t * (tw * t + 1)
     lattices = np.empty((2, 2, (n + 1) * stride + 1), np.float32)
     lattices[:, :, -1] = 0.0  # a spare value: where a diagonal's last reach lands, never summed
     grid = plane[:2 * n + 2, :2 * m + 2].reshape(n + 1, 2, stride, 2)
@@ -479,21 +476,17 @@ def shake(plane: F32, sigma: float) -> Signal:
     k = len(_SHAKE_DIRECTIONS)
     diffs = np.empty((2 * k, size), np.float32)  # the first differences, then the second
     for d, (dy, dx) in enumerate(_SHAKE_DIRECTIONS):
-        # the neighbour at offset (oy, ox) of sampled pixel (2i + 1, 2j + 1): lattice
-        # (1 - |oy|, 1 - |ox|), shifted by a row when oy = 1 and by a column when ox = 1
+        # neighbour (oy, ox) of (2i + 1, 2j + 1): lattice (1 - |oy|, 1 - |ox|), shifted 1 if = 1
         before, after = (lattices[1 - abs(oy), 1 - abs(ox)][
             (oy + 1) // 2 * stride + (ox + 1) // 2:][:size] for oy, ox in ((-dy, -dx), (dy, dx)))
         np.subtract(after, centre, out=diffs[d])
         np.add(after, before, out=diffs[k + d])
         diffs[k + d] -= twice
     np.square(diffs, out=diffs)
-    # (first or second, direction, tile row, tile column); past m: a row's wrap, not read
-    energy = tile_sums(diffs, stride, n, m, t).reshape(2, k, t, t)
-    energy /= np.float32(th * tw)
+    energy = tile_sums(diffs, stride, n, m, t).reshape(2, k, t, t) / np.float32(th * tw)
     noise2 = np.float32(sigma) ** 2
     edges = (energy[0] > 2 * noise2 * _SHAKE_EDGE + 1e-9).any(axis=0)
-    # less the noise's share (2σ² of a first difference, 6σ² of a second), floored
-    energy -= np.array((2 * noise2, 6 * noise2), np.float32).reshape(2, 1, 1, 1)
+    energy -= np.array((2 * noise2, 6 * noise2), np.float32).reshape(2, 1, 1, 1)  # noise's share
     np.maximum(energy, _SHAKE_FLOORS, out=energy)
     ratio = (energy[1] / energy[0]).min(axis=0)
     counted = np.sort(ratio[edges])
