@@ -2,6 +2,7 @@
 whole filter per request, on one core.
 
     python -m bench.quality [--n 400] [--cpu 0]
+    python -m bench.quality --against /path/to/older/checkout [--rounds 9]
 
 The process pins itself to one CPU and sets BLAS to one thread before numpy loads, so "µs" means
 µs of one core. Part 1 times each image signal on a 224×224 picture in the three layouts and
@@ -13,6 +14,11 @@ request through a real mmguard (gRPC front, in-process ONNX Runtime clip_demo) w
 the filter and prints the median latencies. Each number in parts 1 and 2 is the median of 7 runs
 of ``--n`` calls, in CPU time of this process (``time.process_time``), so a busy machine slows
 the run, not the figure.
+
+``--against DIR`` compares instead: ``image_signals`` of this checkout and of the one at ``DIR``
+(its ``filters`` package imported beside this one), alternated round by round on the three
+inputs, with each side's median and range of ``--rounds`` rounds, and the process over the
+thread CPU of the run (above 1: a BLAS or other thread spun beside the caller).
 """
 
 from __future__ import annotations
@@ -226,16 +232,67 @@ def through_mmguard(tmp: Path, n: int) -> tuple[float, float]:
     return statistics.median(times["plain"]) * 1e3, statistics.median(times["scored"]) * 1e3
 
 
+def signals_of(root: Path) -> Any:
+    """``filters.quality.signals`` of the checkout at ``root``, imported beside this one's (the
+    modules of this checkout are put back afterwards; the other's keep their own references)."""
+    mine = {k: sys.modules.pop(k) for k in list(sys.modules)
+            if k == "filters" or k.startswith("filters.")}
+    sys.path.insert(0, str(root))
+    try:
+        import filters.quality.signals as other
+    finally:
+        sys.path.remove(str(root))
+        for k in [k for k in sys.modules if k == "filters" or k.startswith("filters.")]:
+            sys.modules[f"against.{k}"] = sys.modules.pop(k)
+        sys.modules.update(mine)
+    return other
+
+
+def against(root: Path, n: int, rounds: int) -> None:
+    other = signals_of(root)
+    hwc = picture()
+    chw = np.ascontiguousarray((hwc.transpose(2, 0, 1) / 255.0), np.float32)
+    inputs = [("FP32 NCHW", chw, "CHW", 1.0), ("FP16 NCHW", chw.astype(np.float16), "CHW", 1.0),
+              ("UINT8 HWC", hwc, "HWC", 255.0)]
+    runs: dict[tuple[str, str], list[float]] = {}
+    process, thread = time.process_time(), time.thread_time()
+    for _ in range(rounds):
+        for label, arr, layout, high in inputs:
+            for side, mod in (("before", other), ("after", qs)):
+                spec = mod.ImageSpec(layout, (0.0,), (high,))
+                mod.image_signals(arr, spec)
+                start = time.process_time()
+                for _ in range(n):
+                    mod.image_signals(arr, spec)
+                runs.setdefault((label, side), []).append(
+                    (time.process_time() - start) / n * 1e6)
+    spin = (time.process_time() - process) / (time.thread_time() - thread)
+    print(f"image_signals, µs of CPU per call, {rounds} alternated rounds of {n}: median (range)")
+    print(f"{'input':10} {'before':>20} {'after':>20} {'after/before':>13}")
+    for label, *_ in inputs:
+        b, a = runs[(label, "before")], runs[(label, "after")]
+        mb, ma = statistics.median(b), statistics.median(a)
+        print(f"{label:10} {mb:8.0f} ({min(b):4.0f}-{max(b):4.0f}) {ma:8.0f} ({min(a):4.0f}-"
+              f"{max(a):4.0f}) {ma / mb:13.2f}")
+    print(f"process / thread CPU over the run: {spin:.3f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.quality",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=400, help="calls per timing run")
     ap.add_argument("--cpu", type=int, default=None, help="the CPU to pin to (default: first)")
     ap.add_argument("--no-server", action="store_true", help="skip part 3")
+    ap.add_argument("--against", type=Path, default=None, metavar="DIR",
+                    help="compare image_signals with the checkout at DIR, alternated, and exit")
+    ap.add_argument("--rounds", type=int, default=9, help="alternated rounds for --against")
     args = ap.parse_args()
     cpus = os.sched_getaffinity(0)
     cpu = args.cpu if args.cpu is not None else min(cpus)
     os.sched_setaffinity(0, {cpu})
+    if args.against is not None:
+        against(args.against, max(args.n // 4, 20), args.rounds)
+        return 0
     qt.char_tables()
     print(f"quality signals, one core (CPU {cpu}), median µs per call\n")
     print(f"{'image signal, 224x224':44} {'FP32 NCHW':>10} {'FP16 NCHW':>10} {'UINT8 HWC':>10}")
