@@ -48,7 +48,7 @@ from filters.call_keys import UNUSABLE_MODALITIES
 from filters.quality.align import AlignmentConfig, AlignmentUnavailable, EncoderPair
 from filters.quality.drift import DriftConfig, DriftMonitor, drift_gauges
 from filters.quality.graded import GradedActions, GradedConfig, trust_detail
-from filters.quality.report import Finding, Item, Report
+from filters.quality.report import MODALITY_OF, Finding, Item, Report
 from filters.quality.scenes import OPTIONAL_SIGNALS
 from filters.quality.signals import (
     IMAGE_SIGNALS,
@@ -229,6 +229,10 @@ class Quality:
         w = cfg.weights
         self.weights = {"visual": w.visual, "text": w.text, "alignment": w.alignment}
         self.optional = frozenset(r.signal for r in cfg.rules) & OPTIONAL_SIGNALS
+        self._rules = [(r, (MODALITY_OF[r.signal], r.signal) if r.signal in MODALITY_OF
+                        else None) for r in cfg.rules]
+        """Each rule with the (modality, signal) whose lowest score it reads; None for the
+        modality scores, alignment and trust (``Report.score`` reads those)."""
         self._specs: dict[tuple[str, str, str], ImageSpec] = {}
         """(input, layout, datatype) -> how its images are read (the config's, made once)."""
         """The dear signals measured on this route: those a rule names."""
@@ -399,8 +403,9 @@ class Quality:
 
     def _apply_rules(self, call: Call, report: Report) -> LocalReply | None:
         rejects: list[tuple[Rule, Finding]] = []
-        for rule in self.cfg.rules:
-            score = report.score(rule.signal, self.weights)
+        lows = report.lows()
+        for rule, key in self._rules:
+            score = lows.get(key) if key is not None else report.score(rule.signal, self.weights)
             if score is None or score >= rule.below:
                 continue  # most rules on most calls: no sentence to write
             found = report.find(rule.signal, self.weights)

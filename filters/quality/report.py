@@ -24,7 +24,10 @@ from filters.quality.text import TEXT_SIGNALS
 
 _HEADER_ORDER = (*(("image", n) for n in IMAGE_SIGNALS), *(("text", n) for n in TEXT_SIGNALS))
 """The signals in the order the scores' header lists them."""
-_MODALITY_OF = {**dict.fromkeys(IMAGE_SIGNALS, "image"), **dict.fromkeys(TEXT_SIGNALS, "text")}
+_PUBLISHED = {name: f"quality.{name}" for name in (*IMAGE_SIGNALS, *TEXT_SIGNALS)}
+"""A signal's name among the published scores."""
+MODALITY_OF = {**dict.fromkeys(IMAGE_SIGNALS, "image"), **dict.fromkeys(TEXT_SIGNALS, "text")}
+"""A signal's modality (a signal name belongs to one)."""
 
 
 @dataclass(slots=True)
@@ -124,7 +127,7 @@ class Report:
 
     def score(self, signal: str, weights: Mapping[str, float]) -> float | None:
         """The score ``find`` would give, without its sentence (None when absent)."""
-        modality = _MODALITY_OF.get(signal)
+        modality = MODALITY_OF.get(signal)
         if modality is not None:
             return self.lows().get((modality, signal))
         if signal in ("image", "text"):
@@ -185,7 +188,7 @@ class Report:
                 "text": parts["text"], "alignment": parts["alignment"]}
         out = {f"quality.{k}": v for k, v in head.items() if v is not None}
         for (_, name), low in self.lows().items():
-            key = f"quality.{name}"
+            key = _PUBLISHED.get(name) or f"quality.{name}"
             out[key] = min(out.get(key, 1.0), low)
         return out
 
