@@ -24,6 +24,9 @@ from filters.quality.text import TEXT_SIGNALS
 
 _HEADER_ORDER = (*(("image", n) for n in IMAGE_SIGNALS), *(("text", n) for n in TEXT_SIGNALS))
 """The signals in the order the scores' header lists them."""
+_AT_ONE = {key: f"{key[1]}={1.0:.3f}" for key in _HEADER_ORDER}
+"""A signal at 1.0 in the header, written once: most signals of a clean input read 1.0, and
+formatting each of them on every request was most of the header's cost."""
 _PUBLISHED = {name: f"quality.{name}" for name in (*IMAGE_SIGNALS, *TEXT_SIGNALS)}
 """A signal's name among the published scores."""
 MODALITY_OF = {**dict.fromkeys(IMAGE_SIGNALS, "image"), **dict.fromkeys(TEXT_SIGNALS, "text")}
@@ -176,7 +179,7 @@ class Report:
         for key in _HEADER_ORDER:
             low = lows.get(key)
             if low is not None:
-                out.append(f"{key[1]}={low:.3f}")
+                out.append(_AT_ONE[key] if low == 1.0 else f"{key[1]}={low:.3f}")
         return " ".join(out)
 
     def published(self, weights: Mapping[str, float]) -> dict[str, float]:

@@ -94,3 +94,18 @@ def test_the_trust_score_is_made_anew_when_the_report_or_the_weights_change() ->
     assert report.published(weights)["quality.trust"] == report.trust(weights)
     assert report.summary(weights).startswith(f"trust={report.trust(weights):.3f} ")
     assert list(report.series(weights))[-1] == ("all", "trust", report.trust(weights))
+
+
+def test_the_header_writes_every_score_to_three_decimals() -> None:
+    """Signals at 1.0 are written from a table; the others formatted: the header reads the same."""
+    weights = {"visual": 0.4, "text": 0.3, "alignment": 0.3}
+    report = Report()
+    report.add(Item("image", "input 'x'", {"finite": Signal(1.0, 0.0, "NaN/Inf values"),
+                                           "range": Signal(0.99951, 0.0, "range"),
+                                           "sharpness": Signal(0.25, 0.1, "sharpness"),
+                                           "noise": Signal(1.0, 0.0, "noise")}))
+    report.add(Item("text", "input 't'", {"empty": Signal(1.0, 0.0, "characters")}))
+    trust = (0.4 * 0.25 + 0.3 * 1.0) / 0.7
+    assert report.summary(weights) == (
+        f"trust={trust:.3f} image=0.250 text=1.000 finite=1.000 range=1.000 sharpness=0.250 "
+        "noise=1.000 empty=1.000")
