@@ -229,13 +229,13 @@ class Quality:
         w = cfg.weights
         self.weights = {"visual": w.visual, "text": w.text, "alignment": w.alignment}
         self.optional = frozenset(r.signal for r in cfg.rules) & OPTIONAL_SIGNALS
+        """The dear signals measured on this route: those a rule names."""
         self._rules = [(r, (MODALITY_OF[r.signal], r.signal) if r.signal in MODALITY_OF
                         else None) for r in cfg.rules]
         """Each rule with the (modality, signal) whose lowest score it reads; None for the
         modality scores, alignment and trust (``Report.score`` reads those)."""
         self._specs: dict[tuple[str, str, str], ImageSpec] = {}
         """(input, layout, datatype) -> how its images are read (the config's, made once)."""
-        """The dear signals measured on this route: those a rule names."""
         char_tables()  # build the text tables now, not on the first request
 
     def _decide(self, call: Call, header: str, decision: str, detail: str) -> None:

@@ -122,7 +122,8 @@ class Report:
 
     def trust(self, weights: Mapping[str, float]) -> float | None:
         """``trust_score(parts, weights)``, computed once per report and weights (the header,
-        the published scores, drift, the rules and the graded actions each read it)."""
+        the published scores, drift, the rules and the graded actions each read it). The
+        weights are told apart by identity: a filter's never change while it lives."""
         found = self._trust
         if found is None or found[0] is not weights:
             found = self._trust = (weights, trust_score(self._part_scores(), weights))

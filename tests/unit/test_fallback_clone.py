@@ -1,4 +1,4 @@
-"""A level's copy of a call (``filters.fallback.filter.clone_call``) is what
+"""A level's copy of a call (``filters.fallback.clone.clone_call``) is what
 ``dataclasses.replace`` would make: every field of ``Call`` carried over, the target, the input
 list and the document its own — so a field added to ``Call`` later cannot be dropped silently."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from filters.fallback.filter import clone_call
+from filters.fallback.clone import clone_call
 from proxy.call import Call, RequestedOutput, Target, Wire
 from proxy.keys import Store
 from proxy.tensor import Tensor
