@@ -20,7 +20,6 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import Any, Literal
 
 from prometheus_client import Counter, Gauge
@@ -31,8 +30,9 @@ from filters.call_keys import FAULTS
 from filters.fallback.admin import BREAKERS, CACHED_ANSWERS, ROUTES, breakers_summary
 from filters.fallback.breaker import Breaker, BreakerSettings, State
 from filters.fallback.cache_key import cache_key
+from filters.fallback.clone import clone_call
 from filters.fallback.fuse_log import log_mismatch
-from proxy.call import CLIENT_DEADLINE, Api, Call, LocalReply, Reply, Result, Wire, document_copy
+from proxy.call import CLIENT_DEADLINE, Api, Call, LocalReply, Reply, Result, Wire
 from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind, ProxyError
 from proxy.lifecycle import AdminRequest, ConfigReferences, FilterFactoryBase, Summary
@@ -251,9 +251,7 @@ class Fallback:
     # --- one level ----------------------------------------------------------------------------
 
     def _clone(self, call: Call) -> Call:
-        assert call.target is not None
-        return replace(call, target=replace(call.target), inputs=list(call.inputs),
-                       document=document_copy(call.document) if call.document else None)
+        return clone_call(call)
 
     def _rerouted(self, level: str) -> Callable[[Call], Awaitable[Reply]]:
         assert self.ctx.reroute is not None

@@ -167,10 +167,27 @@ class DriftMonitor(Shared):
     @decided
     def observe_all(self, values: list[tuple[str, str, float]]) -> None:
         """One call's values; the gauges that are due. A pod's supervisor also saves a baseline
-        that just completed (small, once); elsewhere the filter saves it off the loop."""
+        that just completed (small, once); elsewhere the filter saves it off the loop.
+
+        Only the series this call fed can have fallen due (a series falls due when a value
+        arrives, and ``distances`` clears it), so only those are looked at: every series of
+        the route was walked after every call before, most of them for nothing. A series fed
+        through ``observe`` is reported by ``update``."""
+        found = self.series
+        size, every = self.cfg.baseline_size, self.cfg.every
+        due: list[tuple[tuple[str, str], Series]] = []
         for modality, signal, value in values:
-            self.observe(modality, signal, value)
-        self.update()
+            key = (modality, signal)
+            series = found.get(key)
+            if series is None:
+                series = found[key] = Series(self.cfg.window, self._loaded.get(key))
+            if series.observe(value, size):
+                self.dirty = True
+            elif series.pending >= every and series.due(every):
+                due.append((key, series))
+        for (modality, signal), series in due:
+            if series.due(every):  # a series fed twice by one call is listed twice
+                self._report(modality, signal, series)
         if POD.role is Role.SUPERVISOR and self.dirty and self.cfg.baseline_file is not None:
             self.dirty = False
             try:
@@ -188,10 +205,15 @@ class DriftMonitor(Shared):
     def update(self) -> None:
         """Recompute the series that are due and set their gauges."""
         for (modality, signal), series in self.series.items():
-            if series.due(self.cfg.every) and (found := series.distances()) is not None:
-                w1, ks = found
-                self.gauges.wasserstein.labels(self.model, modality, signal).set(w1)
-                self.gauges.ks.labels(self.model, modality, signal).set(ks)
+            if series.due(self.cfg.every):
+                self._report(modality, signal, series)
+
+    def _report(self, modality: str, signal: str, series: Series) -> None:
+        """A due series' distances on its gauges (unchanged when its window is)."""
+        if (found := series.distances()) is not None:
+            w1, ks = found
+            self.gauges.wasserstein.labels(self.model, modality, signal).set(w1)
+            self.gauges.ks.labels(self.model, modality, signal).set(ks)
 
     def snapshot(self) -> dict[str, Any]:
         """The baselines learned so far, as the file stores them."""

@@ -48,14 +48,13 @@ from filters.call_keys import UNUSABLE_MODALITIES
 from filters.quality.align import AlignmentConfig, AlignmentUnavailable, EncoderPair
 from filters.quality.drift import DriftConfig, DriftMonitor, drift_gauges
 from filters.quality.graded import GradedActions, GradedConfig, trust_detail
-from filters.quality.report import Finding, Item, Report
+from filters.quality.report import MODALITY_OF, Finding, Item, Report
 from filters.quality.scenes import OPTIONAL_SIGNALS
 from filters.quality.signals import (
     IMAGE_SIGNALS,
     REF_SIDE,
     ImageSpec,
     image_signals,
-    trust_score,
 )
 from filters.quality.text import TEXT_SIGNALS, char_tables, text_signals
 from proxy.call import Api, Call, LocalReply, Reply, publish_scores
@@ -231,11 +230,20 @@ class Quality:
         self.weights = {"visual": w.visual, "text": w.text, "alignment": w.alignment}
         self.optional = frozenset(r.signal for r in cfg.rules) & OPTIONAL_SIGNALS
         """The dear signals measured on this route: those a rule names."""
+        self._rules = [(r, (MODALITY_OF[r.signal], r.signal) if r.signal in MODALITY_OF
+                        else None) for r in cfg.rules]
+        """Each rule with the (modality, signal) whose lowest score it reads; None for the
+        modality scores, alignment and trust (``Report.score`` reads those)."""
+        self._specs: dict[tuple[str, str, str], ImageSpec] = {}
+        """(input, layout, datatype) -> how its images are read (the config's, made once)."""
         char_tables()  # build the text tables now, not on the first request
 
     def _decide(self, call: Call, header: str, decision: str, detail: str) -> None:
         # Details name client-chosen inputs; header and trailer values must be printable ASCII.
-        safe = detail.encode("ascii", "backslashreplace").decode().translate(_UNPRINTABLE)
+        # (A detail that is already printable ASCII, as most are, is left as it is: escaping
+        # and translating it would change nothing, at ~10 µs for the scores' header.)
+        safe = detail if detail.isascii() and detail.isprintable() else (
+            detail.encode("ascii", "backslashreplace").decode().translate(_UNPRINTABLE))
         self.ctx.telemetry.decide(call, NAME, decision, safe, header=header)
 
     async def __call__(self, call: Call, next: Next) -> Reply:
@@ -255,7 +263,7 @@ class Quality:
         refusal = self._apply_rules(call, report)
         if refusal is not None:
             return refusal
-        trust = trust_score(report.parts(), self.weights) if self.graded is not None else None
+        trust = report.trust(self.weights) if self.graded is not None else None
         if self.graded is not None and trust is not None:
             return await self.graded.apply(call, trust, trust_detail(trust, report.parts()), next)
         return await next(call)
@@ -297,7 +305,10 @@ class Quality:
                                    f"a {cfg.layout} image")
             return
         layout, batched = found
-        spec = cfg.spec(layout, t.datatype)
+        key = (t.name, layout, t.datatype)
+        spec = self._specs.get(key)
+        if spec is None:  # the same few per route: made once, not per call
+            spec = self._specs[key] = cfg.spec(layout, t.datatype)
         pixels = _pixels(t)
         images = list(pixels) if batched else [pixels]
         for i, image in enumerate(images):
@@ -392,8 +403,9 @@ class Quality:
 
     def _apply_rules(self, call: Call, report: Report) -> LocalReply | None:
         rejects: list[tuple[Rule, Finding]] = []
-        for rule in self.cfg.rules:
-            score = report.score(rule.signal, self.weights)
+        lows = report.lows()
+        for rule, key in self._rules:
+            score = lows.get(key) if key is not None else report.score(rule.signal, self.weights)
             if score is None or score >= rule.below:
                 continue  # most rules on most calls: no sentence to write
             found = report.find(rule.signal, self.weights)

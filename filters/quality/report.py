@@ -22,7 +22,15 @@ from filters.quality.signals import (
 )
 from filters.quality.text import TEXT_SIGNALS
 
-_MODALITY_OF = {**dict.fromkeys(IMAGE_SIGNALS, "image"), **dict.fromkeys(TEXT_SIGNALS, "text")}
+_HEADER_ORDER = (*(("image", n) for n in IMAGE_SIGNALS), *(("text", n) for n in TEXT_SIGNALS))
+"""The signals in the order the scores' header lists them."""
+_AT_ONE = {key: f"{key[1]}={1.0:.3f}" for key in _HEADER_ORDER}
+"""A signal at 1.0 in the header, written once: most signals of a clean input read 1.0, and
+formatting each of them on every request was most of the header's cost."""
+_PUBLISHED = {name: f"quality.{name}" for name in (*IMAGE_SIGNALS, *TEXT_SIGNALS)}
+"""A signal's name among the published scores."""
+MODALITY_OF = {**dict.fromkeys(IMAGE_SIGNALS, "image"), **dict.fromkeys(TEXT_SIGNALS, "text")}
+"""A signal's modality (a signal name belongs to one)."""
 
 
 @dataclass(slots=True)
@@ -62,10 +70,12 @@ class Report:
     alignment_error: str = ""
     _parts: dict[str, float | None] | None = field(default=None, init=False, repr=False)
     _lows: dict[tuple[str, str], float] | None = field(default=None, init=False, repr=False)
+    _trust: tuple[Mapping[str, float], float | None] | None = field(default=None, init=False,
+                                                                   repr=False)
 
     def add(self, item: Item) -> None:
         self.items.append(item)
-        self._parts = self._lows = None
+        self._parts = self._lows = self._trust = None
 
     def lows(self) -> dict[tuple[str, str], float]:
         """(modality, signal) -> the lowest score over the items, in the order the signals
@@ -84,7 +94,7 @@ class Report:
 
     def set_alignment(self, scores: NDArray[np.float32], where: str) -> None:
         self.alignment, self.alignment_where = scores, where
-        self._parts = None
+        self._parts = self._trust = None
 
     def worst(self, modality: str, signal: str | None = None) -> Item | None:
         found = [i for i in self.items if i.modality == modality
@@ -98,17 +108,30 @@ class Report:
     def parts(self) -> dict[str, float | None]:
         """visual, text and alignment: the scores the trust score weighs (computed once per
         report: the header, the published scores, drift and the rules all read them)."""
+        return dict(self._part_scores())
+
+    def _part_scores(self) -> dict[str, float | None]:
+        """``parts`` itself, not a copy (for this class's readers, which never change it)."""
         if self._parts is None:
             image, text = self.worst("image"), self.worst("text")
             self._parts = {"visual": None if image is None else image.score,
                            "text": None if text is None else text.score,
                            "alignment": None if self.alignment is None
                            else float(self.alignment.min())}
-        return dict(self._parts)
+        return self._parts
+
+    def trust(self, weights: Mapping[str, float]) -> float | None:
+        """``trust_score(parts, weights)``, computed once per report and weights (the header,
+        the published scores, drift, the rules and the graded actions each read it). The
+        weights are told apart by identity: a filter's never change while it lives."""
+        found = self._trust
+        if found is None or found[0] is not weights:
+            found = self._trust = (weights, trust_score(self._part_scores(), weights))
+        return found[1]
 
     def score(self, signal: str, weights: Mapping[str, float]) -> float | None:
         """The score ``find`` would give, without its sentence (None when absent)."""
-        modality = _MODALITY_OF.get(signal)
+        modality = MODALITY_OF.get(signal)
         if modality is not None:
             return self.lows().get((modality, signal))
         if signal in ("image", "text"):
@@ -116,7 +139,7 @@ class Report:
             return min(scores) if scores else None
         if signal == "alignment":
             return None if self.alignment is None else float(self.alignment.min())
-        return trust_score(self.parts(), weights)
+        return self.trust(weights)
 
     def find(self, signal: str, weights: Mapping[str, float]) -> Finding | None:
         """The score a rule on ``signal`` reads (the worst item's), or None when absent."""
@@ -141,7 +164,7 @@ class Report:
                 return None
             low = float(self.alignment.min())
             return Finding(low, "", f"{self.alignment_where}: alignment is {low:.3f}")
-        trust = trust_score(self.parts(), weights)
+        trust = self.trust(weights)
         if trust is None:
             return None
         parts = " ".join(f"{k}={v:.3f}" for k, v in self.parts().items() if v is not None)
@@ -149,28 +172,27 @@ class Report:
 
     def summary(self, weights: Mapping[str, float]) -> str:
         """trust, modality scores, then each signal's worst score: one header's worth."""
-        parts = self.parts()
-        head = [("trust", trust_score(parts, weights)), ("image", parts["visual"]),
+        parts = self._part_scores()
+        head = [("trust", self.trust(weights)), ("image", parts["visual"]),
                 ("text", parts["text"]), ("alignment", parts["alignment"])]
         out = [f"{k}={v:.3f}" for k, v in head if v is not None]
         lows = self.lows()
-        for modality, names in (("image", IMAGE_SIGNALS), ("text", TEXT_SIGNALS)):
-            for name in names:
-                low = lows.get((modality, name))
-                if low is not None:
-                    out.append(f"{name}={low:.3f}")
+        for key in _HEADER_ORDER:
+            low = lows.get(key)
+            if low is not None:
+                out.append(_AT_ONE[key] if low == 1.0 else f"{key[1]}={low:.3f}")
         return " ".join(out)
 
     def published(self, weights: Mapping[str, float]) -> dict[str, float]:
         """What the filter publishes on the call (``proxy.call.SCORES``) for canary
         eligibility: ``quality.<score>`` for trust, image, text, alignment (the lowest pair)
         and every signal (the worst item's), those the request has."""
-        parts = self.parts()
-        head = {"trust": trust_score(parts, weights), "image": parts["visual"],
+        parts = self._part_scores()
+        head = {"trust": self.trust(weights), "image": parts["visual"],
                 "text": parts["text"], "alignment": parts["alignment"]}
         out = {f"quality.{k}": v for k, v in head.items() if v is not None}
         for (_, name), low in self.lows().items():
-            key = f"quality.{name}"
+            key = _PUBLISHED.get(name) or f"quality.{name}"
             out[key] = min(out.get(key, 1.0), low)
         return out
 
@@ -184,6 +206,6 @@ class Report:
         if self.alignment is not None:
             for value in self.alignment.tolist():
                 yield "image-text", "alignment", float(value)
-        trust = trust_score(self.parts(), weights)
+        trust = self.trust(weights)
         if trust is not None:
             yield "all", "trust", trust

@@ -175,12 +175,12 @@ class ShapeGuard:
 
     def _check_tensor(self, t: Tensor, spec: TensorSpec, contract: ModelContract,
                       role: str) -> list[Violation]:
-        where = f"{role} '{t.name}'"
         if t.datatype != spec.datatype:
-            return [Violation("datatype", f"{where} is {t.datatype}; model '{contract.name}' "
-                              f"expects {spec.datatype}", t.name)]
+            return [Violation("datatype", f"{role} '{t.name}' is {t.datatype}; model "
+                              f"'{contract.name}' expects {spec.datatype}", t.name)]
         decl = self.cfg.inputs.get(t.name) if role == "input" else None
         dims = decl.dims if decl is not None and decl.dims is not None else spec.dims
+        where = f"{role} '{t.name}'"  # (after the datatype: most tensors pass it)
         if len(t.shape) != len(dims):
             return [Violation("rank", f"{where} has shape {list(t.shape)} (rank {len(t.shape)}); "
                               f"model '{contract.name}' expects {list(dims)} (rank {len(dims)})",
