@@ -78,6 +78,14 @@ async def serve_aiohttp(port: int, triton_http: str) -> None:
             return web.Response(body=data, status=r.status, headers=out,
                                 content_type=r.headers.get("Content-Type", "application/json"))
 
+    await _serve_aiohttp_app(port, infer)
+    await session.close()
+
+
+async def _serve_aiohttp_app(port: int, infer: Any) -> None:
+    """An aiohttp server whose one route is ``infer``, until signalled."""
+    from aiohttp import web
+
     app = web.Application(client_max_size=LIMIT)
     app.router.add_post("/v2/models/{model}/infer", infer)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -85,7 +93,6 @@ async def serve_aiohttp(port: int, triton_http: str) -> None:
     await web.TCPSite(runner, "127.0.0.1", port).start()
     await _until_signalled()
     await runner.cleanup()
-    await session.close()
 
 
 async def serve_aiohttp_rawclient(port: int, triton_http: str) -> None:
@@ -107,13 +114,7 @@ async def serve_aiohttp_rawclient(port: int, triton_http: str) -> None:
         return web.Response(body=b"".join(answer.body), status=status, headers=out,
                             content_type=h.get(b"content-type", b"application/json").decode())
 
-    app = web.Application(client_max_size=LIMIT)
-    app.router.add_post("/v2/models/{model}/infer", infer)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    await _until_signalled()
-    await runner.cleanup()
+    await _serve_aiohttp_app(port, infer)
 
 
 # --- HTTP: a raw protocol with httptools ---------------------------------------------------------
@@ -202,20 +203,28 @@ class _Pool:
         return answer
 
 
-class _AioclientDownstream(asyncio.Protocol):
-    """The raw server of ``httptools-uvloop``, forwarding through an aiohttp client session."""
+def _answer_head(status: int, length: int, content_type: bytes, header_length: bytes | None
+                 ) -> bytes:
+    out = [b"HTTP/1.1 %d OK" % status, b"Content-Length: " + str(length).encode(),
+           b"Content-Type: " + content_type]
+    if header_length is not None:
+        out.append(b"Inference-Header-Content-Length: " + header_length)
+    return b"\r\n".join(out) + b"\r\n\r\n"
 
-    def __init__(self, session: Any, upstream: str) -> None:
+
+class _RawServer(asyncio.Protocol):
+    """A raw server connection parsing with httptools; each whole request to ``_forward``."""
+
+    def __init__(self) -> None:
         import httptools
 
         self.httptools = httptools
-        self.session, self.upstream = session, upstream
         self.transport: asyncio.Transport | None = None
         self.message = _Message()
         self.parser = httptools.HttpRequestParser(self.message)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
         self.parser.feed_data(data)
@@ -223,6 +232,21 @@ class _AioclientDownstream(asyncio.Protocol):
             message, self.message = self.message, _Message()
             self.parser = self.httptools.HttpRequestParser(self.message)
             asyncio.ensure_future(self._forward(message))  # noqa: RUF006 - ends on its own
+
+    async def _forward(self, message: _Message) -> None:
+        raise NotImplementedError
+
+    def _answer(self, head: bytes, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.writelines((head, data))
+
+
+class _AioclientDownstream(_RawServer):
+    """The raw server, forwarding through an aiohttp client session."""
+
+    def __init__(self, session: Any, upstream: str) -> None:
+        super().__init__()
+        self.session, self.upstream = session, upstream
 
     async def _forward(self, message: _Message) -> None:
         h = message.headers
@@ -233,13 +257,11 @@ class _AioclientDownstream(asyncio.Protocol):
         url = f"http://{self.upstream}{_upstream_path(message.url).decode()}"
         async with self.session.post(url, data=b"".join(message.body), headers=headers) as r:
             data = await r.read()
-            out = [b"HTTP/1.1 %d OK" % r.status, b"Content-Length: " + str(len(data)).encode(),
-                   b"Content-Type: " + r.headers.get("Content-Type", "application/json").encode()]
-            if HEADER_LENGTH in r.headers:
-                out.append(b"Inference-Header-Content-Length: "
-                           + r.headers[HEADER_LENGTH].encode())
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.writelines((b"\r\n".join(out) + b"\r\n\r\n", data))
+            length = r.headers.get(HEADER_LENGTH)
+            head = _answer_head(r.status, len(data),
+                                r.headers.get("Content-Type", "application/json").encode(),
+                                length.encode() if length is not None else None)
+        self._answer(head, data)
 
 
 async def serve_httptools_aioclient(port: int, triton_http: str) -> None:
@@ -255,64 +277,29 @@ async def serve_httptools_aioclient(port: int, triton_http: str) -> None:
     await session.close()
 
 
-class _Downstream(asyncio.Protocol):
-    def __init__(self, pool: list[_Upstream], host: str, port: int) -> None:
-        import httptools
+class _Downstream(_RawServer):
+    """The raw server, forwarding over the raw upstream connections."""
 
-        self.httptools = httptools
-        self.pool, self.host, self.port = pool, host, port
-        self.transport: asyncio.Transport | None = None
-        self.message = _Message()
-        self.parser = httptools.HttpRequestParser(self.message)
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        self.parser.feed_data(data)
-        if self.message.done:
-            message, self.message = self.message, _Message()
-            self.parser = self.httptools.HttpRequestParser(self.message)
-            asyncio.ensure_future(self._forward(message))  # noqa: RUF006 - ends on its own
-
-    async def _upstream(self) -> _Upstream:
-        while self.pool:
-            up = self.pool.pop()
-            if not up.lost:
-                return up
-        _, up = await asyncio.get_running_loop().create_connection(_Upstream, self.host,
-                                                                   self.port)
-        return up
+    def __init__(self, pool: _Pool) -> None:
+        super().__init__()
+        self.pool = pool
 
     async def _forward(self, message: _Message) -> None:
-        body = b"".join(message.body)
         h = message.headers
-        head = [b"POST " + _upstream_path(message.url) + b" HTTP/1.1",
-                b"Host: " + self.host.encode(), b"Content-Length: " + str(len(body)).encode(),
-                b"Content-Type: " + h.get(b"content-type", b"application/json"),
-                b"Accept-Encoding: identity"]
-        if b"inference-header-content-length" in h:
-            head.append(b"Inference-Header-Content-Length: "
-                        + h[b"inference-header-content-length"])
-        up = await self._upstream()
-        status, answer = await up.send(b"\r\n".join(head) + b"\r\n\r\n", body)
-        self.pool.append(up)
+        status, answer = await self.pool.forward(
+            _upstream_path(message.url), h.get(b"content-type", b"application/json"),
+            h.get(b"inference-header-content-length"), b"".join(message.body))
         data = b"".join(answer.body)
-        out = [b"HTTP/1.1 %d OK" % status, b"Content-Length: " + str(len(data)).encode(),
-               b"Content-Type: " + answer.headers.get(b"content-type", b"application/json")]
-        if b"inference-header-content-length" in answer.headers:
-            out.append(b"Inference-Header-Content-Length: "
-                       + answer.headers[b"inference-header-content-length"])
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.writelines((b"\r\n".join(out) + b"\r\n\r\n", data))
+        self._answer(_answer_head(status, len(data),
+                                  answer.headers.get(b"content-type", b"application/json"),
+                                  answer.headers.get(b"inference-header-content-length")), data)
 
 
 async def serve_httptools(port: int, triton_http: str) -> None:
     host, _, up_port = triton_http.rpartition(":")
-    pool: list[_Upstream] = []
+    pool = _Pool(host, int(up_port))
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _Downstream(pool, host, int(up_port)),
-                                      "127.0.0.1", port)
+    server = await loop.create_server(lambda: _Downstream(pool), "127.0.0.1", port)
     await _until_signalled()
     server.close()
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Awaitable, Iterable
+from typing import Any, TypeVar
 
 import aiohttp
 import yarl
@@ -20,6 +20,7 @@ from proxy.call import Target
 from proxy.config.tls import TlsClient, backend_ssl_context
 from proxy.errors import ErrorKind, ProxyError, kind_from_http
 
+_T = TypeVar("_T")
 _TARGETS_KEPT = 1024  # request targets remembered per backend (one per model and endpoint)
 
 
@@ -111,21 +112,19 @@ class HttpBackend(Backend):
     async def _lean_post(self, head: bytes, body: Iterable[bytes | memoryview], limit_s: float,
                          target: Target) -> Answer:
         assert self.pool is not None
-        try:
-            async with asyncio.timeout(limit_s):
-                return await self.pool.request(head, body)
-        except TimeoutError:
-            raise self.deadline_error(target, limit_s) from None
-        except OSError as exc:
-            raise self._transport_error(exc, target.model) from None
+        return await self._within(self.pool.request(head, body), limit_s, target)
 
     async def _lean_stream(self, head: bytes, body: Iterable[bytes | memoryview],
                            limit_s: float, target: Target) -> Streamed:
         """The deadline bounds the wait for the answer's head; a long stream may run on."""
         assert self.pool is not None
+        return await self._within(self.pool.open_stream(head, body), limit_s, target)
+
+    async def _within(self, call: Awaitable[_T], limit_s: float, target: Target) -> _T:
+        """``call`` within the deadline; a timeout or a lost connection as the backend's error."""
         try:
             async with asyncio.timeout(limit_s):
-                return await self.pool.open_stream(head, body)
+                return await call
         except TimeoutError:
             raise self.deadline_error(target, limit_s) from None
         except OSError as exc:

@@ -9,6 +9,7 @@ Content-Length bytes) and does what the next entry of its script says.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -27,12 +28,23 @@ class Scripted:
         self.most_open = 0
         self.requests: list[bytes] = []
         self.closed_by_client = 0
+        self.client_closed = asyncio.Event()
         self.server: asyncio.Server | None = None
 
     @property
     def base(self) -> str:
         assert self.server is not None
         return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def closed_by_client_within(self, seconds: float) -> int:
+        """How many connections the client closed, once one has (or ``seconds`` passed)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.client_closed.wait(), seconds)
+        return self.closed_by_client
+
+    def _closed_by_client(self) -> None:
+        self.closed_by_client += 1
+        self.client_closed.set()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -43,7 +55,7 @@ class Scripted:
                 try:
                     head = await reader.readuntil(b"\r\n\r\n")
                 except asyncio.IncompleteReadError:
-                    self.closed_by_client += 1
+                    self._closed_by_client()
                     return
                 length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
                                if line.lower().startswith(b"content-length:")), 0)
@@ -54,7 +66,7 @@ class Scripted:
                     return
                 if step == "hang":  # read the request, never answer
                     await reader.read()  # until the client closes
-                    self.closed_by_client += 1
+                    self._closed_by_client()
                     return
                 if step == "slow":
                     await asyncio.sleep(0.2)
@@ -67,7 +79,7 @@ class Scripted:
                         if writer.is_closing() or reader.at_eof():
                             break
                     if step == "stream-forever":
-                        self.closed_by_client += 1
+                        self._closed_by_client()
                         return
                     writer.write(b"0\r\n\r\n")
                     await writer.drain()
@@ -155,11 +167,7 @@ async def test_a_timed_out_call_closes_its_connection_and_the_next_call_opens_on
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.2):
                 await post(pool, b"a")
-        for _ in range(50):
-            if s.closed_by_client:
-                break
-            await asyncio.sleep(0.02)
-        assert s.closed_by_client == 1  # the late answer cannot reach the next call
+        assert await s.closed_by_client_within(2.0) == 1  # the late answer reaches no call
         assert (await post(pool, b"b"))[2] == b"echo:b"
         assert s.connections == 2
         pool.close()
@@ -234,10 +242,6 @@ async def test_a_stream_left_before_its_end_closes_its_connection() -> None:
         assert (await streamed.body.read())[0] == b"event0"
         streamed.release()
         assert (await post(pool, b"b"))[2] == b"echo:b"  # the pool's one slot was given back
-        for _ in range(100):
-            if s.closed_by_client:
-                break
-            await asyncio.sleep(0.02)
-        assert s.closed_by_client == 1
+        assert await s.closed_by_client_within(2.0) == 1
         assert s.connections == 2
         pool.close()
