@@ -194,9 +194,8 @@ class VllmBackend(HttpBackend):
         url, body, headers = self._request(call, target)
         timeout = self.timeout_for(call)
         if self.pool is not None:
-            answer = await self._lean_post(self._lean_head(call.endpoint, headers, len(body)),
-                                           (body,),
-                                           timeout, target)
+            head = self._lean_head(call.endpoint, headers, len(body))
+            answer = await self._lean_post(head, (body,), timeout, target)
             if answer.status != 200:
                 raise self._status_error(answer.status, answer.body)
             return Result(target.model, wire=Wire("openai", answer.body))
@@ -221,9 +220,8 @@ class VllmBackend(HttpBackend):
         url, body, headers = self._request(call, target)
         timeout = self.timeout_for(call)
         if self.pool is not None:
-            streamed = await self._lean_stream(self._lean_head(call.endpoint, headers, len(body)),
-                                           (body,),
-                                               timeout, target)
+            head = self._lean_head(call.endpoint, headers, len(body))
+            streamed = await self._lean_stream(head, (body,), timeout, target)
             status, read_body, release = streamed.status, streamed.body.read_all, streamed.release
             chunks = _lean_chunks(streamed.body)
         else:
