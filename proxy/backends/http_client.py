@@ -7,7 +7,8 @@ client session, 21–45 % less CPU per request). The server side stays aiohttp, 
 listener guard it carries; this client only talks to the backends the operator configured.
 
 What it does, as aiohttp's client did for these calls: at most ``limit`` connections (callers
-beyond it wait), idle ones reused unless the backend closed them or they idled ``IDLE_S``,
+beyond it wait), idle ones reused unless the backend closed them, and closed once they idled
+``IDLE_S`` (one sweep timer, not one per call),
 TLS with the backend's context (SNI and hostname check from the url), chunked or sized
 answers. A request that was written is never sent again: a connection lost before its answer
 is an error for the caller (a fallback may act on it), since a stateful model (a sequence)
@@ -234,7 +235,8 @@ class _Conn(asyncio.Protocol):
 class HttpPool:
     """Keep-alive connections to one backend (``base``: scheme://host[:port])."""
 
-    def __init__(self, base: str, limit: int, ssl_context: ssl.SSLContext | bool) -> None:
+    def __init__(self, base: str, limit: int, ssl_context: ssl.SSLContext | bool,
+                 idle_s: float = IDLE_S) -> None:
         u = urlsplit(base)
         self.host = u.hostname or ""
         self.tls = u.scheme == "https"
@@ -246,7 +248,9 @@ class HttpPool:
                          else ssl.create_default_context())
         self.limit = limit
         self._slots: asyncio.Semaphore | None = None
-        self._idle: deque[_Conn] = deque()
+        self._idle: deque[_Conn] = deque()  # the least recently used first
+        self.idle_s = idle_s
+        self._sweep: asyncio.TimerHandle | None = None
 
     def head(self, method: str, target: str, headers: Mapping[str, str], length: int) -> bytes:
         """The request line and headers, ``Content-Length`` the body's ``length`` (one given
@@ -305,8 +309,20 @@ class HttpPool:
             conn.idle_since = time.monotonic()
             conn.body = None
             self._idle.append(conn)
+            if self._sweep is None:
+                self._sweep = asyncio.get_running_loop().call_later(self.idle_s, self._expire)
         else:
             conn.close()
+
+    def _expire(self) -> None:
+        """Close the connections idle for ``idle_s``; come back while any stays idle."""
+        self._sweep = None
+        now = time.monotonic()
+        while self._idle and (self._idle[0].lost or now - self._idle[0].idle_since >= self.idle_s):
+            self._idle.popleft().close()
+        if self._idle:
+            wait = self._idle[0].idle_since + self.idle_s - now
+            self._sweep = asyncio.get_running_loop().call_later(max(wait, 0.01), self._expire)
 
     def _release(self, conn: _Conn, whole: bool) -> None:
         self._done_with(conn, whole)
@@ -317,7 +333,7 @@ class HttpPool:
         now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()  # the most recently used: the least likely to be gone
-            if not conn.lost and now - conn.idle_since < IDLE_S:
+            if not conn.lost and now - conn.idle_since < self.idle_s:
                 return conn
             conn.close()
         return None
@@ -330,6 +346,9 @@ class HttpPool:
         return conn
 
     def close(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         while self._idle:
             self._idle.pop().close()
 

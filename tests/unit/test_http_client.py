@@ -245,3 +245,13 @@ async def test_a_stream_left_before_its_end_closes_its_connection() -> None:
         assert await s.closed_by_client_within(2.0) == 1
         assert s.connections == 2
         pool.close()
+
+
+async def test_an_idle_connection_is_closed_after_the_idle_time() -> None:
+    async with scripted([]) as s:
+        pool = HttpPool(s.base, 4, True, idle_s=0.1)
+        assert (await post(pool, b"a"))[2] == b"echo:a"
+        assert await s.closed_by_client_within(2.0) == 1  # nobody asked: the pool let it go
+        assert (await post(pool, b"b"))[2] == b"echo:b"
+        assert s.connections == 2
+        pool.close()
