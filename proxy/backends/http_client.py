@@ -8,13 +8,13 @@ listener guard it carries; this client only talks to the backends the operator c
 
 What it does, as aiohttp's client did for these calls: at most ``limit`` connections (callers
 beyond it wait), idle ones reused unless the backend closed them, and closed once they idled
-``IDLE_S`` (one sweep timer, not one per call),
-TLS with the backend's context (SNI and hostname check from the url), chunked or sized
-answers. A request that was written is never sent again: a connection lost before its answer
-is an error for the caller (a fallback may act on it), since a stateful model (a sequence)
-must not see one request twice. A cancelled or timed-out call closes its connection (an
-answer may still be on its way). Header names and values that could not be sent as one
-header line are refused (``ValueError``), never written."""
+``IDLE_S`` (one sweep timer, not one per call), TLS with the backend's context (SNI and
+hostname check from the url), chunked, sized or close-delimited answers. A request that was
+written is never sent again: a connection lost before its answer is an error for the caller
+(a fallback may act on it), since a stateful model (a sequence) must not see one request
+twice. A cancelled or timed-out call closes its connection (an answer may still be on its
+way). Header names and values that could not be sent as one header line are refused
+(``ValueError``), never written."""
 
 from __future__ import annotations
 
@@ -144,6 +144,7 @@ class _Conn(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.headers: dict[str, str] = {}
         self.chunks: list[bytes] = []
+        self.to_close = False  # the answer's body ends when the connection does
 
     # httptools' callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -151,6 +152,12 @@ class _Conn(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
+        if status >= 200:
+            # Neither sized nor chunked: the answer runs to the connection's end (HTTP/1.0's
+            # way, which aiohttp reads too), and only connection_lost can complete it.
+            self.to_close = ("content-length" not in self.headers
+                             and "transfer-encoding" not in self.headers
+                             and status not in (204, 304))
         if not self.streaming or status < 200:
             return
         self.keep = bool(self.parser.should_keep_alive())
@@ -172,15 +179,16 @@ class _Conn(asyncio.Protocol):
         if status < 200:  # an interim answer (100 Continue): the real one follows
             self.headers = {}
             return
+        keep = not self.lost and bool(self.parser.should_keep_alive())
         if self.body is not None:
-            self.keep = self.keep and bool(self.parser.should_keep_alive())
+            self.keep = self.keep and keep
             self.body._end()
             return
         waiter, self.waiter = self.waiter, None
         if waiter is None or waiter.done():  # a second answer to one request
             self.close()
             return
-        self.keep = bool(self.parser.should_keep_alive())
+        self.keep = keep
         waiter.set_result(Answer(status, self.headers, b"".join(self.chunks)))
 
     # asyncio's callbacks
@@ -201,6 +209,11 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self.to_close and exc is None:  # the end of an answer that runs to the close
+            self.to_close = False
+            self.keep = False
+            self.on_message_complete()
+            return
         self._fail(BackendDisconnected("the backend closed the connection before the end of "
                                        "its answer" + (f" ({exc})" if exc else "")))
 
@@ -216,7 +229,7 @@ class _Conn(asyncio.Protocol):
         """The whole ``Answer``, or with ``streaming`` a ``_Head`` once the headers are in."""
         assert self.transport is not None
         self.parser = httptools.HttpResponseParser(self)
-        self.headers, self.chunks = {}, []
+        self.headers, self.chunks, self.to_close = {}, [], False
         self.streaming, self.body = streaming, None
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.waiter = waiter

@@ -84,6 +84,10 @@ class Scripted:
                     writer.write(b"0\r\n\r\n")
                     await writer.drain()
                     continue
+                if step == "to-close":  # neither sized nor chunked: the body ends at the close
+                    writer.write(b"HTTP/1.1 200 OK\r\nX-Answer: eof\r\n\r\nuntil " + body)
+                    await writer.drain()
+                    return
                 if step == "chunked":
                     writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n"
                                  b"X-Answer: chunked\r\n\r\n"
@@ -180,6 +184,19 @@ async def test_chunked_and_connection_close_answers() -> None:
         assert (status, body, headers["x-answer"]) == (200, b"hello world", "chunked")
         assert (await post(pool, b"b"))[2] == b"echo:b"  # same connection, then it closes
         assert (await post(pool, b"c"))[2] == b"echo:c"  # so a new one
+        assert s.connections == 2
+        pool.close()
+
+
+async def test_an_answer_that_runs_to_the_close_is_read_whole_as_aiohttp_reads_it() -> None:
+    async with scripted(["to-close", "to-close"]) as s:
+        pool = HttpPool(s.base, 4, True)
+        status, headers, body = await post(pool, b"a")
+        assert (status, body, headers["x-answer"]) == (200, b"until a", "eof")
+        streamed = await _stream(pool)  # streamed, on a new connection
+        assert streamed.status == 200
+        assert await streamed.body.read_all() == b"until x"
+        streamed.release()
         assert s.connections == 2
         pool.close()
 
