@@ -3,13 +3,14 @@ bytes are cut into chunks; a backend's stream reads the same read by read or eve
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncGenerator
 
 import pytest
 
 from proxy.call import LocalReply, SseEvent, SseEvents, SseStream
 from proxy.errors import ErrorKind
-from proxy.wire.sse import SseSplitter
+from proxy.wire.sse import SseEventTooLarge, SseSplitter
 
 EVENTS = [b'data: {"a":1}', b'event: x\ndata: {"b":2}', b"data: [DONE]"]
 
@@ -80,3 +81,85 @@ async def test_closing_a_stream_mid_read_closes_the_backend_reads() -> None:
     assert closed == [True]
     with pytest.raises(StopAsyncIteration):
         await anext(stream)
+
+
+class _WholeBufferSplitter:
+    """The splitter as it was before events were held in pieces (the whole pending buffer
+    joined to each chunk): the reference the pieces must agree with."""
+
+    def __init__(self) -> None:
+        self.pending = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        data, held = self.pending + chunk, b""
+        if b"\r" in data:
+            if data.endswith(b"\r"):
+                data, held = data[:-1], b"\r"
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if b"\n\n" not in data:
+            self.pending = data + held
+            return []
+        *events, rest = data.split(b"\n\n")
+        self.pending = rest + held
+        return [e + b"\n\n" for e in events if e.strip()]
+
+    def end(self) -> list[bytes]:
+        if not self.pending.endswith(b"\r"):
+            return []
+        pending, self.pending = self.pending[:-1] + b"\n", b""
+        return self.feed(pending)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_events_held_in_pieces_split_as_the_whole_buffer_did(seed: int) -> None:
+    rng = random.Random(seed)
+    alphabet = [b"a", b"b", b":", b" ", b"\n", b"\r", b"\r\n", b"data: ", b"{}"]
+    stream = b"".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 400)))
+    new, old = SseSplitter(), _WholeBufferSplitter()
+    got_new: list[bytes] = []
+    got_old: list[bytes] = []
+    i = 0
+    while i < len(stream):
+        step = rng.choice([1, 1, 2, 3, 5, 17, 64])
+        got_new += new.feed(stream[i:i + step])
+        got_old += old.feed(stream[i:i + step])
+        assert new.pending == old.pending
+        i += step
+    got_new += new.end()
+    got_old += old.end()
+    assert got_new == got_old
+    assert new.pending == old.pending
+
+
+def test_an_event_that_does_not_end_within_the_limit_is_refused() -> None:
+    split = SseSplitter(limit=1000)
+    assert split.feed(b"data: 1\n\n" + b"x" * 600) == [b"data: 1\n\n"]
+    with pytest.raises(SseEventTooLarge, match="more than 1000 bytes"):
+        for _ in range(10):
+            split.feed(b"y" * 100)
+    ok = SseSplitter(limit=1000)  # many events, each under the limit: no refusal
+    for _ in range(50):
+        assert ok.feed(b"data: " + b"z" * 900 + b"\n\n") == [b"data: " + b"z" * 900 + b"\n\n"]
+
+
+def test_the_events_before_a_huge_one_in_the_same_read_are_handed_on_first() -> None:
+    split = SseSplitter(limit=1000)  # one read: an event, then a huge open one
+    assert split.feed(b"data: 1\n\n" + b"x" * 1001) == [b"data: 1\n\n"]
+    with pytest.raises(SseEventTooLarge):
+        split.feed(b"more")
+    split = SseSplitter(limit=1000)  # the same, and the stream ended with that read
+    assert split.feed(b"data: 1\n\n" + b"x" * 1001) == [b"data: 1\n\n"]
+    with pytest.raises(SseEventTooLarge):
+        split.end()
+
+
+def test_an_event_over_the_limit_that_comes_whole_in_one_read_is_refused() -> None:
+    assert SseSplitter(limit=1000).feed(b"data: " + b"x" * 994 + b"\n\n") == [
+        b"data: " + b"x" * 994 + b"\n\n"]  # exactly the limit
+    with pytest.raises(SseEventTooLarge):
+        SseSplitter(limit=1000).feed(b"data: " + b"x" * 995 + b"\n\ndata: 2\n\n")
+    split = SseSplitter(limit=1000)  # what came before it is handed on, nothing after it
+    assert split.feed(b"data: 1\n\ndata: " + b"x" * 995 + b"\n\ndata: 2\n\n") == [
+        b"data: 1\n\n"]
+    with pytest.raises(SseEventTooLarge, match="more than 1000 bytes"):
+        split.end()
