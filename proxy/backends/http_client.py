@@ -9,7 +9,9 @@ listener guard it carries; this client only talks to the backends the operator c
 What it does, as aiohttp's client did for these calls: at most ``limit`` connections (callers
 beyond it wait), idle ones reused unless the backend closed them, and closed once they idled
 ``IDLE_S`` (one sweep timer, not one per call), TLS with the backend's context (SNI and
-hostname check from the url), chunked, sized or close-delimited answers. A request that was
+hostname check from the url), chunked, sized or close-delimited answers, at most ``max_body``
+bytes of a whole answer held (a bigger one fails with ``AnswerTooLarge`` and its connection
+is closed; a streamed answer is paced instead, see ``Body``). A request that was
 written is never sent again: a connection lost before its answer is an error for the caller
 (a fallback may act on it), since a stateful model (a sequence) must not see one request
 twice. A cancelled or timed-out call closes its connection (an answer may still be on its
@@ -113,12 +115,29 @@ class Body:
         return b"", True
 
     async def read_all(self) -> bytes:
+        """The rest of the body, whole: at most the connection's ``max_body`` bytes
+        (``AnswerTooLarge`` past it; the caller's ``release`` then closes the connection)."""
         parts = []
+        size = 0
+        limit = self._conn.max_body
         ended = False
         while not ended:
             data, ended = await self.read()
+            size += len(data)
+            if limit is not None and size > limit:
+                raise AnswerTooLarge(None, limit)
             parts.append(data)
         return b"".join(parts)
+
+
+class AnswerTooLarge(Exception):
+    """A whole answer over the client's ``max_body`` (``size``: its declared length, when it
+    declared one); its connection is closed, the rest of it never read."""
+
+    def __init__(self, size: int | None, limit: int) -> None:
+        self.size, self.limit = size, limit
+        super().__init__(f"an answer of {size} bytes" if size is not None
+                         else f"an answer of more than {limit} bytes")
 
 
 class BackendDisconnected(ConnectionError):
@@ -133,7 +152,10 @@ class _Conn(asyncio.Protocol):
     """One connection, one request at a time; its answer handed to ``waiter``. A byte that
     comes when no request waits, or after its answer, breaks the connection (closed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_body: int | None = None) -> None:
+        self.max_body = max_body
+        """The most bytes of a whole answer held; None: no bound."""
+        self.received = 0
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future[Any] | None = None
         self.streaming = False
@@ -158,6 +180,11 @@ class _Conn(asyncio.Protocol):
             self.to_close = ("content-length" not in self.headers
                              and "transfer-encoding" not in self.headers
                              and status not in (204, 304))
+            if not self.streaming and self.max_body is not None:
+                declared = self.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > self.max_body:
+                    self._too_large(int(declared))  # refused before a byte of it is read
+                    return
         if not self.streaming or status < 200:
             return
         self.keep = bool(self.parser.should_keep_alive())
@@ -169,10 +196,16 @@ class _Conn(asyncio.Protocol):
         waiter.set_result(_Head(status, self.headers, self.body))
 
     def on_body(self, body: bytes) -> None:
+        if self.lost:  # refused (too large) in this very read: the rest is not kept
+            return
         if self.body is not None:
             self.body._piece(body)
-        else:
-            self.chunks.append(body)
+            return
+        self.received += len(body)
+        if self.max_body is not None and self.received > self.max_body:
+            self._too_large(None)
+            return
+        self.chunks.append(body)
 
     def on_message_complete(self) -> None:
         status = self.parser.get_status_code()
@@ -217,6 +250,11 @@ class _Conn(asyncio.Protocol):
         self._fail(BackendDisconnected("the backend closed the connection before the end of "
                                        "its answer" + (f" ({exc})" if exc else "")))
 
+    def _too_large(self, size: int | None) -> None:
+        assert self.max_body is not None
+        self._fail(AnswerTooLarge(size, self.max_body))
+        self.close()
+
     def _fail(self, exc: Exception) -> None:
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
@@ -229,7 +267,7 @@ class _Conn(asyncio.Protocol):
         """The whole ``Answer``, or with ``streaming`` a ``_Head`` once the headers are in."""
         assert self.transport is not None
         self.parser = httptools.HttpResponseParser(self)
-        self.headers, self.chunks, self.to_close = {}, [], False
+        self.headers, self.chunks, self.to_close, self.received = {}, [], False, 0
         self.streaming, self.body = streaming, None
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.waiter = waiter
@@ -249,7 +287,7 @@ class HttpPool:
     """Keep-alive connections to one backend (``base``: scheme://host[:port])."""
 
     def __init__(self, base: str, limit: int, ssl_context: ssl.SSLContext | bool,
-                 idle_s: float = IDLE_S) -> None:
+                 idle_s: float = IDLE_S, max_body: int | None = None) -> None:
         u = urlsplit(base)
         self.host = u.hostname or ""
         self.tls = u.scheme == "https"
@@ -263,6 +301,8 @@ class HttpPool:
         self._slots: asyncio.Semaphore | None = None
         self._idle: deque[_Conn] = deque()  # the least recently used first
         self.idle_s = idle_s
+        self.max_body = max_body
+        """The most bytes of one whole answer (or a streamed one's error body) held."""
         self._sweep: asyncio.TimerHandle | None = None
 
     def head(self, method: str, target: str, headers: Mapping[str, str], length: int) -> bytes:
@@ -354,7 +394,7 @@ class HttpPool:
     async def _connect(self) -> _Conn:
         loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(
-            _Conn, self.host, self.port, ssl=self._ssl,
+            lambda: _Conn(self.max_body), self.host, self.port, ssl=self._ssl,
             server_hostname=self.host if self._ssl is not None else None)
         return conn
 

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from proxy.backends.http_client import BackendDisconnected, HttpPool, Streamed
+from proxy.backends.http_client import AnswerTooLarge, BackendDisconnected, HttpPool, Streamed
 
 
 class Scripted:
@@ -84,6 +84,22 @@ class Scripted:
                     writer.write(b"0\r\n\r\n")
                     await writer.drain()
                     continue
+                if step == "big-declared":  # declares 10 MB, sends 1 KB, waits for the close
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10000000\r\n\r\n"
+                                 + b"x" * 1024)
+                    await writer.drain()
+                    await reader.read()
+                    self._closed_by_client()
+                    return
+                if step in ("endless", "endless-500"):  # chunks of 64 KiB until the client closes
+                    status = b"200 OK" if step == "endless" else b"500 Internal Server Error"
+                    writer.write(b"HTTP/1.1 %s\r\nTransfer-Encoding: chunked\r\n\r\n" % status)
+                    with contextlib.suppress(ConnectionError):
+                        while not writer.is_closing() and not reader.at_eof():
+                            writer.write(b"10000\r\n" + b"y" * 65536 + b"\r\n")
+                            await writer.drain()
+                    self._closed_by_client()
+                    return
                 if step == "to-close":  # neither sized nor chunked: the body ends at the close
                     writer.write(b"HTTP/1.1 200 OK\r\nX-Answer: eof\r\n\r\nuntil " + body)
                     await writer.drain()
@@ -271,4 +287,57 @@ async def test_an_idle_connection_is_closed_after_the_idle_time() -> None:
         assert await s.closed_by_client_within(2.0) == 1  # nobody asked: the pool let it go
         assert (await post(pool, b"b"))[2] == b"echo:b"
         assert s.connections == 2
+        pool.close()
+
+
+async def test_an_answer_declared_over_max_body_is_refused_unread_and_its_connection_closed(
+        ) -> None:
+    async with scripted(["big-declared", "ok"]) as s:
+        pool = HttpPool(s.base, 4, True, max_body=4096)
+        with pytest.raises(AnswerTooLarge) as err:
+            async with asyncio.timeout(10):
+                await post(pool, b"a")
+        assert (err.value.size, err.value.limit) == (10_000_000, 4096)
+        assert str(err.value) == "an answer of 10000000 bytes"
+        assert await s.closed_by_client_within(5.0) == 1
+        assert (await post(pool, b"b"))[2] == b"echo:b"  # a fresh connection
+        assert s.connections == 2
+        pool.close()
+
+
+async def test_an_answer_without_end_is_cut_at_max_body_and_its_connection_closed() -> None:
+    # Without the bound this call would read (and hold) until the deadline: 64 KiB a read.
+    async with scripted(["endless"]) as s:
+        pool = HttpPool(s.base, 4, True, max_body=1 << 20)
+        with pytest.raises(AnswerTooLarge) as err:
+            async with asyncio.timeout(10):
+                await post(pool, b"a")
+        assert (err.value.size, err.value.limit) == (None, 1 << 20)
+        assert str(err.value) == "an answer of more than 1048576 bytes"
+        assert await s.closed_by_client_within(5.0) == 1
+        pool.close()
+
+
+async def test_an_answer_of_exactly_max_body_bytes_is_taken_one_more_is_not() -> None:
+    async with scripted(["ok", "ok"]) as s:
+        pool = HttpPool(s.base, 4, True, max_body=len(b"echo:") + 10)
+        assert (await post(pool, b"0123456789"))[2] == b"echo:0123456789"
+        with pytest.raises(AnswerTooLarge):
+            await post(pool, b"0123456789a")
+        pool.close()
+
+
+async def test_a_streamed_answers_error_body_is_read_whole_up_to_max_body() -> None:
+    async with scripted(["endless-500"]) as s:
+        pool = HttpPool(s.base, 4, True, max_body=1 << 20)
+        streamed = await pool.open_stream(pool.head("POST", "/v1/chat/completions", {}, 2),
+                                          (b"{}",))
+        assert streamed.status == 500
+        try:
+            with pytest.raises(AnswerTooLarge, match="more than 1048576 bytes"):
+                async with asyncio.timeout(10):
+                    await streamed.body.read_all()
+        finally:
+            streamed.release()
+        assert await s.closed_by_client_within(5.0) == 1  # not kept: its answer never ended
         pool.close()
