@@ -85,6 +85,15 @@ class Backend(abc.ABC):
                              f"backend '{self.name}'")
         return timeout
 
+    def too_large(self, where: str, what: str, model: str, limit: int, then: str) -> ProxyError:
+        """An answer (or a streamed event) over the backend's ``max_message_bytes``: the
+        backend's fault (502), named with the setting that bounds it; ``what``: "an answer
+        of N bytes"; ``then``: what mmguard did with the rest of it."""
+        return ProxyError(ErrorKind.BAD_GATEWAY,
+                          f"backend '{self.name}' ({where}) sent {what} for model '{model}'; "
+                          f"mmguard takes at most {limit} bytes (backends[].max_message_bytes) "
+                          f"and {then}", origin="backend")
+
     def deadline_error(self, target: Target, timeout: float) -> ProxyError:
         return ProxyError(ErrorKind.DEADLINE_EXCEEDED,
                           f"backend '{self.name}' did not answer model '{target.model}' within "

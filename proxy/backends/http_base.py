@@ -15,10 +15,11 @@ import aiohttp
 import yarl
 
 from proxy.backends.base import Backend
-from proxy.backends.http_client import Answer, HttpPool, Streamed
+from proxy.backends.http_client import Answer, AnswerTooLarge, HttpPool, Streamed
 from proxy.call import Target
 from proxy.config.tls import TlsClient, backend_ssl_context
 from proxy.errors import ErrorKind, ProxyError, kind_from_http
+from proxy.wire.sse import SseEventTooLarge
 
 _T = TypeVar("_T")
 _TARGETS_KEPT = 1024  # request targets remembered per backend (one per model and endpoint)
@@ -26,8 +27,11 @@ _TARGETS_KEPT = 1024  # request targets remembered per backend (one per model an
 
 class HttpBackend(Backend):
     def __init__(self, name: str, url: str, timeout_s: float, pool_size: int,
-                 auto_decompress: bool = True, tls: TlsClient | None = None) -> None:
+                 auto_decompress: bool = True, tls: TlsClient | None = None,
+                 max_message_bytes: int | None = None) -> None:
         self.name = name
+        self.max_message_bytes = max_message_bytes
+        """The most bytes of one answer (or one streamed event) taken from the server."""
         self.timeout_s = timeout_s
         url = url if "://" in url else f"{'https' if tls else 'http'}://{url}"
         self.base = url.rstrip("/")
@@ -64,7 +68,7 @@ class HttpBackend(Backend):
         try:
             async with self.session.get(self.base + path,
                                         timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
-                body = await r.read()
+                body = await self._read(r, model)
                 if r.status != 200:
                     raise self._status_error(r.status, body)
                 return json.loads(body)  # type: ignore[no-any-return]
@@ -84,6 +88,28 @@ class HttpBackend(Backend):
         return ProxyError(kind_from_http(status), message, origin="backend", status=status,
                           body=body, param=param)
 
+    async def _read(self, r: aiohttp.ClientResponse, model: str) -> bytes:
+        """A session answer's body, at most ``max_message_bytes`` of it: past that (declared,
+        or as it arrives) the connection is closed and the call is a bad gateway."""
+        limit = self.max_message_bytes
+        if limit is None:
+            return await r.read()
+        if r.content_length is not None and r.content_length > limit:
+            r.close()
+            raise self.too_large_error(AnswerTooLarge(r.content_length, limit), model)
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in r.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                r.close()
+                raise self.too_large_error(AnswerTooLarge(None, limit), model)
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def too_large_error(self, exc: AnswerTooLarge | SseEventTooLarge, model: str) -> ProxyError:
+        return self.too_large(self.base, str(exc), model, exc.limit, "closed the connection")
+
     def _transport_error(self, exc: Exception, model: str) -> ProxyError:
         return ProxyError(ErrorKind.UNAVAILABLE,
                           f"backend '{self.name}' ({self.base}) is unavailable for model "
@@ -93,7 +119,8 @@ class HttpBackend(Backend):
 
     def _use_lean_client(self, infer_client: str) -> None:
         if infer_client == "httptools":
-            self.pool = HttpPool(self.base, self._pool_size, self._ssl)
+            self.pool = HttpPool(self.base, self._pool_size, self._ssl,
+                                 max_body=self.max_message_bytes)
 
     def _lean_head(self, path: str, headers: dict[str, str], length: int) -> bytes:
         """A POST's head to ``path`` (encoded as aiohttp's client encodes a url) for a body
@@ -127,6 +154,8 @@ class HttpBackend(Backend):
                 return await call
         except TimeoutError:
             raise self.deadline_error(target, limit_s) from None
+        except AnswerTooLarge as exc:
+            raise self.too_large_error(exc, target.model) from None
         except OSError as exc:
             raise self._transport_error(exc, target.model) from None
 

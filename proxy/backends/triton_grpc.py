@@ -9,6 +9,7 @@ a filter or a front of another protocol needs it.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,6 +31,8 @@ from proxy.telemetry import backend_span, traced_stream
 from proxy.wire import kserve_grpc
 from proxy.wire.answers import answer_source
 
+_OVER_MAX = re.compile(r"(Received|Sent) message larger than max \((\d+) vs\. (\d+)\)")
+"""grpc's words for a message over the channel's receive or send bound."""
 _SERVICE = "/inference.GRPCInferenceService/"
 
 
@@ -225,6 +228,17 @@ class TritonGrpcBackend(Backend):
             return ProxyError(ErrorKind.UNAVAILABLE,
                               f"backend '{self.name}' ({self.cfg.url}) is unavailable for model "
                               f"'{model}': {details}")
+        over = _OVER_MAX.search(details) if code == grpc.StatusCode.RESOURCE_EXHAUSTED else None
+        if over is not None and int(over[3]) == self.cfg.max_message_bytes:
+            # mmguard's own channel refused the message (Triton itself takes up to 2 GiB)
+            if over[1] == "Received":  # the backend's answer is over the operator's bound
+                return self.too_large(self.cfg.url, f"an answer of {over[2]} bytes", model,
+                                      self.cfg.max_message_bytes, "refused it")
+            return ProxyError(ErrorKind.TOO_LARGE,
+                              f"the request for model '{model}' is {over[2]} bytes as sent to "
+                              f"backend '{self.name}' ({self.cfg.url}); mmguard sends it at most "
+                              f"{self.cfg.max_message_bytes} bytes "
+                              "(backends[].max_message_bytes)")
         return ProxyError(kind_from_grpc(code), details, origin="backend")
 
     async def close(self) -> None:

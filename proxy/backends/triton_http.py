@@ -40,7 +40,7 @@ class TritonHttpBackend(HttpBackend):
     def __init__(self, cfg: TritonHttpBackendConfig) -> None:
         # Answers are forwarded as they came, so they are never decompressed on the way.
         super().__init__(cfg.name, cfg.url, cfg.timeout_s, cfg.pool_size, auto_decompress=False,
-                         tls=cfg.tls)
+                         tls=cfg.tls, max_message_bytes=cfg.max_message_bytes)
         self.cfg = cfg
         pool = cfg.shared_memory_pool
         self.handoff = (HandoffPool(cfg.name, pool.slots, pool.max_slot_bytes)
@@ -104,7 +104,7 @@ class TritonHttpBackend(HttpBackend):
         try:
             async with asyncio.timeout(timeout):
                 async with self.session.post(url, data=body, headers=headers) as r:
-                    data = await r.read()
+                    data = await self._read(r, target.model)
                     if r.status != 200:
                         raise self._status_error(r.status, data)
                     return data, r.headers.get(kserve_http.HEADER_LENGTH)
@@ -128,7 +128,7 @@ class TritonHttpBackend(HttpBackend):
         async with self.session.post(f"{self.base}/v2/systemsharedmemory/region/{name}/register",
                                      data=body, timeout=aiohttp.ClientTimeout(
                                          total=self.timeout_s)) as r:
-            data = await r.read()
+            data = await self._read(r, f"(shared memory region {name})")
             if r.status != 200 and b"already in manager" not in data:  # ours: a lost answer
                 raise self._status_error(r.status, data)
 
@@ -136,7 +136,7 @@ class TritonHttpBackend(HttpBackend):
         async with self.session.post(
                 f"{self.base}/v2/systemsharedmemory/region/{name}/unregister",
                 timeout=aiohttp.ClientTimeout(total=2.0)) as r:
-            await r.read()
+            await self._read(r, f"(shared memory region {name})")
 
     async def metadata(self, model: str, version: str = "") -> ModelContract:
         contract = with_files(await self._metadata(model, version),
@@ -179,7 +179,7 @@ class TritonHttpBackend(HttpBackend):
             async with self.session.post(self.base + path, json=body,
                                          timeout=aiohttp.ClientTimeout(total=self.timeout_s)
                                          ) as r:
-                data = await r.read()
+                data = await self._read(r, model)
                 if r.status != 200:
                     raise self._status_error(r.status, data)
                 return data

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
 
 from proxy.backends.fingerprint import PROBES, tokenizer_part
 from proxy.backends.http_base import HttpBackend
-from proxy.backends.http_client import Body
+from proxy.backends.http_client import AnswerTooLarge, Body
 from proxy.backends.propagation import forward_headers
 from proxy.call import (
     Call,
@@ -38,7 +39,7 @@ from proxy.contract import ModelContract, fingerprint
 from proxy.errors import ErrorKind, ProxyError
 from proxy.telemetry import backend_span, gen_ai_usage, traced_stream
 from proxy.wire import openai
-from proxy.wire.sse import SseSplitter
+from proxy.wire.sse import SseEventTooLarge, SseSplitter
 
 log = logging.getLogger("mmguard.vllm")
 
@@ -53,7 +54,8 @@ class VllmBackend(HttpBackend):
     protocol = "openai"
 
     def __init__(self, cfg: VllmBackendConfig) -> None:
-        super().__init__(cfg.name, cfg.url, cfg.timeout_s, cfg.pool_size, tls=cfg.tls)
+        super().__init__(cfg.name, cfg.url, cfg.timeout_s, cfg.pool_size, tls=cfg.tls,
+                         max_message_bytes=cfg.max_message_bytes)
         self.cfg = cfg
         self._use_lean_client(cfg.infer_client)
         self._accepts_images: dict[str, bool | None] = {}
@@ -93,7 +95,7 @@ class VllmBackend(HttpBackend):
             async with self.session.get(self.base + "/tokenizer_info",
                                         timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
                 if r.status == 200:
-                    doc = json.loads(await r.read())
+                    doc = json.loads(await self._read(r, model))
                     info = doc if isinstance(doc, dict) else None
         except (aiohttp.ClientError, ValueError):
             info = None
@@ -126,7 +128,7 @@ class VllmBackend(HttpBackend):
             try:
                 async with self.session.post(self.base + openai.CHAT, json=probe,
                                              timeout=aiohttp.ClientTimeout(total=60)) as r:
-                    await r.read()
+                    await self._read(r, model)
                     self._accepts_images[model] = (True if r.status == 200 else
                                                    False if r.status == 400 else None)
             except (aiohttp.ClientError, TimeoutError):
@@ -145,6 +147,8 @@ class VllmBackend(HttpBackend):
             try:
                 async with asyncio.timeout(self.timeout_s):
                     answer = await self.pool.request(head, (body,))
+            except AnswerTooLarge as exc:
+                raise self.too_large_error(exc, path) from None
             except OSError as exc:
                 raise self._transport_error(exc, path) from None
             return answer.status, answer.headers.get("content-type", ""), answer.body
@@ -152,7 +156,7 @@ class VllmBackend(HttpBackend):
             async with self.session.request(
                     method, self.base + path, data=body, headers=sent,
                     timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
-                return r.status, r.headers.get("Content-Type", ""), await r.read()
+                return r.status, r.headers.get("Content-Type", ""), await self._read(r, path)
         except aiohttp.ClientError as exc:
             raise self._transport_error(exc, path) from None
 
@@ -202,7 +206,7 @@ class VllmBackend(HttpBackend):
         try:
             async with asyncio.timeout(timeout):
                 async with self.session.post(url, data=body, headers=headers) as r:
-                    data = await r.read()
+                    data = await self._read(r, target.model)
                     if r.status != 200:
                         raise self._status_error(r.status, data)
         except TimeoutError:
@@ -222,7 +226,8 @@ class VllmBackend(HttpBackend):
         if self.pool is not None:
             head = self._lean_head(call.endpoint, headers, len(body))
             streamed = await self._lean_stream(head, (body,), timeout, target)
-            status, read_body, release = streamed.status, streamed.body.read_all, streamed.release
+            status, release = streamed.status, streamed.release
+            read_body: Callable[[], Awaitable[bytes]] = streamed.body.read_all
             chunks = _lean_chunks(streamed.body)
         else:
             try:
@@ -233,12 +238,15 @@ class VllmBackend(HttpBackend):
                 raise self.deadline_error(target, timeout) from None
             except aiohttp.ClientError as exc:
                 raise self._transport_error(exc, target.model) from None
-            status, read_body, release = resp.status, resp.read, resp.release
+            status, release = resp.status, resp.release
+            read_body = functools.partial(self._read, resp, target.model)
             chunks = _session_chunks(resp)
         try:
             if status != 200:
                 raise self._status_error(status, await read_body())
-            splitter = SseSplitter()  # \n\n, \r\n\r\n and \r\r all end an event
+            # \n\n, \r\n\r\n and \r\r all end an event; one that does not end within
+            # max_message_bytes breaks the stream off (its connection closed by release)
+            splitter = SseSplitter(self.max_message_bytes)
             async for chunk, ended in chunks:
                 events = splitter.feed(chunk)
                 # All that came in this read goes out together; so does the stream's end when
@@ -251,6 +259,8 @@ class VllmBackend(HttpBackend):
             if splitter.pending.strip():
                 raise ProxyError(ErrorKind.UNAVAILABLE,
                                  f"backend '{self.name}' ended the stream mid-event")
+        except (AnswerTooLarge, SseEventTooLarge) as exc:
+            raise self.too_large_error(exc, target.model) from None
         except (aiohttp.ClientError, ConnectionError) as exc:
             yield LocalReply(ErrorKind.UNAVAILABLE,
                              f"backend '{self.name}' ({self.base}) broke off the stream for model "

@@ -74,6 +74,11 @@ class TritonHttpBackendConfig(TritonBackendCommon):
     timeout_s: float = Field(30.0, gt=0)
     pool_size: int = Field(64, ge=1)
     """Keep-alive connections kept open to the server."""
+    max_message_bytes: int = Field(256 * MiB, gt=0)
+    """The largest answer taken from the server (for a stream: one event), as a
+    ``triton_grpc`` backend's: past it (declared, or as it arrives) the call is a bad gateway
+    (502) naming this setting and the connection is closed, so a broken server cannot make
+    mmguard hold an answer without end."""
     tls: TlsClient | None = None
     """TLS to Triton; an ``https://`` url without it uses the system's trust store."""
     infer_client: Literal["httptools", "aiohttp"] = "httptools"
@@ -114,6 +119,11 @@ class VllmBackendConfig(Strict):
     timeout_s: float = Field(60.0, gt=0)
     """Until the answer starts (for streams) or ends (otherwise)."""
     pool_size: int = Field(100, ge=1)
+    max_message_bytes: int = Field(256 * MiB, gt=0)
+    """The largest answer taken from the server (for a stream: one event), as a
+    ``triton_grpc`` backend's: past it (declared, or as it arrives) the call is a bad gateway
+    (502) naming this setting and the connection is closed, so a broken server cannot make
+    mmguard hold an answer without end."""
     image_input: Literal["auto", "yes", "no"] = "auto"
     """Whether the model takes images; auto probes once with a one-token request."""
     tls: TlsClient | None = None

@@ -53,6 +53,8 @@ class FakeV2:
         self.hang = False  # take infer calls and answer none of them until stop()
         self.fail_http = 0  # answer HTTP infer with this status and Triton's {"error": ...}
         self.fail_grpc: grpc.StatusCode | None = None  # abort gRPC infer with this code
+        self.grow = 1  # OUTPUT0 is the input repeated this many times (an answer bigger than
+        # its request, valid: the last dimension grows with it)
         self._stopping: asyncio.Event | None = None
         self.http_port = self.grpc_port = 0
         self._runner: web.AppRunner | None = None
@@ -144,6 +146,9 @@ class FakeV2:
             out["outputs"][0]["data"] = data[:-1] if cue == "json-short" else data
             return web.json_response(out)
         raw = body[int(hlen):]
+        if self.grow > 1:
+            out["outputs"][0]["shape"] = [*inp["shape"][:-1], inp["shape"][-1] * self.grow]
+            raw = raw * self.grow
         raw = raw[:-4] if cue == "short" else raw + bytes(4) if cue == "long" else raw
         extra = bytes(4) if cue == "binary-extra" else b""
         return _binary_answer(out, raw, extra)
@@ -184,8 +189,10 @@ class FakeV2:
             resp.outputs.add(name="OUTPUT0", datatype="BYTES", shape=shape)
             resp.raw_output_contents.append(_bad_bytes(cue, shape))
             return resp
-        resp.outputs.add(name="OUTPUT0", datatype="FP32", shape=shape)
         raw = req.raw_input_contents[0]
+        if self.grow > 1:
+            shape, raw = [*shape[:-1], shape[-1] * self.grow], raw * self.grow
+        resp.outputs.add(name="OUTPUT0", datatype="FP32", shape=shape)
         resp.raw_output_contents.append(
             raw[:-4] if cue == "short" else raw + bytes(4) if cue == "long" else raw)
         if cue == "raw-count":
