@@ -1,7 +1,7 @@
 """Keystone without a bezel (issue 30, docs/quality.md "Round 9"): can the frame's local
 resolution or its text-line spacing tell a page or a screen photographed at an angle?
 
-    python -m bench.keystone_study [--seeds 4]
+    python -m bench.keystone_study [--seeds 4] [--held-out]
 
 A study, not a signal: nothing here is shipped. It scores three candidate features on every
 clean input of ``bench.quality_eval``'s framings (photographs at the eval framing, random crops,
@@ -38,6 +38,18 @@ The features (each larger = more keystone-like; read on the luminance plane):
   (``flat_share`` >= 0.4: a digital page or UI). Then, for it, the same copies with what a
   real phone photograph adds after the warp (sensor noise σ 0.004 and 0.01, JPEG q 85, the
   moiré of ``photos.keystone_moire``), each at 0.2: the prior reads digital flat colour.
+- ``tilt, no prior`` *(Round 11)*: ``tilt on flat colour`` read on every frame: how much of
+  the geometry survives what a phone adds once the flat-colour prior is gone.
+- ``converging on text lines`` *(Round 11)*: ``bench.keystone_lines.converging``: how much
+  the lines' tilt changes across the thirds of the frame, judged where some third holds
+  periodic text lines; ``converging rows on text lines``: the same on the lines along the
+  rows only.
+
+The tilt features are then read on the keystoned copies with what a phone adds after the warp
+(noise, JPEG, moiré), and on the clean sources photographed square on (moiré, noise): those
+must not read as a keystone. ``--held-out`` reads them once more on inputs no setting was
+chosen on: random crops and the evaluation framing drawn with other seeds, 8 more rendered
+pages, and keystoned copies drawn with other seeds, at the operating points of the sets above.
 """
 
 from __future__ import annotations
@@ -50,6 +62,7 @@ import numpy as np
 from numpy.typing import NDArray
 from PIL import Image, ImageDraw, ImageFont
 
+from bench.keystone_lines import converging, tilt_record
 from bench.quality_eval import auc, framings, wilson
 from tests.support import photos
 
@@ -245,8 +258,39 @@ def tilt(y: F64, flat: float = 0.4, coherent: float = 0.2, peak: float = 2.0) ->
     return max(found, default=0.0)
 
 
+_RECORDS: dict[bytes, F64] = {}
+
+
+def _record(y: F64) -> F64:
+    """``tilt_record`` of ``y``, kept per plane: the two converging features share it."""
+    key = y.tobytes()
+    if key not in _RECORDS:
+        if len(_RECORDS) > 4096:
+            _RECORDS.clear()
+        _RECORDS[key] = tilt_record(y)
+    return _RECORDS[key]
+
+
+def tilt_no_prior(y: F64) -> float:
+    return tilt(y, flat=0.0)
+
+
+def converging_lines(y: F64) -> float:
+    return converging(_record(y))
+
+
+def converging_rows(y: F64) -> float:
+    return converging(_record(y), columns=False)
+
+
 FEATURES: dict[str, Feature] = {"bands": bands, "tiles": tiles, "edges": edges, "lines": lines,
-                                "bands on pages": bands_on_pages, "tilt on flat colour": tilt}
+                                "bands on pages": bands_on_pages, "tilt on flat colour": tilt,
+                                "tilt, no prior": tilt_no_prior,
+                                "converging on text lines": converging_lines,
+                                "converging rows on text lines": converging_rows}
+# The features that read the lines' geometry: measured against what a phone adds, and held out.
+GEOMETRY = ("tilt on flat colour", "tilt, no prior", "converging on text lines",
+            "converging rows on text lines")
 
 _PARAGRAPH = ("the quick brown fox jumps over the lazy dog while the committee reviews each "
               "quarterly report and its tables of revenue cost margin and outlook for the "
@@ -324,6 +368,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.keystone_study",
                                      description=__doc__.split("\n", 1)[0])
     parser.add_argument("--seeds", type=int, default=4, help="keystoned copies per source")
+    parser.add_argument("--held-out", action="store_true",
+                        help="also read the geometry features on held-out inputs (Round 11)")
     args = parser.parse_args()
     sets = clean_sets()
     scores = {k: {name: [f(luminance(c.image)) for c in cs] for name, cs in sets.items()}
@@ -356,42 +402,117 @@ def main() -> None:
             lo, hi = wilson(len(hits), len(v))
             print(f"  FP {name:34s} {len(hits):3d} / {len(v):3d} [{lo:5.1%}, {hi:5.1%}]  "
                   + "; ".join(hits[:3]) + (" ..." if len(hits) > 3 else ""))
-    robustness(kinds, max(ceiling(v) for v in scores["tilt on flat colour"].values()),
-               args.seeds)
+    points = {k: max(ceiling(v) for v in scores[k].values()) for k in GEOMETRY}
+    robustness(kinds, points, args.seeds)
+    if args.held_out:
+        held_out(kinds, points, args.seeds)
 
 
-def _noisy(sigma: float) -> Callable[[NDArray[np.uint8], np.random.Generator],
-                                      NDArray[np.uint8]]:
-    def add(x: NDArray[np.uint8], rng: np.random.Generator) -> NDArray[np.uint8]:
+U8 = NDArray[np.uint8]
+Phone = Callable[[U8, np.random.Generator], U8]
+
+
+def _noisy(sigma: float) -> Phone:
+    def add(x: U8, rng: np.random.Generator) -> U8:
         return np.asarray(photos.gaussian(x, sigma, rng), np.uint8)
     return add
 
 
-def _jpeg85(x: NDArray[np.uint8], rng: np.random.Generator) -> NDArray[np.uint8]:
+def _jpeg85(x: U8, rng: np.random.Generator) -> U8:
     return np.asarray(photos.jpeg(x, 85, rng), np.uint8)
 
 
-def robustness(kinds: dict[str, list[photos.Clean]], point: float, seeds: int) -> None:
-    """``tilt`` on the keystoned copies at 0.2 with what a phone photograph adds after the
-    warp, against the same clean inputs: AUC and the share caught above ``point``."""
-    after = {"sensor noise 0.004": _noisy(0.004), "sensor noise 0.01": _noisy(0.01),
-             "JPEG q85": _jpeg85}
-    print(f"\ntilt on flat colour, keystone 0.2 and then what a phone adds (point {point:g}):")
+# What a phone adds after the warp (the keystone), each drawn per copy.
+AFTER: dict[str, Phone] = {"sensor noise 0.004": _noisy(0.004),
+                           "sensor noise 0.01": _noisy(0.01),
+                           "sensor noise 0.02": _noisy(0.02), "JPEG q85": _jpeg85}
+
+
+def phone_copies(sources: Sequence[photos.Clean], seeds: int,
+                 salt: Sequence[int] = ()) -> dict[str, list[F64]]:
+    """Luminance planes of keystoned copies at 0.2 (``keystoned``'s seeds, or others when
+    ``salt`` is given) with each of ``AFTER`` added, of ``photos.keystone_moire`` copies
+    (a screen's moiré, then the keystone) without and with sensor noise 0.02; and of the
+    sources photographed square on (moiré of contrast 0.4; noise 0.02), which must not read
+    as a keystone."""
+    ks, ks_moire = photos.BY_NAME["keystone"], photos.BY_NAME["keystone_moire"]
+    base = [ks.apply(c.image, 0.2, np.random.default_rng([seed, i, 200, *salt]))
+            for i, c in enumerate(sources) for seed in range(seeds)]
+    moire = [ks_moire.apply(c.image, 0.2, np.random.default_rng([seed, i, 200, *salt]))
+             for i, c in enumerate(sources) for seed in range(seeds)]
+    out = {what: [luminance(fn(np.asarray(x, np.uint8), np.random.default_rng([7, i, *salt])))
+                  for i, x in enumerate(base)] for what, fn in AFTER.items()}
+    out["moire 0.4"] = [luminance(np.asarray(x, np.uint8)) for x in moire]
+    out["moire 0.4 + noise 0.02"] = [
+        luminance(_noisy(0.02)(np.asarray(x, np.uint8), np.random.default_rng([8, i, *salt])))
+        for i, x in enumerate(moire)]
+    square = photos.BY_NAME["moire"]
+    out["square on: moire 0.4"] = [luminance(np.asarray(square.apply(
+        c.image, 0.4, np.random.default_rng([10, i, *salt])), np.uint8))
+        for i, c in enumerate(sources)]
+    out["square on: noise 0.02"] = [luminance(_noisy(0.02)(
+        c.image, np.random.default_rng([9, i, *salt]))) for i, c in enumerate(sources)]
+    return out
+
+
+def _geometry_cells(f: Feature, clean: Sequence[F64], planes: dict[str, list[F64]],
+                    point: float) -> str:
+    """AUC / share caught above ``point`` per condition; the share flagged square on."""
+    ref = [-f(y) for y in clean]
+    cells = []
+    for what, ys in planes.items():
+        got = [f(y) for y in ys]
+        caught = float(np.mean([g > point for g in got]))
+        cells.append(f"{what} flagged {caught:.0%}" if what.startswith("square on")
+                     else f"{what} {auc(ref, [-g for g in got]):.3f} / {caught:.0%}")
+    return "; ".join(cells)
+
+
+def robustness(kinds: dict[str, list[photos.Clean]], points: dict[str, float],
+               seeds: int) -> None:
+    """The geometry features on the keystoned copies at 0.2 with what a phone photograph
+    adds after the warp, against the same clean inputs: AUC and the share caught above each
+    feature's operating point; and the share of the clean sources flagged square on."""
+    print("\nkeystone 0.2, then what a phone adds: AUC / caught at the feature's point")
     for kind in ("screenshots", "rendered pages", "straight (page, UIs, rendered)"):
-        clean = [-tilt(luminance(c.image)) for c in kinds[kind]]
-        cells = []
-        for what, fn in after.items():
-            got = [tilt(luminance(fn(x, np.random.default_rng([7, i]))))
-                   for i, (_, x) in enumerate(keystoned(kinds[kind], 0.2, seeds))]
-            cells.append(f"{what} {auc(clean, [-g for g in got]):.3f} / "
-                         f"{np.mean([g > point for g in got]):.0%}")
-        ks_moire = photos.BY_NAME["keystone_moire"]
-        got = [tilt(luminance(np.asarray(ks_moire.apply(c.image, 0.2, np.random.default_rng(
-            [seed, i, 200])), np.uint8))) for i, c in enumerate(kinds[kind])
-            for seed in range(seeds)]
-        cells.append(f"moire 0.4 {auc(clean, [-g for g in got]):.3f} / "
-                     f"{np.mean([g > point for g in got]):.0%}")
-        print(f"  {kind:32s} " + "; ".join(cells))
+        planes = phone_copies(kinds[kind], seeds)
+        clean = [luminance(c.image) for c in kinds[kind]]
+        for k in GEOMETRY:
+            print(f"  {kind} / {k} (point {points[k]:g}): "
+                  + _geometry_cells(FEATURES[k], clean, planes, points[k]))
+
+
+def held_out(kinds: dict[str, list[photos.Clean]], points: dict[str, float],
+             seeds: int) -> None:
+    """The geometry features at the points read above, on inputs none of their settings was
+    chosen on: clean photographs framed by other seeds (random crops seed 2, the evaluation
+    framing seed 5), 8 more rendered pages (seed 1); keystoned copies of the straight sources
+    and of those pages drawn with other seeds."""
+    clean_sets: dict[str, list[photos.Clean]] = {}
+    for framing, drawn in (("random crops, seed 2", photos.random_crops(seed=2)),
+                           ("eval framing, seed 5", photos.clean_set(seed=5))):
+        for c in drawn:
+            clean_sets.setdefault(f"{framing} / {c.kind}", []).append(c)
+    pages = rendered_pages(seed=1)
+    clean_sets["rendered, seed 1 / page"] = pages
+    sources = [c for c in kinds["straight (page, UIs, rendered)"]
+               if not c.name.startswith("rendered")] + pages
+    salt = (99,)
+    ks = photos.BY_NAME["keystone"]
+    ladder = {f"keystone {s:g}": [luminance(np.asarray(ks.apply(c.image, s, np.random.default_rng(
+        [seed, i, int(s * 1000), *salt])), np.uint8)) for i, c in enumerate(sources)
+        for seed in range(seeds, 2 * seeds)] for s in STRENGTHS}
+    planes = ladder | phone_copies(sources, seeds, salt)
+    clean = [luminance(c.image) for c in sources]
+    print(f"\nheld out ({len(sources)} straight sources: the bench's and 8 more rendered pages)")
+    for k in GEOMETRY:
+        f = FEATURES[k]
+        print(f"  {k} (point {points[k]:g}): " + _geometry_cells(f, clean, planes, points[k]))
+        for name, cs in clean_sets.items():
+            hits = [c.name for c in cs if f(luminance(c.image)) > points[k]]
+            lo, hi = wilson(len(hits), len(cs))
+            print(f"    FP {name:34s} {len(hits):3d} / {len(cs):3d} [{lo:5.1%}, {hi:5.1%}]  "
+                  + "; ".join(hits[:3]))
 
 
 if __name__ == "__main__":
