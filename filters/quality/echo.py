@@ -91,26 +91,30 @@ def echo(plane: F32) -> Echo | None:
     up to 2 px away (a texture's or an edge's ridge runs through a neighbour; the picture's
     smooth cepstrum near zero lifts the neighbours as much as the peak). Measured over the
     8 neighbours 2 px away only (the first version), a clean photograph's bumps read as high
-    as a 5 % ghost (AUC 0.743, now 0.936: docs/quality.md, Round 10). The spread is the
-    cepstrum's own over the same lags: a busy picture (the rocket's struts, a brick wall) has
-    a rough cepstrum everywhere, a ghost stands out of a smooth one."""
+    as a 5 % ghost (its AUC at 5 %: 0.743, now 0.933; docs/quality.md, Round 10). The
+    spread is the cepstrum's own over the same lags: a busy picture (the rocket's struts, a
+    brick wall) has a rough cepstrum everywhere, a ghost stands out of a smooth one."""
     if min(plane.shape) < 32:
         return None
     ceps = cepstrum(plane)
     if ceps is None:
         return None
-    idx = np.arange(-_REACH, _REACH + 1) % _N
-    win = ceps[np.ix_(idx, idx)]
+    # The cepstrum of a real picture is symmetric (c(-d) = c(d)): the lags with dy > 0, and
+    # dy = 0 with dx > 0, are all of it; their window carries 2 px around them.
+    rows = np.arange(-_AROUND, _REACH + 1) % _N
+    cols = np.arange(-_REACH, _REACH + 1) % _N
+    win = ceps[np.ix_(rows, cols)]
     side = 2 * _MAX + 1
-    inner = win[_AROUND:_AROUND + side, _AROUND:_AROUND + side]
+    inner = win[_AROUND:_AROUND + _MAX + 1, _AROUND:_AROUND + side]
     around = np.zeros_like(inner)  # peaks are measured over 0 too: a dip is not an echo
     for oy, ox in _OFFSETS:
-        np.maximum(around, win[_AROUND + oy:_AROUND + oy + side,
+        np.maximum(around, win[_AROUND + oy:_AROUND + oy + _MAX + 1,
                                _AROUND + ox:_AROUND + ox + side], out=around)
     ring = _ring()
     height = np.where(ring, inner - around, -np.inf)
     at = int(np.argmax(height))
-    dy, dx = (v - _MAX for v in divmod(at, side))
+    dy, dx = divmod(at, side)
+    dx -= _MAX
     values = inner[ring]
     spread = 1.4826 * float(np.median(np.abs(values - np.median(values))))
     return Echo(dy, dx, float(height.flat[at]), max(_height_at(ceps, 2 * dy, 2 * dx), 0.0),
@@ -149,10 +153,10 @@ _RING: list[NDArray[np.bool_]] = []
 
 
 def _ring() -> NDArray[np.bool_]:
-    """The lags searched, over the (2·28 + 1)² window ``echo`` reads (lag 0 at its centre);
-    built once."""
+    """The lags searched, over the (28 + 1) × (2·28 + 1) half window ``echo`` reads (lag 0 at
+    its first row's centre; of the lags on that row, those to the right); built once."""
     if not _RING:
-        k = np.arange(-_MAX, _MAX + 1)
-        r = np.hypot(k[:, None], k[None, :])
-        _RING.append((r >= _MIN) & (r <= _MAX))
+        ky, kx = np.arange(0, _MAX + 1)[:, None], np.arange(-_MAX, _MAX + 1)[None, :]
+        r = np.hypot(ky, kx)
+        _RING.append((r >= _MIN) & (r <= _MAX) & ((ky > 0) | (kx > 0)))
     return _RING[0]
