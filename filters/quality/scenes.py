@@ -7,7 +7,9 @@ screen photographed at an angle (the seeds' "screenshot distortion": AUC 0.50 be
 shifted copy of the frame (the seeds' "OCR residue", a previous video frame: AUC 0.50), a
 gamma 2.2-3 curve (AUC 0.51-0.63 on the exposure signal) and an over-exposure by 1.5-2×. Each is
 a ``Signal`` of the luminance plane at ~224 px (``signals.luminance``): score in [0, 1], 1 =
-nothing wrong; what each catches and confuses on real photographs is in docs/quality.md.
+nothing wrong; what each catches and confuses on real photographs is in docs/quality.md. The
+ghosted frame's signal is read from the cepstrum in its own module (``echo``), imported here so
+every scene signal is found in one place.
 
 Rules that MUST hold: scores are finite and in [0, 1]; a degraded copy never scores above its
 clean source on the signal that measures that degradation, on the evaluation set (one stated
@@ -23,6 +25,7 @@ from functools import cache
 import numpy as np
 from numpy.typing import NDArray
 
+from filters.quality.echo import ghosting as ghosting  # its code: echo.py
 from filters.quality.measure import BLOWN as _BLOWN
 from filters.quality.measure import F32, Levels, Signal, levels, tile_sums
 from filters.quality.measure import ramp as _ramp
@@ -40,22 +43,14 @@ _OBLIQUE = 0.01  # px per px: an edge leaning more than this is not the frame's 
 KEY_DARK, KEY_LIT = 0.08, 0.18  # log-average luminance; see tone()
 CLIPPED_BAD, CLIPPED_GOOD = 0.45, 0.2  # share clipped white reached by a gradient; tone()
 _KEY_DELTA = np.float32(0.01)
-GHOST_BAD, GHOST_GOOD = 0.16, 0.02  # cepstrum peak off zero; see ghosting()
-_GHOST_FLOOR = 1e-4  # of the mean power, added before the logarithm
-# A pattern's second harmonic counts three times its prominence against the first (a UI's
-# text lines: 6 of 8 rendered screenshots read as ghosts at 1, 1 at 3; a faint echo's second
-# peak is r²/2 and negative, so ghosts lose nothing: AUC at 10 % 0.987 -> 0.990).
-_HARMONIC_WEIGHT = 3.0
 _BLACK = np.float32(0.02)  # at or below: crushed black, as flat in a photo as in a drawing
 _FLAT_STEP = np.float32(0.5 / 255)  # luminance: neighbours closer than this are one flat colour
 FLAT_PHOTO, FLAT_GRAPHIC = 0.16, 0.19  # share of flat-colour pixels; see graphic()
 RAMPED_GRAPHIC, RAMPED_PHOTO = 0.2, 0.35  # near-white over blown-white share; see graphic()
-_GHOST_N = 256
 MOIRE_BAD, MOIRE_GOOD = 12.0, 4.0  # twin peak over its surround; see moire()
 _MOIRE_N = 224  # the window read: a model's input side
 _MOIRE_RING = 4  # the surround: the 9 × 9 bins around a peak's 3 × 3
 _MOIRE_PERIODS = (2.5, 32.0)  # px: a beat finer is gone in the resize, coarser is the scene's
-_GHOST_MIN, _GHOST_MAX = 4.0, 28.0  # lags searched (px): beyond an edge's own width
 
 
 def graphic(plane: F32, ramped: float) -> float:
@@ -194,95 +189,6 @@ def tone(plane: F32, lv: Levels | None = None) -> Signal:
         return Signal(dark, key, "log-average luminance (key)")
     return Signal(bright, blown, f"share of white clipped from a gradient ({clipped:.0%} at "
                   f"white, {near:.0%} just below)")
-
-
-def ghosting(plane: F32) -> Signal:
-    """A faint shifted copy of the frame over itself: OCR residue, a previous video frame, a
-    double exposure.
-
-    The cepstrum of the Laplacian (the inverse FFT of its log power spectrum): a copy at
-    opacity a shifted by d multiplies the spectrum by |1 + r·e^(-iωd)|² with r = a / (1 − a),
-    whose logarithm is a ripple of amplitude 2r, so the cepstrum has a peak of about r at
-    ±d (0.053 at 5 %, 0.11 at 10 %, 0.18 at 15 %) whatever the picture's own spectrum is; the
-    logarithm flattens that spectrum, where the autocorrelation of the first version of this
-    signal weighed every peak against the picture's strongest edges (AUC 0.50 / 0.60 at 5 /
-    10 %). The value is the most prominent peak 4-28 px off zero (its height over the
-    highest of its 8 neighbours 2 px away: an echo's peak is one pixel wide, a texture's
-    ridge is not) less three times the prominence at twice its lag (a periodic texture, a
-    page or a screen of text lines, a JPEG grid has harmonics; a faint echo's second one is
-    r²/2 and of the other sign).
-    0.16 scores 0, 0.02 scores 1 (0.5 at 0.09, just above the highest clean photograph or
-    random crop, 0.084). One 256² FFT pair and a logarithm: the dearest signal
-    (docs/quality.md, "Cost"), so it is measured only when a rule names it.
-
-    Known confusions: a periodic pattern without harmonics in range (one repeated object:
-    two windows, a pair of eyes; the rocket's regular structure reads highest of the clean
-    photographs) reads as a ghost; camera shake is a smear of shifted copies and reads as a
-    ghost at its length (9 px: about 60 %); a ghost of another scene (not a shifted copy) is
-    not seen; a shift under 4 px is blur, not a ghost."""
-    if min(plane.shape) < 32:
-        return Signal(1.0, 0.0, "cepstrum peak off zero (image too small)")
-    lap = plane[1:-1, 1:-1] * np.float32(4)
-    lap -= plane[:-2, 1:-1]
-    lap -= plane[2:, 1:-1]
-    lap -= plane[1:-1, :-2]
-    lap -= plane[1:-1, 2:]
-    lap -= lap.mean()
-    size = (_GHOST_N, _GHOST_N)
-    spectrum = np.fft.rfft2(lap[:_GHOST_N, :_GHOST_N], s=size)
-    power = spectrum.real ** 2
-    power += spectrum.imag ** 2
-    mean_power = float(power.mean())
-    if mean_power <= 1e-20:
-        return Signal(1.0, 0.0, "cepstrum peak off zero (no edges)")
-    power += mean_power * _GHOST_FLOOR  # a flat or blocky picture has empty frequencies
-    np.log(power, out=power)
-    ceps = np.fft.irfft2(power, s=size)
-    # The lags within reach, and 2 px around them, as one small array: an echo's peak is one
-    # pixel wide, a texture's or an edge's ridge is not.
-    reach = int(_GHOST_MAX) + 2
-    idx = np.arange(-reach, reach + 1) % _GHOST_N
-    win = ceps[np.ix_(idx, idx)]
-    prominence = win - np.maximum(_neighbours(win), 0.0)
-    ring = _ghost_ring()
-    at = int(np.argmax(np.where(ring, prominence, -np.inf)))
-    dy, dx = (v - reach for v in divmod(at, 2 * reach + 1))
-    harmonic = _prominence_at(ceps, 2 * dy, 2 * dx)
-    value = max(float(prominence.flat[at]) - _HARMONIC_WEIGHT * max(harmonic, 0.0), 0.0)
-    return Signal(_ramp(value, GHOST_BAD, GHOST_GOOD), value,
-                  f"cepstrum peak off zero (at {dx:+d}, {dy:+d} px)")
-
-
-_OFFSETS = [(oy, ox) for oy in (-2, 0, 2) for ox in (-2, 0, 2) if oy or ox]
-
-
-def _neighbours(win: NDArray[np.float64]) -> NDArray[np.float64]:
-    """The highest of the 8 values 2 px away, for every point of ``win`` (edges wrap; only the
-    inner ring is read)."""
-    out = np.full_like(win, -np.inf)
-    for oy, ox in _OFFSETS:
-        np.maximum(out, np.roll(win, (oy, ox), (0, 1)), out=out)
-    return out
-
-
-def _prominence_at(ac: NDArray[np.float64], dy: int, dx: int) -> float:
-    n = _GHOST_N
-    around = max(float(ac[(dy + oy) % n, (dx + ox) % n]) for oy, ox in _OFFSETS)
-    return float(ac[dy % n, dx % n]) - max(around, 0.0)
-
-
-_RING: list[NDArray[np.bool_]] = []
-
-
-def _ghost_ring() -> NDArray[np.bool_]:
-    """The lags searched, over the window ``ghosting`` reads (lag 0 at its centre); built
-    once."""
-    if not _RING:
-        reach = int(_GHOST_MAX) + 2
-        k = np.arange(-reach, reach + 1)
-        r = np.hypot(k[:, None], k[None, :])
-        _RING.append((r >= _GHOST_MIN) & (r <= _GHOST_MAX))
-    return _RING[0]
 
 
 def moire(plane: F32) -> Signal:

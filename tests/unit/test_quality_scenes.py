@@ -116,25 +116,10 @@ def test_a_shifted_copy_over_the_frame_reads_as_a_ghost_at_its_lag(name: str) ->
                                                                        w - 1)]
     ghosted = np.asarray(0.75 * source + 0.25 * shifted, np.float64).round().astype(np.uint8)
     clean, found = ghosting(plane(source)), ghosting(plane(ghosted))
-    assert found.score < clean.score and found.value > clean.value + 0.1
+    # values are the echo's height over the cepstrum's spread (filters/quality/echo.py)
+    assert found.score < clean.score and found.value > clean.value + 10
     assert found.score < 0.5
     assert "at -11, +6 px" in found.what or "at +11, -6 px" in found.what, found.what
-
-
-def test_the_cepstrum_reads_a_faint_echo_at_its_lag_with_its_height() -> None:
-    # Synthetic: white noise (every frequency present) plus a copy at opacity a shifted by
-    # (+5, -7): the cepstral peak at that lag is about r = a / (1 - a), whatever the texture.
-    rng = np.random.default_rng(3)
-    base = rng.random((224, 224)).astype(np.float32)
-    shifted = np.roll(base, (-7, 5), axis=(0, 1))
-    values = []
-    for a in (0.0, 0.05, 0.10, 0.15):
-        found = ghosting(np.asarray((1 - a) * base + a * shifted, np.float32))
-        values.append(found.value)
-        if a:
-            assert found.value == pytest.approx(a / (1 - a), rel=0.35), (a, found)
-            assert "at +5, -7 px" in found.what or "at -5, +7 px" in found.what, found.what
-    assert values == sorted(values) and values[0] < 0.03
 
 
 def test_a_faint_ghost_on_real_photographs_reads_lower_than_its_source() -> None:
@@ -146,7 +131,7 @@ def test_a_faint_ghost_on_real_photographs_reads_lower_than_its_source() -> None
                                                                            w - 1)]
         ghosted = np.asarray(0.9 * source + 0.1 * shifted, np.float64).round().astype(np.uint8)
         clean, found = ghosting(plane(source)), ghosting(plane(ghosted))
-        assert found.value > clean.value + 0.04 and found.score < clean.score, name
+        assert found.value > clean.value + 3 and found.score < clean.score, name
 
 
 def test_a_periodic_texture_and_a_page_of_text_are_not_ghosts() -> None:

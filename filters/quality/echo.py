@@ -1,0 +1,162 @@
+"""A faint shifted copy of the frame over itself: OCR residue, a previous video frame, a double
+exposure (the seeds' "OCR residue" case), read from the cepstrum: ``ghosting``.
+
+A copy at opacity a shifted by d multiplies the picture's spectrum by |1 + r·e^(-iωd)|² with
+r = a / (1 − a); the logarithm turns that into a ripple 2r·cos(ωd) added to the picture's own
+log spectrum, so the cepstrum (the inverse FFT of the log power spectrum) has a peak of about
+r at ±d (0.053 at 5 %, 0.11 at 10 %, 0.18 at 15 %), whatever the picture. What the picture
+adds there is its own cepstrum: smooth near zero, ridges for edges and textures, peaks for a
+repeated object. ``echo`` finds the most isolated peak off zero and says how far it stands out
+of the picture's own cepstrum; ``ghosting`` maps that to a score.
+
+Rules that MUST hold: the score is finite and in [0, 1]; a ghosted copy never scores above its
+clean source on the evaluation set (one stated exception: a picture whose own repetition reads
+as a faint ghost that a shifted copy blurs, brick and one rocket crop); the lag named in the
+message is the copy's shift (either sign: the cepstrum of a real picture is symmetric).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from filters.quality.measure import F32, Signal
+from filters.quality.measure import ramp as _ramp
+
+GHOST_BAD, GHOST_GOOD = 12.0, 1.0  # echo's height over the cepstrum's spread; see ghosting()
+_FLOOR = 1e-4  # of the mean power, added before the logarithm
+# A pattern's second harmonic counts three times its height against the first (a UI's text
+# lines: 6 of 8 rendered screenshots read as ghosts at 1, 1 at 3); a faint echo's second peak
+# is r²/2 and negative, so ghosts lose nothing.
+_HARMONIC_WEIGHT = 3.0
+# Added to the cepstrum's spread: a picture whose cepstrum is nearly flat would otherwise turn
+# a tiny peak into a large one (the AUC at 5 % moves 0.926 -> 0.933 with it).
+_SPREAD_FLOOR = 0.005
+_N = 256  # the FFT's side: the ~224 px plane, zero-padded
+_MIN, _MAX = 4, 28  # lags searched (px): beyond an edge's own width, within a frame's tenth
+_AROUND = 2  # a peak is over every value up to this far (its 5 × 5 neighbourhood)
+_REACH = _MAX + _AROUND
+_OFFSETS = tuple((oy, ox) for oy in range(-_AROUND, _AROUND + 1)
+                 for ox in range(-_AROUND, _AROUND + 1) if oy or ox)
+
+
+@dataclass(frozen=True, slots=True)
+class Echo:
+    """The most isolated peak of the cepstrum 4-28 px off zero."""
+
+    dy: int
+    dx: int
+    height: float  # over the highest of its 24 neighbours (and over 0)
+    harmonic: float  # the same at twice its lag (0 when none)
+    spread: float  # the cepstrum's robust spread over the lags searched (1.4826 × MAD)
+
+    @property
+    def z(self) -> float:
+        """The height less three times the harmonic's, over the spread (+ 0.005): 0 when
+        nothing stands out."""
+        lift = self.height - _HARMONIC_WEIGHT * self.harmonic
+        return max(lift, 0.0) / (self.spread + _SPREAD_FLOOR)
+
+
+def cepstrum(plane: F32) -> NDArray[np.float64] | None:
+    """The real cepstrum of the plane's Laplacian (its first ``_N`` rows and columns, zero-
+    padded to ``_N``²); None when the plane has no edges. The Laplacian flattens the picture's
+    spectrum before the logarithm and has no step at the frame's border for the padding to
+    smear."""
+    lap = plane[1:-1, 1:-1] * np.float32(4)
+    lap -= plane[:-2, 1:-1]
+    lap -= plane[2:, 1:-1]
+    lap -= plane[1:-1, :-2]
+    lap -= plane[1:-1, 2:]
+    lap -= lap.mean()
+    size = (_N, _N)
+    spectrum = np.fft.rfft2(lap[:_N, :_N], s=size)
+    power = spectrum.real ** 2
+    power += spectrum.imag ** 2
+    mean_power = float(power.mean())
+    if mean_power <= 1e-20:
+        return None
+    power += mean_power * _FLOOR  # a flat or blocky picture has empty frequencies
+    np.log(power, out=power)
+    ceps: NDArray[np.float64] = np.fft.irfft2(power, s=size)
+    return ceps
+
+
+def echo(plane: F32) -> Echo | None:
+    """The echo ``ghosting`` reads; None when the plane is too small or has no edges.
+
+    A ghost's peak is one pixel wide: it is measured over the highest of its 24 neighbours
+    up to 2 px away (a texture's or an edge's ridge runs through a neighbour; the picture's
+    smooth cepstrum near zero lifts the neighbours as much as the peak). Measured over the
+    8 neighbours 2 px away only (the first version), a clean photograph's bumps read as high
+    as a 5 % ghost (its AUC at 5 %: 0.743, now 0.933; docs/quality.md, Round 10). The
+    spread is the cepstrum's own over the same lags: a busy picture (the rocket's struts, a
+    brick wall) has a rough cepstrum everywhere, a ghost stands out of a smooth one."""
+    if min(plane.shape) < 32:
+        return None
+    ceps = cepstrum(plane)
+    if ceps is None:
+        return None
+    # The cepstrum of a real picture is symmetric (c(-d) = c(d)): the lags with dy > 0, and
+    # dy = 0 with dx > 0, are all of it; their window carries 2 px around them.
+    rows = np.arange(-_AROUND, _REACH + 1) % _N
+    cols = np.arange(-_REACH, _REACH + 1) % _N
+    win = ceps[np.ix_(rows, cols)]
+    side = 2 * _MAX + 1
+    inner = win[_AROUND:_AROUND + _MAX + 1, _AROUND:_AROUND + side]
+    around = np.zeros_like(inner)  # peaks are measured over 0 too: a dip is not an echo
+    for oy, ox in _OFFSETS:
+        np.maximum(around, win[_AROUND + oy:_AROUND + oy + _MAX + 1,
+                               _AROUND + ox:_AROUND + ox + side], out=around)
+    ring = _ring()
+    height = np.where(ring, inner - around, -np.inf)
+    at = int(np.argmax(height))
+    dy, dx = divmod(at, side)
+    dx -= _MAX
+    values = inner[ring]
+    spread = 1.4826 * float(np.median(np.abs(values - np.median(values))))
+    return Echo(dy, dx, float(height.flat[at]), max(_height_at(ceps, 2 * dy, 2 * dx), 0.0),
+                spread)
+
+
+def ghosting(plane: F32) -> Signal:
+    """A faint shifted copy of the frame over itself, from ``echo``: its height less three
+    times its harmonic's, in units of the cepstrum's spread. 12 scores 0, 1 scores 1 (the median
+    clean photograph reads 0.95: 58 % of them keep a score of 1 when a rule turns it on); 0.5 at
+    6.5, above every clean input of the evaluation (photographs of every framing, high-key,
+    documents, illustrations, screenshots: the highest, a brick product shot, 6.1) but one
+    rendered UI (ui0, 11.1). One 256² FFT pair and a logarithm: the dearest signal with moire
+    (docs/quality.md, "Cost"), so it is measured only when a rule names it.
+
+    Known confusions: a periodic pattern without harmonics in range (one repeated object; a
+    brick wall near its own period) reads as a ghost or hides one; a long camera shake is a
+    smear of shifted copies (15 px: about a quarter read as ghosts); a ghost of another scene
+    (not a shifted copy) is not seen; a shift under 4 px is blur, not a ghost."""
+    found = echo(plane)
+    if found is None:
+        why = "image too small" if min(plane.shape) < 32 else "no edges"
+        return Signal(1.0, 0.0, f"cepstral echo off zero ({why})")
+    z = found.z
+    return Signal(_ramp(z, GHOST_BAD, GHOST_GOOD), z,
+                  f"cepstral echo off zero, over its spread (at {found.dx:+d}, {found.dy:+d} px)")
+
+
+def _height_at(ceps: NDArray[np.float64], dy: int, dx: int) -> float:
+    """The cepstrum at (dy, dx) over the highest of its 24 neighbours and 0."""
+    around = max(float(ceps[(dy + oy) % _N, (dx + ox) % _N]) for oy, ox in _OFFSETS)
+    return float(ceps[dy % _N, dx % _N]) - max(around, 0.0)
+
+
+_RING: list[NDArray[np.bool_]] = []
+
+
+def _ring() -> NDArray[np.bool_]:
+    """The lags searched, over the (28 + 1) × (2·28 + 1) half window ``echo`` reads (lag 0 at
+    its first row's centre; of the lags on that row, those to the right); built once."""
+    if not _RING:
+        ky, kx = np.arange(0, _MAX + 1)[:, None], np.arange(-_MAX, _MAX + 1)[None, :]
+        r = np.hypot(ky, kx)
+        _RING.append((r >= _MIN) & (r <= _MAX) & ((ky > 0) | (kx > 0)))
+    return _RING[0]
