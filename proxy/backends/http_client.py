@@ -30,6 +30,9 @@ from urllib.parse import urlsplit
 
 import httptools
 
+MAX_HEAD = 64 * 1024
+"""The most bytes an answer's status line and headers may take (a head still open past them is
+a broken backend: the connection is closed)."""
 IDLE_S = 60.0
 """An idle connection older than this is closed rather than reused (aiohttp's keep-alive)."""
 _BAD_VALUE = str.maketrans("", "", "\r\n\0")
@@ -156,6 +159,8 @@ class _Conn(asyncio.Protocol):
         self.max_body = max_body
         """The most bytes of a whole answer held; None: no bound."""
         self.received = 0
+        self.head_bytes = 0  # read while the answer's head is still open
+        self.in_head = False
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future[Any] | None = None
         self.streaming = False
@@ -173,6 +178,7 @@ class _Conn(asyncio.Protocol):
         self.headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
 
     def on_headers_complete(self) -> None:
+        self.in_head = False
         status = self.parser.get_status_code()
         if status >= 200:
             # Neither sized nor chunked: the answer runs to the connection's end (HTTP/1.0's
@@ -210,7 +216,7 @@ class _Conn(asyncio.Protocol):
     def on_message_complete(self) -> None:
         status = self.parser.get_status_code()
         if status < 200:  # an interim answer (100 Continue): the real one follows
-            self.headers = {}
+            self.headers, self.in_head = {}, True
             return
         keep = not self.lost and bool(self.parser.should_keep_alive())
         if self.body is not None:
@@ -237,6 +243,13 @@ class _Conn(asyncio.Protocol):
         except Exception as exc:  # httptools' parse errors, an upgrade
             self._fail(BackendProtocolError(f"unreadable answer: {type(exc).__name__}: {exc}"))
             self.close()
+        if self.in_head and not self.lost:
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD:  # httptools holds a header being read whole
+                self._fail(BackendProtocolError(f"unreadable answer: its head is still open "
+                                                f"after {MAX_HEAD} bytes"))
+                self.close()
+                return
         if self.body is not None:  # this read's pieces of a streamed body, as one item
             self.body._read_done()
 
@@ -268,6 +281,7 @@ class _Conn(asyncio.Protocol):
         assert self.transport is not None
         self.parser = httptools.HttpResponseParser(self)
         self.headers, self.chunks, self.to_close, self.received = {}, [], False, 0
+        self.in_head, self.head_bytes = True, 0
         self.streaming, self.body = streaming, None
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.waiter = waiter

@@ -15,7 +15,14 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from proxy.backends.http_client import AnswerTooLarge, BackendDisconnected, HttpPool, Streamed
+from proxy.backends.http_client import (
+    MAX_HEAD,
+    AnswerTooLarge,
+    BackendDisconnected,
+    BackendProtocolError,
+    HttpPool,
+    Streamed,
+)
 
 
 class Scripted:
@@ -84,6 +91,14 @@ class Scripted:
                     writer.write(b"0\r\n\r\n")
                     await writer.drain()
                     continue
+                if step == "endless-head":  # a status line, then one header without end
+                    writer.write(b"HTTP/1.1 200 OK\r\nX-Long: ")
+                    with contextlib.suppress(ConnectionError):
+                        while not writer.is_closing() and not reader.at_eof():
+                            writer.write(b"z" * 4096)
+                            await writer.drain()
+                    self._closed_by_client()
+                    return
                 if step == "big-declared":  # declares 10 MB, sends 1 KB, waits for the close
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10000000\r\n\r\n"
                                  + b"x" * 1024)
@@ -340,4 +355,21 @@ async def test_a_streamed_answers_error_body_is_read_whole_up_to_max_body() -> N
         finally:
             streamed.release()
         assert await s.closed_by_client_within(5.0) == 1  # not kept: its answer never ended
+        pool.close()
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_a_head_without_end_is_refused_past_max_head_and_its_connection_closed(
+        streaming: bool) -> None:
+    # httptools holds a header value being read whole: without the bound, a backend that never
+    # ends one grows mmguard's memory until the deadline.
+    async with scripted(["endless-head", "ok"]) as s:
+        pool = HttpPool(s.base, 4, True)
+        call = (pool.open_stream(pool.head("POST", "/x", {}, 1), (b"a",)) if streaming
+                else post(pool, b"a"))
+        with pytest.raises(BackendProtocolError, match=f"still open after {MAX_HEAD} bytes"):
+            async with asyncio.timeout(10):
+                await call
+        assert await s.closed_by_client_within(5.0) == 1
+        assert (await post(pool, b"b"))[2] == b"echo:b"
         pool.close()
