@@ -96,6 +96,11 @@ class Body:
         if self._wake is not None and not self._wake.done():
             self._wake.set_result(None)
 
+    @property
+    def ready(self) -> bool:
+        """Whether ``read`` returns without waiting (bytes, the end or an error are in)."""
+        return bool(self._reads) or self.ended or self.error is not None
+
     async def read(self) -> tuple[bytes, bool]:
         """The next read's bytes, and whether the body ended with them ((b"", True) after
         the end); the connection's error once what came before it has been read."""

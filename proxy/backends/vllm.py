@@ -228,7 +228,7 @@ class VllmBackend(HttpBackend):
             streamed = await self._lean_stream(head, (body,), timeout, target)
             status, release = streamed.status, streamed.release
             read_body: Callable[[], Awaitable[bytes]] = streamed.body.read_all
-            chunks = _lean_chunks(streamed.body)
+            chunks = _lean_chunks(streamed.body, self.cfg.stream_idle_timeout_s)
         else:
             try:
                 # The deadline bounds the wait for the answer to start; a long stream may run on.
@@ -240,7 +240,7 @@ class VllmBackend(HttpBackend):
                 raise self._transport_error(exc, target.model) from None
             status, release = resp.status, resp.release
             read_body = functools.partial(self._read, resp, target.model)
-            chunks = _session_chunks(resp)
+            chunks = _session_chunks(resp, self.cfg.stream_idle_timeout_s)
         try:
             if status != 200:
                 raise self._status_error(status, await read_body())
@@ -261,6 +261,12 @@ class VllmBackend(HttpBackend):
                                  f"backend '{self.name}' ended the stream mid-event")
         except (AnswerTooLarge, SseEventTooLarge) as exc:
             raise self.too_large_error(exc, target.model) from None
+        except TimeoutError:  # nothing came for stream_idle_timeout_s (chunks' own deadline)
+            raise ProxyError(ErrorKind.DEADLINE_EXCEEDED,
+                             f"backend '{self.name}' ({self.base}) sent nothing on the stream of "
+                             f"model '{target.model}' for {self.cfg.stream_idle_timeout_s:g} s; "
+                             "mmguard broke it off and closed the connection "
+                             "(backends[].stream_idle_timeout_s)") from None
         except (aiohttp.ClientError, ConnectionError) as exc:
             yield LocalReply(ErrorKind.UNAVAILABLE,
                              f"backend '{self.name}' ({self.base}) broke off the stream for model "
@@ -269,17 +275,28 @@ class VllmBackend(HttpBackend):
             release()
 
 
-async def _lean_chunks(body: Body) -> AsyncIterator[tuple[bytes, bool]]:
-    """Each socket read of a streamed answer, and whether the answer ended with it."""
+async def _lean_chunks(body: Body, idle_s: float) -> AsyncIterator[tuple[bytes, bool]]:
+    """Each socket read of a streamed answer, and whether the answer ended with it;
+    ``TimeoutError`` when nothing comes for ``idle_s`` (a wait is timed only when nothing is
+    there to read already)."""
     ended = False
     while not ended:
-        chunk, ended = await body.read()
+        if body.ready:
+            chunk, ended = await body.read()
+        else:
+            async with asyncio.timeout(idle_s):
+                chunk, ended = await body.read()
         if chunk:
             yield chunk, ended
 
 
-async def _session_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[tuple[bytes, bool]]:
-    async for chunk in resp.content.iter_any():
+async def _session_chunks(resp: aiohttp.ClientResponse, idle_s: float
+                          ) -> AsyncIterator[tuple[bytes, bool]]:
+    while True:
+        async with asyncio.timeout(idle_s):
+            chunk = await resp.content.readany()
+        if not chunk:
+            return
         yield chunk, resp.content.at_eof()
 
 

@@ -118,6 +118,11 @@ class VllmBackendConfig(Strict):
     """http://host:port of vLLM's OpenAI-compatible server."""
     timeout_s: float = Field(60.0, gt=0)
     """Until the answer starts (for streams) or ends (otherwise)."""
+    stream_idle_timeout_s: float = Field(300.0, gt=0)
+    """A stream that sends nothing for this long (a hung server) is broken off: the client
+    gets a 504 (before the first event) or an error event naming this setting, and the
+    connection is closed. Generous by default, as Envoy's ``stream_idle_timeout``: a queued
+    or long prompt can take a while to its first token."""
     pool_size: int = Field(100, ge=1)
     max_message_bytes: int = Field(256 * MiB, gt=0)
     """The largest answer taken from the server (for a stream: one event), as a

@@ -2,7 +2,8 @@
 backend kind and both HTTP clients: past it the client gets a bad gateway (HTTP 502, gRPC
 INTERNAL, an OpenAI error) that names the backend, the model and the setting, the backend's
 connection is closed, and the next call is served. Without the bound a broken server could make
-mmguard read and hold an answer until its memory ran out, for every client at once.
+mmguard read and hold an answer until its memory ran out, for every client at once. In time as
+in bytes: a vLLM stream that goes silent is broken off after ``stream_idle_timeout_s``.
 
 Real Triton (a 600 KB identity answer through a 64 KiB bound; a 600 KB request that a 64 KiB
 gRPC channel cannot send); real ``tritonclient`` and ``openai`` clients. What no real server does
@@ -11,7 +12,10 @@ hand-written servers do over the real wire (``FakeV2`` with ``grow``, a small Op
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,18 +36,23 @@ BOUND = 64 * 1024
 CLIENTS = ("httptools", "aiohttp")
 CHAT_MODEL = "chatty"
 BIG_TEXT = "w" * (100 * 1024)
+IDLE_S = 0.5
 
 
 class BigOpenAI:
     """An OpenAI-compatible server whose answers are 100 KiB: a whole chat answer, or a stream
-    whose first event (prompt "first") or second event (any other prompt) is that big."""
+    whose first event (prompt "first") or second event (prompt "later") is that big; or a
+    stream that goes silent after its head ("stall-first") or its first event ("stall")."""
 
     def __init__(self) -> None:
+        self.stop: Any = None  # an asyncio.Event of the server's loop: silent streams end
         self.port = 0
         self._loop: BackgroundLoop | None = None
         self._runner: web.AppRunner | None = None
 
     async def _start(self) -> None:
+        self.stop = asyncio.Event()
+
         async def health(_: web.Request) -> web.Response:
             return web.Response()
 
@@ -73,6 +82,12 @@ class BigOpenAI:
         prompt = doc["messages"][-1]["content"]
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        if prompt.startswith("stall"):
+            if prompt == "stall":
+                await resp.write(b"data: " + json.dumps(_chunk("ok")).encode() + b"\n\n")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), 60)
+            return resp
         texts = [BIG_TEXT, "ok"] if prompt == "first" else ["ok", BIG_TEXT]
         for text in texts:
             await resp.write(b"data: " + json.dumps(_chunk(text)).encode() + b"\n\n")
@@ -87,8 +102,13 @@ class BigOpenAI:
 
     def __exit__(self, *exc: object) -> None:
         assert self._loop is not None
-        if self._runner is not None:
-            self._loop.run(self._runner.cleanup())
+
+        async def stop() -> None:
+            self.stop.set()
+            if self._runner is not None:
+                await self._runner.cleanup()
+
+        self._loop.run(stop())
         self._loop.close()
 
 
@@ -114,7 +134,8 @@ def proxy(triton: TritonServer) -> Iterator[tuple[RunningMmguard, FakeV2]]:
             {"kind": "triton_http", "name": "fake-http", "url": f"127.0.0.1:{fake.http_port}",
              "max_message_bytes": BOUND},
             *({"kind": "vllm", "name": f"chat-{c}", "url": f"http://127.0.0.1:{chat.port}",
-               "image_input": "no", "infer_client": c, "max_message_bytes": BOUND}
+               "image_input": "no", "infer_client": c, "max_message_bytes": BOUND,
+               "stream_idle_timeout_s": IDLE_S}
               for c in CLIENTS)]
         models: list[dict[str, Any]] = [
             {"name": f"{b}_{m}", "backend": b, "backend_model": m}
@@ -217,3 +238,28 @@ def test_openai_answers_and_events_over_the_bound_are_refused_and_named(
             got.append(chunk.choices[0].delta.content or "")
     assert got == ["ok"]
     assert "a server-sent event of more than 65536 bytes" in later.value.message
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_stream_that_goes_silent_is_broken_off_after_the_idle_timeout(
+        proxy: tuple[RunningMmguard, FakeV2], client: str) -> None:
+    m, _ = proxy
+    sdk = openai.OpenAI(base_url=f"http://{m.http_url}/v1", api_key="none", max_retries=0,
+                        timeout=30)
+    route = f"chat-{client}"
+    t0 = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as first:  # silent before its first event: 504
+        list(sdk.chat.completions.create(model=route, stream=True,
+                                         messages=[{"role": "user", "content": "stall-first"}]))
+    assert first.value.status_code == 504
+    assert f"sent nothing on the stream of model '{CHAT_MODEL}' for {IDLE_S:g} s" in (
+        first.value.message)
+    assert "(backends[].stream_idle_timeout_s)" in first.value.message
+    got: list[str] = []
+    with pytest.raises(openai.APIError) as later:  # after it: the stream is broken off
+        for chunk in sdk.chat.completions.create(
+                model=route, stream=True, messages=[{"role": "user", "content": "stall"}]):
+            got.append(chunk.choices[0].delta.content or "")
+    assert got == ["ok"]
+    assert "stream_idle_timeout_s" in later.value.message
+    assert time.monotonic() - t0 < 20  # liveness: not the server's 60 s silence
