@@ -66,11 +66,41 @@ class Body:
         self._wake: asyncio.Future[None] | None = None
         self.ended = False
         self.error: Exception | None = None
+        self._idle_s = 0.0
+        self._last = 0.0  # loop time of the last read that brought bytes
+        self._watch: asyncio.TimerHandle | None = None
 
     def _piece(self, data: bytes) -> None:
         self._pending.append(data)
 
+    def watch_idle(self, idle_s: float) -> None:
+        """Fail with ``TimeoutError`` (and close the connection) when the backend sends nothing
+        for ``idle_s`` while nothing is left to read: one timer for the whole stream, moved on
+        only when it fires (a reader that is slow to take what came is not the backend's
+        silence)."""
+        self._idle_s, self._last = idle_s, time.monotonic()
+        self._watch = asyncio.get_running_loop().call_later(idle_s, self._check_idle)
+
+    def _check_idle(self) -> None:
+        self._watch = None
+        if self.ended or self.error is not None:
+            return
+        wait = self._last + self._idle_s - time.monotonic()
+        if wait > 0 or self._reads:
+            self._watch = asyncio.get_running_loop().call_later(
+                max(wait, 0.0) or self._idle_s, self._check_idle)
+            return
+        self._fail(TimeoutError(f"nothing came for {self._idle_s:g} s"))
+        self._conn.close()
+
+    def unwatch(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+
     def _read_done(self) -> None:
+        if self._watch is not None:
+            self._last = time.monotonic()
         if self._pending:
             data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
             self._pending = []
@@ -85,9 +115,11 @@ class Body:
     def _end(self) -> None:
         self._read_done()
         self.ended = True
+        self.unwatch()
         self._notify()
 
     def _fail(self, exc: Exception) -> None:
+        self.unwatch()
         if not self.ended:
             self.error = exc
             self._notify()
@@ -95,11 +127,6 @@ class Body:
     def _notify(self) -> None:
         if self._wake is not None and not self._wake.done():
             self._wake.set_result(None)
-
-    @property
-    def ready(self) -> bool:
-        """Whether ``read`` returns without waiting (bytes, the end or an error are in)."""
-        return bool(self._reads) or self.ended or self.error is not None
 
     async def read(self) -> tuple[bytes, bool]:
         """The next read's bytes, and whether the body ended with them ((b"", True) after
@@ -436,5 +463,6 @@ class Streamed:
     def release(self) -> None:
         if not self._released:
             self._released = True
+            self.body.unwatch()
             whole = self.body.ended and self.body.error is None  # all of it came
             self._pool._release(self._conn, whole)

@@ -228,7 +228,8 @@ class VllmBackend(HttpBackend):
             streamed = await self._lean_stream(head, (body,), timeout, target)
             status, release = streamed.status, streamed.release
             read_body: Callable[[], Awaitable[bytes]] = streamed.body.read_all
-            chunks = _lean_chunks(streamed.body, self.cfg.stream_idle_timeout_s)
+            streamed.body.watch_idle(self.cfg.stream_idle_timeout_s)
+            chunks = _lean_chunks(streamed.body)
         else:
             try:
                 # The deadline bounds the wait for the answer to start; a long stream may run on.
@@ -261,7 +262,7 @@ class VllmBackend(HttpBackend):
                                  f"backend '{self.name}' ended the stream mid-event")
         except (AnswerTooLarge, SseEventTooLarge) as exc:
             raise self.too_large_error(exc, target.model) from None
-        except TimeoutError:  # nothing came for stream_idle_timeout_s (chunks' own deadline)
+        except TimeoutError:  # nothing came for stream_idle_timeout_s (the body's watch)
             raise ProxyError(ErrorKind.DEADLINE_EXCEEDED,
                              f"backend '{self.name}' ({self.base}) sent nothing on the stream of "
                              f"model '{target.model}' for {self.cfg.stream_idle_timeout_s:g} s; "
@@ -275,17 +276,12 @@ class VllmBackend(HttpBackend):
             release()
 
 
-async def _lean_chunks(body: Body, idle_s: float) -> AsyncIterator[tuple[bytes, bool]]:
-    """Each socket read of a streamed answer, and whether the answer ended with it;
-    ``TimeoutError`` when nothing comes for ``idle_s`` (a wait is timed only when nothing is
-    there to read already)."""
+async def _lean_chunks(body: Body) -> AsyncIterator[tuple[bytes, bool]]:
+    """Each socket read of a streamed answer, and whether the answer ended with it
+    (``TimeoutError`` from a body watched for silence, ``Body.watch_idle``)."""
     ended = False
     while not ended:
-        if body.ready:
-            chunk, ended = await body.read()
-        else:
-            async with asyncio.timeout(idle_s):
-                chunk, ended = await body.read()
+        chunk, ended = await body.read()
         if chunk:
             yield chunk, ended
 

@@ -91,6 +91,13 @@ class Scripted:
                     writer.write(b"0\r\n\r\n")
                     await writer.drain()
                     continue
+                if step == "stall":  # a streamed answer's first chunk, then silence
+                    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                 b"5\r\nfirst\r\n")
+                    await writer.drain()
+                    await reader.read()  # until the client closes
+                    self._closed_by_client()
+                    return
                 if step == "endless-head":  # a status line, then one header without end
                     writer.write(b"HTTP/1.1 200 OK\r\nX-Long: ")
                     with contextlib.suppress(ConnectionError):
@@ -372,4 +379,40 @@ async def test_a_head_without_end_is_refused_past_max_head_and_its_connection_cl
                 await call
         assert await s.closed_by_client_within(5.0) == 1
         assert (await post(pool, b"b"))[2] == b"echo:b"
+        pool.close()
+
+
+async def test_a_watched_stream_that_goes_silent_fails_and_closes_its_connection() -> None:
+    async with scripted(["stall"]) as s:
+        pool = HttpPool(s.base, 4, True)
+        streamed = await pool.open_stream(pool.head("POST", "/x", {}, 1), (b"a",))
+        streamed.body.watch_idle(0.3)
+        try:
+            assert await streamed.body.read() == (b"first", False)
+            with pytest.raises(TimeoutError, match=r"nothing came for 0\.3 s"):
+                async with asyncio.timeout(10):
+                    await streamed.body.read()
+        finally:
+            streamed.release()
+        assert await s.closed_by_client_within(5.0) == 1
+        pool.close()
+
+
+async def test_a_reader_slower_than_the_idle_time_is_not_the_backends_silence() -> None:
+    # 64 KiB chunks without end: past 1 MiB unread the socket is paused and nothing more
+    # comes, because the reader has not taken what came; the watch must not take that pause
+    # for the backend's silence.
+    async with scripted(["endless"]) as s:
+        pool = HttpPool(s.base, 4, True)
+        streamed = await pool.open_stream(pool.head("POST", "/x", {}, 1), (b"a",))
+        streamed.body.watch_idle(0.1)
+        await asyncio.sleep(0.6)
+        try:
+            got = 0
+            while got < 4 << 20:  # well past the pause: reading resumes it, more comes
+                data, ended = await streamed.body.read()
+                assert not ended
+                got += len(data)
+        finally:
+            streamed.release()
         pool.close()
