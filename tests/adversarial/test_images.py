@@ -28,44 +28,24 @@ from PIL import Image
 
 from tests.conftest import ort_config
 from tests.support.adversary import Prober, http_call, rss_mib, serve
-from tests.support.loop import BackgroundLoop
+from tests.support.fake_openai import openai_app
+from tests.support.loop import LoopbackApp
 from tests.support.process import MmguardProcess
 
 MODEL = "mm-fake"
 SIDE = 6300
 
 
-class FakeOpenAI:
+class FakeOpenAI(LoopbackApp):
     """An OpenAI-compatible chat server that answers every completion with one fixed word and
     counts the completions it was asked for."""
 
     def __init__(self) -> None:
+        super().__init__(self._app)
         self.completions = 0
-        self.port = 0
-        self._loop: BackgroundLoop | None = None
-        self._runner: web.AppRunner | None = None
 
-    async def _start(self) -> None:
-        app = web.Application(client_max_size=64 << 20)
-        async def health(_: web.Request) -> web.Response:
-            return web.Response(text="")
-
-        async def version(_: web.Request) -> web.Response:
-            return web.json_response({"version": "fake"})
-
-        async def models(_: web.Request) -> web.Response:
-            return web.json_response({"object": "list", "data": [
-                {"id": MODEL, "object": "model", "root": MODEL, "max_model_len": 4096}]})
-
-        app.router.add_get("/health", health)
-        app.router.add_get("/version", version)
-        app.router.add_get("/v1/models", models)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    def _app(self) -> web.Application:
+        return openai_app(MODEL, self._chat, client_max_size=64 << 20)
 
     async def _chat(self, request: web.Request) -> web.Response:
         await request.read()
@@ -75,18 +55,6 @@ class FakeOpenAI:
             "model": MODEL, "choices": [{"index": 0, "finish_reason": "stop",
                                          "message": {"role": "assistant", "content": "ok"}}],
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
-
-    def __enter__(self) -> FakeOpenAI:
-        self._loop = BackgroundLoop()
-        self._loop.run(self._start())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._loop is not None
-        if self._runner is not None:
-            self._loop.run(self._runner.cleanup())
-        self._loop.close()
-        self._loop.loop.close()
 
 
 @pytest.fixture(scope="module")

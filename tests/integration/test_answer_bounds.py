@@ -27,8 +27,9 @@ import tritonclient.http as httpclient
 from aiohttp import web
 from tritonclient.utils import InferenceServerException
 
+from tests.support.fake_openai import openai_app
 from tests.support.fake_v2 import FakeV2
-from tests.support.loop import BackgroundLoop
+from tests.support.loop import LoopbackApp
 from tests.support.mmguard import RunningMmguard
 from tests.support.triton import TritonServer
 
@@ -39,41 +40,18 @@ BIG_TEXT = "w" * (100 * 1024)
 IDLE_S = 0.5
 
 
-class BigOpenAI:
+class BigOpenAI(LoopbackApp):
     """An OpenAI-compatible server whose answers are 100 KiB: a whole chat answer, or a stream
     whose first event (prompt "first") or second event (prompt "later") is that big; or a
     stream that goes silent after its head ("stall-first") or its first event ("stall")."""
 
     def __init__(self) -> None:
+        super().__init__(self._app, on_stop=lambda: self.stop.set())
         self.stop: Any = None  # an asyncio.Event of the server's loop: silent streams end
-        self.port = 0
-        self._loop: BackgroundLoop | None = None
-        self._runner: web.AppRunner | None = None
 
-    async def _start(self) -> None:
+    def _app(self) -> web.Application:
         self.stop = asyncio.Event()
-
-        async def health(_: web.Request) -> web.Response:
-            return web.Response()
-
-        async def models(_: web.Request) -> web.Response:
-            return web.json_response({"object": "list", "data": [
-                {"id": CHAT_MODEL, "object": "model", "root": CHAT_MODEL,
-                 "max_model_len": 4096}]})
-
-        async def version(_: web.Request) -> web.Response:
-            return web.json_response({"version": "fake"})
-
-        app = web.Application()
-        app.router.add_get("/health", health)
-        app.router.add_get("/version", version)
-        app.router.add_get("/v1/models", models)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return openai_app(CHAT_MODEL, self._chat)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         doc = await request.json()
@@ -94,22 +72,6 @@ class BigOpenAI:
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
-
-    def __enter__(self) -> BigOpenAI:
-        self._loop = BackgroundLoop()
-        self._loop.run(self._start())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._loop is not None
-
-        async def stop() -> None:
-            self.stop.set()
-            if self._runner is not None:
-                await self._runner.cleanup()
-
-        self._loop.run(stop())
-        self._loop.close()
 
 
 def _chunk(text: str, kind: str = "chat.completion.chunk") -> dict[str, Any]:
@@ -216,6 +178,18 @@ def test_a_request_over_a_grpc_backends_bound_is_too_large_and_names_the_setting
     assert _infer(m, "http", "t-grpc_small_fp32", "x", SMALL).as_numpy("y").shape == (1, 16)
 
 
+def _broken_after_ok(sdk: openai.OpenAI, route: str, prompt: str) -> str:
+    """A stream broken off after its first event: that event reached the client, then an
+    error; the error's message."""
+    got: list[str] = []
+    with pytest.raises(openai.APIError) as err:
+        for chunk in sdk.chat.completions.create(
+                model=route, stream=True, messages=[{"role": "user", "content": prompt}]):
+            got.append(chunk.choices[0].delta.content or "")
+    assert got == ["ok"]
+    return err.value.message
+
+
 @pytest.mark.parametrize("client", CLIENTS)
 def test_openai_answers_and_events_over_the_bound_are_refused_and_named(
         proxy: tuple[RunningMmguard, FakeV2], client: str) -> None:
@@ -231,13 +205,7 @@ def test_openai_answers_and_events_over_the_bound_are_refused_and_named(
                                          messages=[{"role": "user", "content": "first"}]))
     assert first.value.status_code == 502
     assert "a server-sent event of more than 65536 bytes" in first.value.message
-    got: list[str] = []
-    with pytest.raises(openai.APIError) as later:  # after it: the stream is broken off
-        for chunk in sdk.chat.completions.create(
-                model=route, stream=True, messages=[{"role": "user", "content": "later"}]):
-            got.append(chunk.choices[0].delta.content or "")
-    assert got == ["ok"]
-    assert "a server-sent event of more than 65536 bytes" in later.value.message
+    assert "a server-sent event of more than 65536 bytes" in _broken_after_ok(sdk, route, "later")
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -255,11 +223,5 @@ def test_a_stream_that_goes_silent_is_broken_off_after_the_idle_timeout(
     assert f"sent nothing on the stream of model '{CHAT_MODEL}' for {IDLE_S:g} s" in (
         first.value.message)
     assert "(backends[].stream_idle_timeout_s)" in first.value.message
-    got: list[str] = []
-    with pytest.raises(openai.APIError) as later:  # after it: the stream is broken off
-        for chunk in sdk.chat.completions.create(
-                model=route, stream=True, messages=[{"role": "user", "content": "stall"}]):
-            got.append(chunk.choices[0].delta.content or "")
-    assert got == ["ok"]
-    assert "stream_idle_timeout_s" in later.value.message
+    assert "stream_idle_timeout_s" in _broken_after_ok(sdk, route, "stall")
     assert time.monotonic() - t0 < 20  # liveness: not the server's 60 s silence

@@ -382,18 +382,25 @@ async def test_a_head_without_end_is_refused_past_max_head_and_its_connection_cl
         pool.close()
 
 
+@asynccontextmanager
+async def watched(pool: HttpPool, idle_s: float) -> AsyncIterator[Streamed]:
+    """A streamed call watched for ``idle_s`` of silence, released at the end."""
+    streamed = await pool.open_stream(pool.head("POST", "/x", {}, 1), (b"a",))
+    streamed.body.watch_idle(idle_s)
+    try:
+        yield streamed
+    finally:
+        streamed.release()
+
+
 async def test_a_watched_stream_that_goes_silent_fails_and_closes_its_connection() -> None:
     async with scripted(["stall"]) as s:
         pool = HttpPool(s.base, 4, True)
-        streamed = await pool.open_stream(pool.head("POST", "/x", {}, 1), (b"a",))
-        streamed.body.watch_idle(0.3)
-        try:
+        async with watched(pool, 0.3) as streamed:
             assert await streamed.body.read() == (b"first", False)
             with pytest.raises(TimeoutError, match=r"nothing came for 0\.3 s"):
                 async with asyncio.timeout(10):
                     await streamed.body.read()
-        finally:
-            streamed.release()
         assert await s.closed_by_client_within(5.0) == 1
         pool.close()
 
@@ -404,15 +411,11 @@ async def test_a_reader_slower_than_the_idle_time_is_not_the_backends_silence() 
     # for the backend's silence.
     async with scripted(["endless"]) as s:
         pool = HttpPool(s.base, 4, True)
-        streamed = await pool.open_stream(pool.head("POST", "/x", {}, 1), (b"a",))
-        streamed.body.watch_idle(0.1)
-        await asyncio.sleep(0.6)
-        try:
+        async with watched(pool, 0.1) as streamed:
+            await asyncio.sleep(0.6)
             got = 0
             while got < 4 << 20:  # well past the pause: reading resumes it, more comes
                 data, ended = await streamed.body.read()
                 assert not ended
                 got += len(data)
-        finally:
-            streamed.release()
         pool.close()
