@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -419,3 +422,33 @@ async def test_a_reader_slower_than_the_idle_time_is_not_the_backends_silence() 
                 assert not ended
                 got += len(data)
         pool.close()
+
+
+async def test_a_stalled_event_loop_is_not_the_backends_silence() -> None:
+    # The backend (in its own thread, so it keeps going while this loop is blocked) sends its
+    # second chunk 0.1 s after the first; this loop is blocked for 0.6 s meanwhile, past the
+    # idle time. The loop polls its sockets before it runs the watch's overdue timer, so the
+    # bytes that came during the stall count: a busy proxy is not a silent backend.
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def backend() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         b"5\r\nfirst\r\n")
+            time.sleep(0.1)
+            conn.sendall(b"6\r\nsecond\r\n0\r\n\r\n")
+            time.sleep(1.0)
+
+    thread = threading.Thread(target=backend, daemon=True)
+    thread.start()
+    pool = HttpPool(f"http://127.0.0.1:{listener.getsockname()[1]}", 4, True)
+    try:
+        async with watched(pool, 0.3) as streamed:
+            assert await streamed.body.read() == (b"first", False)
+            time.sleep(0.6)  # noqa: ASYNC251 - the loop stalls past the idle time, on purpose
+            assert await streamed.body.read() == (b"second", True)
+    finally:
+        pool.close()
+        listener.close()
