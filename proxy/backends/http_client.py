@@ -67,7 +67,7 @@ class Body:
         self.ended = False
         self.error: Exception | None = None
         self._idle_s = 0.0
-        self._last = 0.0  # loop time of the last read that brought bytes
+        self._last = 0.0  # time.monotonic() of the last read that brought bytes
         self._watch: asyncio.TimerHandle | None = None
 
     def _piece(self, data: bytes) -> None:
