@@ -47,26 +47,30 @@ class SseSplitter:
             if data:
                 self._parts.append(data)
                 self._size += len(data)
-                self._refuse_over([])
+                if self.limit is not None and self._size > self.limit:
+                    self._refuse([])
             return []
         if self._parts:
             self._parts.append(data)
             data = b"".join(self._parts)
         *events, rest = data.split(b"\n\n")
         self._parts, self._size = ([rest], len(rest)) if rest else ([], 0)
+        over = self.limit is not None and self._size > self.limit
         if self.limit is not None and len(data) > self.limit:
             big = next((i for i, e in enumerate(events) if len(e) > self.limit), None)
             if big is not None:  # one that came whole in a large chunk
-                events, self._size = events[:big], self.limit + 1
+                events, over = events[:big], True
         done = [e + b"\n\n" for e in events if e.strip()]
-        self._refuse_over(done)
+        if over:
+            self._refuse(done)
         return done
 
-    def _refuse_over(self, done: list[bytes]) -> None:
-        if self.limit is not None and self._size > self.limit:
-            self._parts, self._size, self._refused = [], 0, True
-            if not done:
-                raise SseEventTooLarge(self.limit)
+    def _refuse(self, done: list[bytes]) -> None:
+        """Refuse the oversized event: now, or, when ``done`` events precede it, at the next
+        ``feed`` or ``end`` (they are handed on first)."""
+        self._parts, self._size, self._refused = [], 0, True
+        if not done:
+            raise SseEventTooLarge(self.limit or 0)
 
     def end(self) -> list[bytes]:
         """The stream ended: a CR held back was a line end after all."""
