@@ -25,6 +25,7 @@ from functools import cache
 import numpy as np
 from numpy.typing import NDArray
 
+from filters.quality import native
 from filters.quality.echo import ghosting as ghosting  # its code: echo.py
 from filters.quality.measure import BLOWN as _BLOWN
 from filters.quality.measure import F32, Levels, Signal, levels, tile_sums
@@ -371,6 +372,28 @@ def shake(plane: F32, sigma: float) -> Signal:
     # neighbour is one contiguous run (one loop per difference, not one per row); a row's last
     # column steps into the next row and is never summed.
     th, tw = (h - 2) // (2 * t), (w - 2) // (2 * t)
+    kernels = native.kernels
+    if kernels is not None:  # the same sums in one pass over the plane, no lattice copies
+        sums = np.empty((2, len(_SHAKE_DIRECTIONS), t, t), np.float32)
+        kernels.shake(np.ascontiguousarray(plane, np.float32), h, w, t, sums)
+    else:
+        sums = _shake_sums(plane, th, tw, t)
+    energy = sums / np.float32(th * tw)
+    noise2 = np.float32(sigma) ** 2
+    edges = (energy[0] > 2 * noise2 * _SHAKE_EDGE + 1e-9).any(axis=0)
+    energy -= np.array((2 * noise2, 6 * noise2), np.float32).reshape(2, 1, 1, 1)  # noise's share
+    np.maximum(energy, _SHAKE_FLOORS, out=energy)
+    ratio = (energy[1] / energy[0]).min(axis=0)
+    counted = np.sort(ratio[edges])
+    if counted.size == 0:
+        return Signal(1.0, 2.0, "noise-free edge ratio (no edge tiles)")
+    value = float(counted[-min(_SHAKE_RANK, counted.size)])
+    return Signal(_ramp(value, SHAKE_BAD, SHAKE_GOOD), value,
+                  f"noise-free edge ratio, lowest direction, of {counted.size} edge tiles")
+
+
+def _shake_sums(plane: F32, th: int, tw: int, t: int) -> F32:
+    """shake's squared first and second differences summed per tile, by numpy: (2, 4, t, t)."""
     n, m, stride, size = th * t, tw * t, tw * t + 1, th * t * (tw * t + 1)
     lattices = np.empty((2, 2, (n + 1) * stride + 1), np.float32)
     lattices[:, :, -1] = 0.0  # a spare value: where a diagonal's last reach lands, never summed
@@ -389,16 +412,5 @@ def shake(plane: F32, sigma: float) -> Signal:
         np.add(after, before, out=diffs[k + d])
         diffs[k + d] -= twice
     np.square(diffs, out=diffs)
-    energy = tile_sums(diffs, stride, n, m, t).reshape(2, k, t, t) / np.float32(th * tw)
-    noise2 = np.float32(sigma) ** 2
-    edges = (energy[0] > 2 * noise2 * _SHAKE_EDGE + 1e-9).any(axis=0)
-    energy -= np.array((2 * noise2, 6 * noise2), np.float32).reshape(2, 1, 1, 1)  # noise's share
-    np.maximum(energy, _SHAKE_FLOORS, out=energy)
-    ratio = (energy[1] / energy[0]).min(axis=0)
-    counted = np.sort(ratio[edges])
-    if counted.size == 0:
-        return Signal(1.0, 2.0, "noise-free edge ratio (no edge tiles)")
-    value = float(counted[-min(_SHAKE_RANK, counted.size)])
-    return Signal(_ramp(value, SHAKE_BAD, SHAKE_GOOD), value,
-                  f"noise-free edge ratio, lowest direction, of {counted.size} edge tiles")
-
+    out: F32 = tile_sums(diffs, stride, n, m, t).reshape(2, k, t, t)
+    return out

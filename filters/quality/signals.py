@@ -30,9 +30,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from filters.quality import scenes
-from filters.quality.differences import Differences, differences, immerkaer
+from filters.quality.differences import NOISE_BLOCK as _NOISE_BLOCK
+from filters.quality.differences import TILES as _TILES
+from filters.quality.differences import PlaneDifferences as Differences
+from filters.quality.differences import differences
 from filters.quality.measure import F32 as F32
-from filters.quality.measure import Levels, levels, tile_sums
+from filters.quality.measure import Levels, levels
 from filters.quality.measure import Signal as Signal
 from filters.quality.measure import ramp as _ramp
 from filters.quality.values import ImageSpec as ImageSpec
@@ -52,10 +55,7 @@ EXPOSURE_BLOWN, EXPOSURE_BRIGHT = 0.25, 0.05  # weighted blown-white share; see 
 BLOCKY, NOT_BLOCKY = 1.75, 1.25  # gradient energy on / beside the 8-px grid; blockiness()
 _FLAT_ENERGY = 1e-5  # per pixel: below ~1 grey level of steps, a line counts as flat
 NOISE_BAD, NOISE_GOOD = 0.06, 0.02  # noise σ of the smoothest blocks; see noise()
-_NOISE_BLOCK = 8
-_TILES = 4  # sharpness: the sharpest of 4 × 4 regions
 _NOISE_P25_GAIN = 1.135  # the 25th percentile of block means under pure noise, over their mean
-_ONES = np.ones(_NOISE_BLOCK, np.float32)
 
 
 # --- images -------------------------------------------------------------------------------------
@@ -189,19 +189,13 @@ def sharpest_region(d: Differences) -> float:
     wall) is a sharp photograph; blur, defocus and up-sampling soften every tile. The second,
     not the sharpest: one tile where a shake runs along the edges reads sharp by chance
     (with the sharpest, camera shake's AUC fell from 0.98 to 0.95)."""
-    h = (d.height - 2) // _TILES * _TILES
-    w = (d.width - 2) // _TILES * _TILES
-
-    def energy(x: F32) -> F32:  # read in place from the flat buffers (row stride d.width)
-        return tile_sums(np.square(x[:h * d.width]), d.width, h, w, _TILES)
-
-    ex, ey = energy(d.gx), energy(d.gy)
+    ex, ey, erows, ecols = d.region_energies()
     enough = (ex + ey) >= float((ex + ey).mean())
     enough &= (ex > 1e-9) & (ey > 1e-9)
     if not enough.any():
         return 0.0
     with np.errstate(divide="ignore", invalid="ignore"):
-        both = np.minimum(energy(d.rows) / ex, energy(d.cols) / ey)[enough]
+        both = np.minimum(erows / ex, ecols / ey)[enough]
     return float(np.partition(both, -2)[-2] if both.size >= 2 else both[0])
 
 
@@ -249,12 +243,7 @@ def noise(plane: F32, d: Differences | None = None) -> Signal:
         return Signal(1.0, 0.0, "noise sigma (image too small)")
     d = d or differences(plane)
     b = _NOISE_BLOCK
-    h, w = ((d.height - 2) // b) * b, ((d.width - 2) // b) * b
-    # 8 × 8 block sums as two small products with ones: 5x cheaper than sums over short axes.
-    ones = _ONES[:b]
-    m = immerkaer(d)[:h * d.width].reshape(h // b, b, d.width)
-    strips = ones @ m  # (h / b) × W: each block row's column sums
-    flat = (strips[:, :w].reshape(h // b, w // b, b) @ ones).reshape(-1)
+    flat = d.noise_blocks()
     k = flat.size // 4
     low = float(np.partition(flat, k)[k]) / (b * b)
     sigma = math.sqrt(math.pi / 2.0) * low / 6.0 * _NOISE_P25_GAIN

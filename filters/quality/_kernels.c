@@ -1,0 +1,436 @@
+/* The quality signals' passes over the luminance plane, fused: what numpy does in a dozen passes
+ * of 50-150 k values (differences.py, measure.levels, signals.noise, sharpest_region,
+ * scenes.shake) read here in one or two, each value computed once and kept in cache.
+ *
+ * What MUST hold: every per-pixel value is the float32 arithmetic of the numpy code it replaces
+ * (the same subtractions in the same order: a difference of differences, never a - 2b + c);
+ * only the order of the sums differs (sums run in float per column and per tile, totals in
+ * double), so a statistic may move in its last bits and never more. The numpy code stays the
+ * reference and the fallback where this module is not built; tests/unit/test_quality_kernels.py
+ * holds both to the same values on real photographs and their degraded copies.
+ *
+ * No numpy headers: arrays come in through the buffer protocol (C-contiguous float32, checked),
+ * outputs are written into buffers the caller allocated. The GIL is released around the loops.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The loops are written so the compiler vectorises them; on x86-64 each is built twice, for
+ * SSE2 (the baseline) and AVX2, and the loader picks the one the CPU runs. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define VEC __attribute__((target_clones("avx2", "default")))
+#else
+#define VEC
+#endif
+
+typedef struct {
+    Py_buffer view;
+    int held;
+} Buf;
+
+static int get_f32(PyObject *obj, Buf *b, Py_ssize_t n, int writable, const char *what) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    b->held = 0;
+    if (PyObject_GetBuffer(obj, &b->view, flags) < 0)
+        return -1;
+    b->held = 1;
+    if (b->view.itemsize != 4 || b->view.format == NULL || strcmp(b->view.format, "f") != 0) {
+        PyErr_Format(PyExc_TypeError, "%s: expected float32, got format %s", what,
+                     b->view.format ? b->view.format : "(none)");
+        return -1;
+    }
+    if (b->view.len < n * 4) {
+        PyErr_Format(PyExc_ValueError, "%s: expected at least %zd values, got %zd", what, n,
+                     b->view.len / 4);
+        return -1;
+    }
+    return 0;
+}
+
+static void release(Buf *b) {
+    if (b->held)
+        PyBuffer_Release(&b->view);
+    b->held = 0;
+}
+
+/* Sum of tile columns: out[b] += sum over acc[b*tw .. (b+1)*tw - 1], then acc zeroed. */
+static void fold_tiles(float *acc, float *out, Py_ssize_t tiles, Py_ssize_t tw) {
+    for (Py_ssize_t b = 0; b < tiles; b++) {
+        float s = 0.0f;
+        for (Py_ssize_t c = b * tw; c < (b + 1) * tw; c++)
+            s += acc[c];
+        out[b] = s;
+    }
+    memset(acc, 0, sizeof(float) * (size_t)(tiles * tw));
+}
+
+/* Per-column sums of one row's squared first differences across x, columns [from, to): into
+ * ``all`` and, where given, ``region``. */
+VEC static void add_first_x(const float *restrict a, float *restrict all, float *restrict region,
+                        Py_ssize_t from, Py_ssize_t to) {
+    if (region != NULL) {
+        for (Py_ssize_t c = from; c < to; c++) {
+            float g = a[c + 1] - a[c];
+            all[c] += g * g;
+            region[c] += g * g;
+        }
+    } else {
+        for (Py_ssize_t c = from; c < to; c++) {
+            float g = a[c + 1] - a[c];
+            all[c] += g * g;
+        }
+    }
+}
+
+/* The same for values already computed (a row of second differences across x). */
+VEC static void add_squares(const float *restrict q, float *restrict all, float *restrict region,
+                        Py_ssize_t from, Py_ssize_t to) {
+    if (region != NULL) {
+        for (Py_ssize_t c = from; c < to; c++) {
+            all[c] += q[c] * q[c];
+            region[c] += q[c] * q[c];
+        }
+    } else {
+        for (Py_ssize_t c = from; c < to; c++)
+            all[c] += q[c] * q[c];
+    }
+}
+
+VEC static void add_first_y(const float *restrict a, const float *restrict b,
+                        float *restrict region, Py_ssize_t to) {
+    for (Py_ssize_t c = 0; c < to; c++) {
+        float g = b[c] - a[c];
+        region[c] += g * g;
+    }
+}
+
+/* Second differences across y of rows a, b, d: (d - b) - (b - a), squared, per column. */
+VEC static void add_second_y(const float *restrict a, const float *restrict b,
+                         const float *restrict d, float *restrict all, float *restrict region,
+                         Py_ssize_t from, Py_ssize_t to) {
+    if (region != NULL) {
+        for (Py_ssize_t c = from; c < to; c++) {
+            float s = (d[c] - b[c]) - (b[c] - a[c]);
+            all[c] += s * s;
+            region[c] += s * s;
+        }
+    } else {
+        for (Py_ssize_t c = from; c < to; c++) {
+            float s = (d[c] - b[c]) - (b[c] - a[c]);
+            all[c] += s * s;
+        }
+    }
+}
+
+/* |(q2 - q1) - (q1 - q0)|, per column: Immerkaer's mask from three rows of second differences
+ * across x. */
+VEC static void add_immerkaer(const float *restrict q0, const float *restrict q1,
+                          const float *restrict q2, float *restrict out, Py_ssize_t to) {
+    for (Py_ssize_t c = 0; c < to; c++) {
+        float m = (q2[c] - q1[c]) - (q1[c] - q0[c]);
+        out[c] += m < 0 ? -m : m;
+    }
+}
+
+/* differences(plane, h, w, tiles, block, gx_energy, gy_energy, region, blocks)
+ *   -> (sum of squared second differences across x, the same across y)
+ *
+ * gx_energy (w-1): per column boundary, the squared first difference across x summed over rows.
+ * gy_energy (h-1): per row boundary, the squared first difference across y summed over columns.
+ * region (4 x tiles x tiles): tile sums of the squared gx, gy, second-across-x, second-across-y
+ *   over the first h4 = (h-2)//tiles*tiles rows and w4 columns (as signals.sharpest_region).
+ * blocks ((h-2)//block x (w-2)//block): block sums of |Immerkaer's mask| (as signals.noise).
+ */
+static PyObject *differences(PyObject *self, PyObject *args) {
+    PyObject *o_plane, *o_gx, *o_gy, *o_region, *o_blocks;
+    Py_ssize_t h, w, tiles, block;
+    if (!PyArg_ParseTuple(args, "OnnnnOOOO", &o_plane, &h, &w, &tiles, &block, &o_gx, &o_gy,
+                          &o_region, &o_blocks))
+        return NULL;
+    if (h < 3 || w < 3 || tiles < 1 || block < 1) {
+        PyErr_SetString(PyExc_ValueError, "differences: the plane needs 3 x 3 or more");
+        return NULL;
+    }
+    Py_ssize_t h4 = (h - 2) / tiles * tiles, w4 = (w - 2) / tiles * tiles;
+    Py_ssize_t th = h4 / tiles, tw = w4 / tiles;
+    Py_ssize_t hb = (h - 2) / block, wb = (w - 2) / block;
+    Buf plane, gx, gy, region, blocks;
+    plane.held = gx.held = gy.held = region.held = blocks.held = 0;
+    PyObject *result = NULL;
+    float *work = NULL;
+    if (get_f32(o_plane, &plane, h * w, 0, "plane") < 0 ||
+        get_f32(o_gx, &gx, w - 1, 1, "gx_energy") < 0 ||
+        get_f32(o_gy, &gy, h - 1, 1, "gy_energy") < 0 ||
+        get_f32(o_region, &region, 4 * tiles * tiles, 1, "region") < 0 ||
+        get_f32(o_blocks, &blocks, hb * wb, 1, "blocks") < 0)
+        goto done;
+    /* Work rows: the second differences across x of three rows (a ring), the per-column
+     * accumulators of the four region sums, of the noise blocks, of both second energies. */
+    work = (float *)calloc((size_t)(3 * w + 4 * w + w + 2 * w), sizeof(float));
+    if (work == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const float *p = (const float *)plane.view.buf;
+    float *gxe = (float *)gx.view.buf, *gye = (float *)gy.view.buf;
+    float *reg = (float *)region.view.buf, *blk = (float *)blocks.view.buf;
+    double rows_total = 0.0, cols_total = 0.0;
+    Py_BEGIN_ALLOW_THREADS
+    float *ring = work;                    /* 3 rows of w: second differences across x */
+    float *acc = work + 3 * w;             /* 4 rows of w: region sums of gx, gy, rows, cols */
+    float *bacc = work + 7 * w;            /* 1 row of w: noise block sums */
+    float *racc = work + 8 * w;            /* second-across-x energy, per column */
+    float *cacc = work + 9 * w;            /* second-across-y energy, per column */
+    const Py_ssize_t t2 = tiles * tiles;
+    memset(gxe, 0, sizeof(float) * (size_t)(w - 1));
+    memset(reg, 0, sizeof(float) * (size_t)(4 * t2));
+    /* rows of the second difference across x for rows 0 and 1 */
+    for (Py_ssize_t r = 0; r < 2; r++) {
+        const float *a = p + r * w;
+        float *q = ring + r * w;
+        for (Py_ssize_t c = 0; c + 2 < w; c++)
+            q[c] = (a[c + 2] - a[c + 1]) - (a[c + 1] - a[c]);
+    }
+    for (Py_ssize_t r = 0; r < h; r++) {
+        const float *a = p + r * w;
+        const float *q0 = ring + (r % 3) * w;
+        int region_row = r < h4;
+        /* first and second differences across x; the region's columns first (branch-free
+         * loops, so the compiler vectorises them) */
+        Py_ssize_t split = region_row ? w4 : 0;
+        add_first_x(a, gxe, region_row ? acc : NULL, 0, split);
+        add_first_x(a, gxe, NULL, split, w - 1);
+        add_squares(q0, racc, region_row ? acc + 2 * w : NULL, 0, split);
+        add_squares(q0, racc, NULL, split, w - 2);
+        if (r + 1 < h) {  /* first differences across y */
+            const float *b = a + w;
+            float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            Py_ssize_t c = 0;
+            for (; c + 8 <= w; c += 8)
+                for (int k = 0; k < 8; k++) {
+                    float g = b[c + k] - a[c + k];
+                    part[k] += g * g;
+                }
+            float tail = 0.0f;
+            for (; c < w; c++) {
+                float g = b[c] - a[c];
+                tail += g * g;
+            }
+            gye[r] = ((part[0] + part[4]) + (part[1] + part[5])) +
+                     ((part[2] + part[6]) + (part[3] + part[7])) + tail;
+            if (region_row)
+                add_first_y(a, b, acc + w, w4);
+        }
+        if (r + 2 < h) {  /* second differences across y; Immerkaer's mask */
+            const float *b = a + w, *d = a + 2 * w;
+            add_second_y(a, b, d, cacc, region_row ? acc + 3 * w : NULL, 0, split);
+            add_second_y(a, b, d, cacc, NULL, split, w);
+            float *q2 = ring + ((r + 2) % 3) * w;
+            for (Py_ssize_t c = 0; c + 2 < w; c++)
+                q2[c] = (d[c + 2] - d[c + 1]) - (d[c + 1] - d[c]);
+            if (r < hb * block) {
+                add_immerkaer(q0, ring + ((r + 1) % 3) * w, q2, bacc, wb * block);
+                if ((r + 1) % block == 0) {
+                    float *row = blk + (r / block) * wb;
+                    for (Py_ssize_t j = 0; j < wb; j++) {
+                        float s = 0.0f;
+                        for (Py_ssize_t c = j * block; c < (j + 1) * block; c++)
+                            s += bacc[c];
+                        row[j] = s;
+                    }
+                    memset(bacc, 0, sizeof(float) * (size_t)w);
+                }
+            }
+        }
+        if (region_row && (r + 1) % th == 0) {
+            Py_ssize_t i = r / th;
+            for (int k = 0; k < 4; k++)
+                fold_tiles(acc + k * w, reg + k * t2 + i * tiles, tiles, tw);
+        }
+    }
+    for (Py_ssize_t c = 0; c < w; c++) {
+        rows_total += racc[c];
+        cols_total += cacc[c];
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("dd", rows_total, cols_total);
+done:
+    free(work);
+    release(&plane);
+    release(&gx);
+    release(&gy);
+    release(&region);
+    release(&blocks);
+    return result;
+}
+
+/* Columns 0, 2, ..., 2m of a row into even[0..m], columns 1, 3, ..., 2m+1 into odd[0..m]. */
+VEC static void deinterleave(const float *restrict row, float *restrict even,
+                             float *restrict odd, Py_ssize_t m) {
+    for (Py_ssize_t j = 0; j <= m; j++) {
+        even[j] = row[2 * j];
+        odd[j] = row[2 * j + 1];
+    }
+}
+
+/* One direction of shake: (after - c)² into first, ((after + before) - (c + c))² into second. */
+VEC static void add_pair(const float *restrict after, const float *restrict before,
+                         const float *restrict c, float *restrict first,
+                         float *restrict second, Py_ssize_t m) {
+    for (Py_ssize_t j = 0; j < m; j++) {
+        float f = after[j] - c[j];
+        float s = (after[j] + before[j]) - (c[j] + c[j]);
+        first[j] += f * f;
+        second[j] += s * s;
+    }
+}
+
+/* shake(plane, h, w, tiles, out): scenes.shake's tile energies. On every other pixel of every
+ * other row (centre (2i+1, 2j+1), i < n = th*tiles, j < m = tw*tiles with th = (h-2)//(2 tiles)),
+ * per direction (0,1), (1,0), (1,1), (1,-1): the squared first difference (after - centre) and
+ * the squared second ((after + before) - (centre + centre)), summed per tile.
+ * out: 2 x 4 x tiles x tiles (first, then second; directions in that order). */
+static PyObject *shake(PyObject *self, PyObject *args) {
+    PyObject *o_plane, *o_out;
+    Py_ssize_t h, w, tiles;
+    if (!PyArg_ParseTuple(args, "OnnnO", &o_plane, &h, &w, &tiles, &o_out))
+        return NULL;
+    Py_ssize_t th = (h - 2) / (2 * tiles), tw = (w - 2) / (2 * tiles);
+    if (tiles < 1 || th < 1 || tw < 1) {
+        PyErr_SetString(PyExc_ValueError, "shake: the plane is too small for its tiles");
+        return NULL;
+    }
+    Py_ssize_t n = th * tiles, m = tw * tiles, t2 = tiles * tiles;
+    Buf plane, out;
+    plane.held = out.held = 0;
+    PyObject *result = NULL;
+    float *acc = NULL;
+    if (get_f32(o_plane, &plane, h * w, 0, "plane") < 0 ||
+        get_f32(o_out, &out, 8 * t2, 1, "out") < 0)
+        goto done;
+    acc = (float *)calloc((size_t)(8 * m + 6 * (m + 1)), sizeof(float));
+    if (acc == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const float *p = (const float *)plane.view.buf;
+    float *o = (float *)out.view.buf;
+    float *lat = acc + 8 * m;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const float *up = p + (2 * i) * w, *mid = up + w, *down = mid + w;
+        /* each row's even and odd columns apart, so every neighbour is a contiguous run */
+        float *eu = lat, *ou = lat + (m + 1), *em = lat + 2 * (m + 1), *om = lat + 3 * (m + 1);
+        float *ed = lat + 4 * (m + 1), *od = lat + 5 * (m + 1);
+        deinterleave(up, eu, ou, m);
+        deinterleave(mid, em, om, m);
+        deinterleave(down, ed, od, m);
+        /* centre (2i+1, 2j+1) = om[j]; directions (0,1), (1,0), (1,1), (1,-1) */
+        add_pair(em + 1, em, om, acc, acc + 4 * m, m);
+        add_pair(od, ou, om, acc + m, acc + 5 * m, m);
+        add_pair(ed + 1, eu, om, acc + 2 * m, acc + 6 * m, m);
+        add_pair(ed, eu + 1, om, acc + 3 * m, acc + 7 * m, m);
+        if ((i + 1) % th == 0) {
+            Py_ssize_t row = i / th;
+            for (int k = 0; k < 8; k++)
+                fold_tiles(acc + k * m, o + k * t2 + row * tiles, tiles, tw);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    free(acc);
+    release(&plane);
+    release(&out);
+    return result;
+}
+
+/* levels' pass: returns the sum; counts: under lo, over hi, >= nw, >= cl, >= bl. */
+VEC static double count_levels(const float *p, Py_ssize_t n, float lo, float hi, float nw,
+                               float cl, float bl, Py_ssize_t *counts) {
+    double total = 0.0;
+    Py_ssize_t ink = 0, high = 0, white = 0, clip = 0, blown = 0;
+    Py_ssize_t i = 0;
+    for (; i + 64 <= n; i += 64) {  /* float partial sums, a double total per 64 values */
+        const float *restrict q = p + i;
+        float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (Py_ssize_t k = 0; k < 64; k += 8)
+            for (int j = 0; j < 8; j++)
+                part[j] += q[k + j];
+        int a = 0, b = 0, c = 0;
+        for (Py_ssize_t k = 0; k < 64; k++) {
+            a += q[k] < lo;
+            b += q[k] > hi;
+            c += q[k] >= nw;
+        }
+        total += (double)(((part[0] + part[4]) + (part[1] + part[5])) +
+                          ((part[2] + part[6]) + (part[3] + part[7])));
+        ink += a;
+        high += b;
+        if (c) {
+            white += c;
+            for (Py_ssize_t k = 0; k < 64; k++) {
+                clip += q[k] >= cl;
+                blown += q[k] >= bl;
+            }
+        }
+    }
+    for (; i < n; i++) {
+        float v = p[i];
+        total += v;
+        ink += v < lo;
+        high += v > hi;
+        white += v >= nw;
+        clip += v >= cl;
+        blown += v >= bl;
+    }
+    counts[0] = ink;
+    counts[1] = high;
+    counts[2] = white;
+    counts[3] = clip;
+    counts[4] = blown;
+    return total;
+}
+
+/* levels(plane, n, mid_low, mid_high, near_white, clipped, blown)
+ *   -> (sum, under mid_low, over mid_high, >= near_white, >= clipped, >= blown) */
+static PyObject *levels(PyObject *self, PyObject *args) {
+    PyObject *o_plane;
+    Py_ssize_t n;
+    float lo, hi, nw, cl, bl;
+    if (!PyArg_ParseTuple(args, "Onfffff", &o_plane, &n, &lo, &hi, &nw, &cl, &bl))
+        return NULL;
+    Buf plane;
+    if (get_f32(o_plane, &plane, n, 0, "plane") < 0) {
+        release(&plane);
+        return NULL;
+    }
+    const float *p = (const float *)plane.view.buf;
+    double total = 0.0;
+    Py_ssize_t counts[5] = {0, 0, 0, 0, 0};
+    Py_BEGIN_ALLOW_THREADS
+    total = count_levels(p, n, lo, hi, nw, cl, bl, counts);
+    Py_END_ALLOW_THREADS
+    release(&plane);
+    return Py_BuildValue("dnnnnn", total, counts[0], counts[1], counts[2], counts[3],
+                         counts[4]);
+}
+
+static PyMethodDef methods[] = {
+    {"differences", differences, METH_VARARGS,
+     "The luminance plane's difference energies, region tiles and noise blocks in one pass."},
+    {"shake", shake, METH_VARARGS, "scenes.shake's tile energies on the parity lattice."},
+    {"levels", levels, METH_VARARGS, "The plane's sum and its counts by level."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "filters.quality._kernels",
+    "The quality signals' passes over the luminance plane, fused (see _kernels.c).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }

@@ -1,0 +1,174 @@
+"""The quality signals' fused C passes (``filters/quality/_kernels.c``) give what their numpy code
+gives: every per-pixel value by the same float32 arithmetic, the sums in another order (so equal
+to a few ulps of the total, never more), the counts by level exactly; and on real photographs and
+their degraded copies, every signal's score and value as the numpy code reads them.
+
+The module is built by the install (``setup.py``); these tests fail where it was not, rather than
+pass on the numpy code alone."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from filters.quality import differences as diffs
+from filters.quality import measure, native, scenes
+from filters.quality.filter import QualityConfig, QualityFactory
+from filters.quality.signals import ImageSpec, image_signals
+from proxy.chain import FilterContext
+from proxy.clock import ManualClock
+from proxy.telemetry import Telemetry
+from tests.support import photos
+
+F32 = NDArray[np.float32]
+HWC = ImageSpec("HWC", (0.0,), (255.0,))
+
+
+def test_the_c_module_is_built_and_used() -> None:
+    module = importlib.import_module("filters.quality._kernels")
+    assert native.kernels is module
+    plane = np.random.default_rng(0).random((40, 50), np.float32)
+    assert isinstance(diffs.differences(plane), diffs.FusedDifferences)
+
+
+@pytest.fixture
+def numpy_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(native, "kernels", None)
+    yield
+
+
+def both(fn: Any, *args: Any) -> tuple[Any, Any]:
+    """``fn(*args)`` on the C passes, then on the numpy code."""
+    kernels = native.kernels
+    assert kernels is not None
+    fused = fn(*args)
+    native.kernels = None
+    try:
+        reference = fn(*args)
+    finally:
+        native.kernels = kernels
+    return fused, reference
+
+
+def close(got: F32, want: F32, scale: float) -> None:
+    """Equal but for the order of float32 sums: within 1e-5 of the sums' own scale."""
+    assert got.shape == want.shape
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-6 * scale), np.max(np.abs(got - want))
+
+
+def planes() -> list[F32]:
+    rng = np.random.default_rng(7)
+    out = [rng.random(shape, np.float32) for shape in
+           ((3, 3), (3, 17), (17, 3), (11, 11), (31, 40), (64, 65), (224, 224), (225, 301))]
+    smooth = np.linspace(0, 1, 224 * 224, dtype=np.float32).reshape(224, 224)
+    out.append(smooth)
+    out.append(np.zeros((40, 40), np.float32))  # flat: every energy 0
+    # exactly at every level's threshold, and either side of it
+    edges = np.array([measure.MID_LOW, measure.MID_HIGH, measure.NEAR_WHITE, measure.CLIPPED,
+                      measure.BLOWN], np.float32)
+    levels = np.concatenate([edges, np.nextafter(edges, 0), np.nextafter(edges, 1), [0, 1]])
+    out.append(np.resize(levels, (37, 53)).astype(np.float32))
+    return out
+
+
+@pytest.mark.parametrize("plane", planes(), ids=lambda p: "x".join(map(str, p.shape)))
+def test_differences_match_the_numpy_reference(plane: F32) -> None:
+    fused, ref = both(diffs.differences, plane)
+    assert isinstance(fused, diffs.FusedDifferences) and isinstance(ref, diffs.Differences)
+    total = float(np.sum(np.square(np.diff(plane, axis=1)))) + 1e-12
+    close(fused.gx_energy, ref.gx_energy, total)
+    close(fused.gy_energy, ref.gy_energy, total)
+    for got, want in zip(fused.second_energies(), ref.second_energies(), strict=True):
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-12)
+    if min(plane.shape) >= 2 + diffs.TILES:
+        close(fused.region_energies(), ref.region_energies(), total)
+    close(fused.noise_blocks(), ref.noise_blocks(), float(np.sum(ref.noise_blocks())) + 1e-12)
+
+
+@pytest.mark.parametrize("plane", planes(), ids=lambda p: "x".join(map(str, p.shape)))
+def test_levels_count_exactly_as_numpy(plane: F32) -> None:
+    fused, ref = both(measure.levels, plane)
+    assert (fused.ink, fused.mid, fused.near_white, fused.clipped, fused.blown) == (
+        ref.ink, ref.mid, ref.near_white, ref.clipped, ref.blown)
+    assert fused.mean == pytest.approx(ref.mean, rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("plane", [p for p in planes() if min(p.shape) >= 32],
+                         ids=lambda p: "x".join(map(str, p.shape)))
+def test_shake_sums_match_the_numpy_reference(plane: F32) -> None:
+    t = scenes._SHAKE_TILES
+    h, w = plane.shape
+    th, tw = (h - 2) // (2 * t), (w - 2) // (2 * t)
+    got = np.empty((2, 4, t, t), np.float32)
+    kernels = native.kernels
+    assert kernels is not None
+    kernels.shake(plane, h, w, t, got)
+    want = scenes._shake_sums(plane, th, tw, t)
+    close(got, want, float(want.sum()) + 1e-12)
+
+
+def test_a_plane_that_is_not_float32_or_too_short_is_refused() -> None:
+    kernels = native.kernels
+    assert kernels is not None
+    out = np.empty((2, 4, 4, 4), np.float32)
+    with pytest.raises(TypeError, match="plane: expected float32, got format d"):
+        kernels.shake(np.zeros((40, 40)), 40, 40, 4, out)
+    with pytest.raises(ValueError, match="plane: expected at least 1600 values, got 1599"):
+        kernels.shake(np.zeros(1599, np.float32), 40, 40, 4, out)
+    with pytest.raises(ValueError, match="too small"):
+        kernels.shake(np.zeros((9, 9), np.float32), 9, 9, 4, out)
+    with pytest.raises(BufferError):  # an output it cannot write into
+        kernels.shake(np.zeros((40, 40), np.float32), 40, 40, 4, out.tobytes())
+
+
+def inputs() -> Iterator[tuple[str, NDArray[np.uint8]]]:
+    rng = np.random.default_rng(3)
+    for clean in photos.clean_set()[::3]:
+        yield clean.name, clean.image
+        yield f"{clean.name}/noise", photos.gaussian(clean.image, 0.05, rng)
+        yield f"{clean.name}/gain", photos.overexposure(clean.image, 1.8, rng)
+        yield f"{clean.name}/gamma", photos.gamma(clean.image, 2.2, rng)
+        yield f"{clean.name}/defocus", photos.defocus(clean.image, 3.0, rng)
+
+
+def test_every_signal_reads_the_same_on_photographs_and_degraded_copies() -> None:
+    """Scores equal to 1e-4 and values to 1e-4 of their size, on every dtype the fronts
+    measure: the C passes cannot move a decision beyond the last bits of a threshold."""
+    checked = 0
+    optional = scenes.OPTIONAL_SIGNALS
+    for name, pixels in inputs():
+        for image, spec in ((pixels, HWC),
+                            (np.ascontiguousarray(pixels.transpose(2, 0, 1), np.float32) / 255,
+                             ImageSpec("CHW", (0.0,), (1.0,)))):
+            fused, ref = both(image_signals, image, spec, optional)
+            assert fused.keys() == ref.keys()
+            for key, got in fused.items():
+                want = ref[key]
+                where = f"{name} {spec.layout} {key}: {got} vs {want}"
+                assert got.score == pytest.approx(want.score, abs=1e-4), where
+                assert got.value == pytest.approx(want.value, rel=1e-4, abs=1e-7), where
+                assert got.what == want.what, where
+                checked += 1
+    assert checked > 2000
+
+
+def test_a_route_measured_without_the_c_module_says_so_once_at_load(
+        numpy_only: None, caplog: pytest.LogCaptureFixture) -> None:
+    ctx = FilterContext("m", Telemetry(), ManualClock(), random.Random(1), lambda: None)
+    with caplog.at_level(logging.INFO, logger="mmguard.quality"):
+        QualityFactory().build(QualityConfig(), ctx)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "quality on route m: the C module filters.quality._kernels is not" \
+        " built" in said[0] and "~1.5x the CPU" in said[0], said
+    native.kernels = importlib.import_module("filters.quality._kernels")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="mmguard.quality"):
+        QualityFactory().build(QualityConfig(), ctx)
+    assert caplog.records == []
