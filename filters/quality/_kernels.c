@@ -15,6 +15,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 /* The loops are written so the compiler vectorises them; on x86-64 each is built twice, for
@@ -419,11 +420,117 @@ static PyObject *levels(PyObject *self, PyObject *args) {
                          counts[4]);
 }
 
+/* The luminance of n pixels: g0 x0 + g1 x1 + g2 x2 - offset, summed in that order (as numpy's
+ * einsum "c,chw->hw" adds them). */
+VEC static void mix_f32(const float *restrict x0, const float *restrict x1,
+                        const float *restrict x2, float *restrict out, Py_ssize_t n, float g0,
+                        float g1, float g2, float offset) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        float v = g0 * x0[i];
+        v += g1 * x1[i];
+        v += g2 * x2[i];
+        out[i] = v - offset;
+    }
+}
+
+/* The extrema of n values; *bad set when any is NaN or infinite. Compared as integers: a
+ * float's bits, its sign folded so that signed integer order is the floats' order (-0 below
+ * +0), which the compiler turns into vector min and max without relaxing float semantics. */
+VEC static void extrema_f32(const float *restrict x, Py_ssize_t n, float *lo, float *hi,
+                            int *bad) {
+    const int32_t *restrict b = (const int32_t *)x;
+    int32_t mn = INT32_MAX, mx = INT32_MIN, odd = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t v = b[i];
+        odd |= (v & 0x7f800000) == 0x7f800000;
+        int32_t key = v ^ ((v >> 31) & 0x7fffffff);
+        mn = key < mn ? key : mn;
+        mx = key > mx ? key : mx;
+    }
+    mn ^= (mn >> 31) & 0x7fffffff;
+    mx ^= (mx >> 31) & 0x7fffffff;
+    memcpy(lo, &mn, sizeof mn);
+    memcpy(hi, &mx, sizeof mx);
+    *bad = odd;
+}
+
+VEC static void mix_u8(const unsigned char *restrict x, float *restrict out, Py_ssize_t n,
+                       float g0, float g1, float g2, float offset, int *lo, int *hi) {
+    int mn = *lo, mx = *hi;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int a = x[3 * i], b = x[3 * i + 1], c = x[3 * i + 2];
+        float v = g0 * (float)a;
+        v += g1 * (float)b;
+        v += g2 * (float)c;
+        out[i] = v - offset;
+        mn = a < mn ? a : mn;
+        mn = b < mn ? b : mn;
+        mn = c < mn ? c : mn;
+        mx = a > mx ? a : mx;
+        mx = b > mx ? b : mx;
+        mx = c > mx ? c : mx;
+    }
+    *lo = mn;
+    *hi = mx;
+}
+
+/* luminance(image, n, planar, g0, g1, g2, offset, out) -> (min, max) of every value.
+ * image: 3 x n float32 planes (planar) or n x 3 uint8 pixels; out: n float32. A NaN or an
+ * infinity anywhere makes both extrema NaN: the caller then reads the image as numpy's min and
+ * max of a NaN would have it read (not finite, not inside its range). */
+static PyObject *luminance(PyObject *self, PyObject *args) {
+    PyObject *o_image, *o_out;
+    Py_ssize_t n;
+    int planar;
+    float g0, g1, g2, offset;
+    if (!PyArg_ParseTuple(args, "Onpffff" "O", &o_image, &n, &planar, &g0, &g1, &g2, &offset,
+                          &o_out))
+        return NULL;
+    Buf image, out;
+    image.held = out.held = 0;
+    PyObject *result = NULL;
+    if (get_f32(o_out, &out, n, 1, "out") < 0)
+        goto done;
+    if (planar) {
+        if (get_f32(o_image, &image, 3 * n, 0, "image") < 0)
+            goto done;
+        const float *x = (const float *)image.view.buf;
+        float lo = 0.0f, hi = 0.0f;
+        int nan = 0;
+        Py_BEGIN_ALLOW_THREADS
+        mix_f32(x, x + n, x + 2 * n, (float *)out.view.buf, n, g0, g1, g2, offset);
+        if (n > 0)
+            extrema_f32(x, 3 * n, &lo, &hi, &nan);
+        Py_END_ALLOW_THREADS
+        result = nan ? Py_BuildValue("dd", Py_NAN, Py_NAN) : Py_BuildValue("dd", lo, hi);
+    } else {
+        if (PyObject_GetBuffer(o_image, &image.view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+            goto done;
+        image.held = 1;
+        if (image.view.itemsize != 1 || image.view.format == NULL ||
+            strcmp(image.view.format, "B") != 0 || image.view.len < 3 * n) {
+            PyErr_SetString(PyExc_TypeError, "image: expected n x 3 uint8 values");
+            goto done;
+        }
+        int lo = 255, hi = 0;
+        Py_BEGIN_ALLOW_THREADS
+        mix_u8((const unsigned char *)image.view.buf, (float *)out.view.buf, n, g0, g1, g2,
+               offset, &lo, &hi);
+        Py_END_ALLOW_THREADS
+        result = Py_BuildValue("dd", (double)lo, (double)hi);
+    }
+done:
+    release(&image);
+    release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"differences", differences, METH_VARARGS,
      "The luminance plane's difference energies, region tiles and noise blocks in one pass."},
     {"shake", shake, METH_VARARGS, "scenes.shake's tile energies on the parity lattice."},
     {"levels", levels, METH_VARARGS, "The plane's sum and its counts by level."},
+    {"luminance", luminance, METH_VARARGS, "Three channels mixed into one plane, with extrema."},
     {NULL, NULL, 0, NULL},
 };
 

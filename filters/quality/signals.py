@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from filters.quality import scenes
+from filters.quality import native, scenes
 from filters.quality.differences import NOISE_BLOCK as _NOISE_BLOCK
 from filters.quality.differences import TILES as _TILES
 from filters.quality.differences import PlaneDifferences as Differences
@@ -122,6 +122,11 @@ def luminance(image: NDArray[Any], spec: ImageSpec, inside: bool = False) -> F32
             plane += np.multiply(chans[c], gain[c], dtype=np.float32)
     if offset:
         plane -= offset
+    return _clipped_to_range(plane, inside)
+
+
+def _clipped_to_range(plane: F32, inside: bool) -> F32:
+    """The plane with NaN read as 0 and values clipped to [0, 1], unless ``inside``."""
     if plane.size and not inside:
         low, high = float(plane.min()), float(plane.max())
         if not (math.isfinite(low) and math.isfinite(high)):
@@ -131,6 +136,30 @@ def luminance(image: NDArray[Any], spec: ImageSpec, inside: bool = False) -> F32
             np.minimum(plane, 1.0, out=plane)
             np.maximum(plane, 0.0, out=plane)
     return plane
+
+
+def _fused_luminance(image: NDArray[Any], spec: ImageSpec) -> tuple[float, float, F32] | None:
+    """The whole image's extrema and its luminance (not yet clipped) in one C pass, for the
+    inputs most models take: three channels, one range for all, FP32 planes (CHW) or UINT8
+    pixels (HWC), at a size read without down-sampling. None for every other input (numpy's
+    ``extrema`` and ``luminance`` read those)."""
+    kernels = native.kernels
+    if kernels is None or image.ndim != 3 or not image.flags.c_contiguous:
+        return None
+    if len(set(spec.low)) != 1 or len(set(spec.high)) != 1:
+        return None
+    if spec.layout == "CHW" and image.dtype == np.float32 and image.shape[0] == 3:
+        hw, planar = image.shape[1:], True
+    elif spec.layout == "HWC" and image.dtype == np.uint8 and image.shape[2] == 3:
+        hw, planar = image.shape[:2], False
+    else:
+        return None
+    if min(hw) // REF_SIDE >= 2 or 0 in hw:  # block-mean down-sampled first: numpy's path
+        return None
+    gain, offset = _luma_gain(spec.low, spec.high, 3)
+    plane = np.empty(hw, np.float32)
+    low, high = kernels.luminance(image, hw[0] * hw[1], planar, *gain.tolist(), offset, plane)
+    return low, high, plane
 
 
 def _mean_var(x: F32, mean: float | None = None) -> tuple[float, float]:
@@ -389,8 +418,15 @@ def image_signals(image: NDArray[Any], spec: ImageSpec,
     with np.errstate(all="ignore"):  # NaN/Inf are measured, not warned about
         channels = 1 if spec.layout == "HW" else min(
             image.shape[0] if spec.layout == "CHW" else image.shape[-1], 3)
-        mins, maxs = extrema(image, spec, channels)
-        plane = luminance(image, spec, _inside(spec, channels, mins, maxs))
+        fused = _fused_luminance(image, spec)
+        if fused is not None:
+            low, high, mixed = fused
+            mins = np.full(channels, low, np.float32)
+            maxs = np.full(channels, high, np.float32)
+            plane = _clipped_to_range(mixed, _inside(spec, channels, mins, maxs))
+        else:
+            mins, maxs = extrema(image, spec, channels)
+            plane = luminance(image, spec, _inside(spec, channels, mins, maxs))
         d = differences(plane) if min(plane.shape, default=0) >= 3 else None
         lv = levels(plane) if plane.size else None
         return {"finite": finite(image, mins, maxs),

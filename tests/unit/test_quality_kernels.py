@@ -172,3 +172,58 @@ def test_a_route_measured_without_the_c_module_says_so_once_at_load(
     with caplog.at_level(logging.INFO, logger="mmguard.quality"):
         QualityFactory().build(QualityConfig(), ctx)
     assert caplog.records == []
+
+
+def odd_images() -> list[tuple[str, NDArray[Any], ImageSpec]]:
+    """FP32 planes and UINT8 pixels the fused luminance reads, with the values at its edges."""
+    rng = np.random.default_rng(11)
+    chw = ImageSpec("CHW", (0.0,), (1.0,))
+    out: list[tuple[str, NDArray[Any], ImageSpec]] = []
+    base = rng.random((3, 64, 80), np.float32)
+    for name, value in (("nan", np.nan), ("+inf", np.inf), ("-inf", -np.inf), ("-0", -0.0),
+                        ("huge", 3e38), ("below", -0.5), ("above", 7.0)):
+        x = base.copy()
+        x[1, 10, 20] = value
+        out.append((name, x, chw))
+    both_inf = base.copy()
+    both_inf[0, 5, 5], both_inf[2, 5, 5] = np.inf, -np.inf  # one pixel: inf - inf
+    out.append(("inf-inf", both_inf, chw))
+    out.append(("raw 0-255 as float", base * 255, chw))
+    out.append(("normalised", (base - 0.45) / 0.22, ImageSpec("CHW", (-2.0,), (2.5,))))
+    out.append(("constant", np.full((3, 40, 40), 0.5, np.float32), chw))
+    u8 = rng.integers(0, 256, (64, 80, 3), dtype=np.uint8)
+    out.append(("uint8", u8, HWC))
+    out.append(("uint8 black", np.zeros((40, 40, 3), np.uint8), HWC))
+    out.append(("uint8 white", np.full((40, 40, 3), 255, np.uint8), HWC))
+    out.append(("uint8 read as 0-1", u8, ImageSpec("HWC", (0.0,), (1.0,))))
+    return out
+
+
+@pytest.mark.parametrize(("name", "image", "spec"), odd_images(), ids=lambda x: str(x)[:20])
+def test_the_fused_luminance_reads_edge_values_as_numpy(name: str, image: NDArray[Any],
+                                                        spec: ImageSpec) -> None:
+    """NaN, ±Inf (the fused pass reports either as NaN extrema: the same signals follow),
+    -0, values out of range: every signal as the numpy code reads it."""
+    from filters.quality import signals
+    fused = signals._fused_luminance(image, spec)
+    assert fused is not None, "the fused pass should read this input"
+    got, want = both(image_signals, image, spec)
+    for key, signal in got.items():
+        assert signal.score == pytest.approx(want[key].score, abs=1e-6), (key, signal, want[key])
+        assert signal.value == pytest.approx(want[key].value, rel=1e-5, abs=1e-9), (
+            key, signal, want[key])
+        assert signal.what == want[key].what
+
+
+def test_the_fused_luminance_leaves_other_inputs_to_numpy() -> None:
+    from filters.quality import signals
+    chw = ImageSpec("CHW", (0.0,), (1.0,))
+    x = np.zeros((3, 40, 40), np.float32)
+    assert signals._fused_luminance(x, chw) is not None
+    for image, spec in ((x.astype(np.float64), chw),  # another dtype
+                        (np.zeros((4, 40, 40), np.float32), chw),  # an alpha plane
+                        (x[:, ::2, ::2], chw),  # not contiguous
+                        (np.zeros((3, 500, 500), np.float32), chw),  # down-sampled first
+                        (x, ImageSpec("CHW", (0.0, 0.1, 0.0), (1.0,))),  # ranges per channel
+                        (np.zeros((40, 40, 3), np.float32), ImageSpec("HWC", (0.0,), (1.0,)))):
+        assert signals._fused_luminance(image, spec) is None
