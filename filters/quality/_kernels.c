@@ -525,11 +525,90 @@ done:
     return result;
 }
 
+/* clipped(image, h, w, planar, top, light) -> (light pixels with a channel at its top, pixels
+ * looked at), on every other row and column, as signals.channel_clipped counts them: a pixel
+ * counts when its largest channel is >= top and the sum of its three channels, added in
+ * channel order, is >= light. planar: 3 x h x w float32; else h x w x 3 uint8 (top and light
+ * then the integer thresholds the caller derived from the float ones). */
+VEC static Py_ssize_t clipped_f32(const float *restrict x, Py_ssize_t h, Py_ssize_t w,
+                                  float top, float light) {
+    const float *c0 = x, *c1 = x + h * w, *c2 = x + 2 * h * w;
+    Py_ssize_t hits = 0;
+    for (Py_ssize_t i = 0; i < h; i += 2) {
+        const float *a = c0 + i * w, *b = c1 + i * w, *c = c2 + i * w;
+        int row = 0;
+        for (Py_ssize_t j = 0; j < w; j += 2) {
+            float m = a[j] > b[j] ? a[j] : b[j];
+            m = c[j] > m ? c[j] : m;
+            float level = (a[j] + b[j]) + c[j];
+            row += (m >= top) & (level >= light);
+        }
+        hits += row;
+    }
+    return hits;
+}
+
+VEC static Py_ssize_t clipped_u8(const unsigned char *restrict x, Py_ssize_t h, Py_ssize_t w,
+                                 int top, int light) {
+    Py_ssize_t hits = 0;
+    for (Py_ssize_t i = 0; i < h; i += 2) {
+        const unsigned char *p = x + 3 * i * w;
+        int row = 0;
+        for (Py_ssize_t j = 0; j < w; j += 2) {
+            int a = p[3 * j], b = p[3 * j + 1], c = p[3 * j + 2];
+            int m = a > b ? a : b;
+            m = c > m ? c : m;
+            row += (m >= top) & (a + b + c >= light);
+        }
+        hits += row;
+    }
+    return hits;
+}
+
+static PyObject *clipped(PyObject *self, PyObject *args) {
+    PyObject *o_image;
+    Py_ssize_t h, w;
+    int planar;
+    double top, light;
+    if (!PyArg_ParseTuple(args, "Onnpdd", &o_image, &h, &w, &planar, &top, &light))
+        return NULL;
+    Buf image;
+    image.held = 0;
+    Py_ssize_t hits = 0, looked = ((h + 1) / 2) * ((w + 1) / 2);
+    if (planar) {
+        if (get_f32(o_image, &image, 3 * h * w, 0, "image") < 0) {
+            release(&image);
+            return NULL;
+        }
+        float t = (float)top, l = (float)light;
+        Py_BEGIN_ALLOW_THREADS
+        hits = clipped_f32((const float *)image.view.buf, h, w, t, l);
+        Py_END_ALLOW_THREADS
+    } else {
+        if (PyObject_GetBuffer(o_image, &image.view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+            return NULL;
+        image.held = 1;
+        if (image.view.itemsize != 1 || image.view.format == NULL ||
+            strcmp(image.view.format, "B") != 0 || image.view.len < 3 * h * w) {
+            release(&image);
+            PyErr_SetString(PyExc_TypeError, "image: expected h x w x 3 uint8 values");
+            return NULL;
+        }
+        int t = (int)top, l = (int)light;
+        Py_BEGIN_ALLOW_THREADS
+        hits = clipped_u8((const unsigned char *)image.view.buf, h, w, t, l);
+        Py_END_ALLOW_THREADS
+    }
+    release(&image);
+    return Py_BuildValue("nn", hits, looked);
+}
+
 static PyMethodDef methods[] = {
     {"differences", differences, METH_VARARGS,
      "The luminance plane's difference energies, region tiles and noise blocks in one pass."},
     {"shake", shake, METH_VARARGS, "scenes.shake's tile energies on the parity lattice."},
     {"levels", levels, METH_VARARGS, "The plane's sum and its counts by level."},
+    {"clipped", clipped, METH_VARARGS, "channel_clipped's count of light clipped pixels."},
     {"luminance", luminance, METH_VARARGS, "Three channels mixed into one plane, with extrema."},
     {NULL, NULL, 0, NULL},
 };

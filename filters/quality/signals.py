@@ -289,6 +289,18 @@ def channel_clipped(image: NDArray[Any], spec: ImageSpec) -> float:
     if sub.size == 0 or count < 3:
         return 0.0
     tops, light = _clip_levels(spec.low, spec.high, count)
+    kernels = native.kernels
+    if kernels is not None and len(set(tops)) == 1 and image.ndim == 3 \
+            and image.flags.c_contiguous and (
+                (spec.layout == "CHW" and image.dtype == np.float32 and image.shape[0] == 3)
+                or (spec.layout == "HWC" and image.dtype == np.uint8 and image.shape[2] == 3)):
+        # the same count in one C pass over the pixels, no planes copied
+        planar = spec.layout == "CHW"
+        h, w = image.shape[1:] if planar else image.shape[:2]
+        top, ceiling = ((tops[0], float(light)) if planar
+                        else (_first_at_least(tops[0]), math.ceil(float(light))))
+        hits, looked = kernels.clipped(image, h, w, planar, top, ceiling)
+        return hits / looked
     if len(set(tops)) == 1:
         # The three channels copied once as planes (numpy's loops over a stride-2 view, or
         # over an HWC pixel's 3 channels, are 3-10x slower), then one maximum and one sum of

@@ -227,3 +227,21 @@ def test_the_fused_luminance_leaves_other_inputs_to_numpy() -> None:
                         (x, ImageSpec("CHW", (0.0, 0.1, 0.0), (1.0,))),  # ranges per channel
                         (np.zeros((40, 40, 3), np.float32), ImageSpec("HWC", (0.0,), (1.0,)))):
         assert signals._fused_luminance(image, spec) is None
+
+
+@pytest.mark.parametrize(("name", "image", "spec"), odd_images(), ids=lambda x: str(x)[:20])
+def test_channel_clipped_counts_exactly_as_numpy(name: str, image: NDArray[Any],
+                                                 spec: ImageSpec) -> None:
+    from filters.quality.signals import channel_clipped
+    bright = image.copy()
+    if bright.dtype == np.uint8:  # a third of the pixels at the top, a third just under it
+        bright[::3] = 255
+        bright[1::3, :, 0] = 253
+    else:
+        bright[:, ::3] = spec.high[0]
+        bright[0, 1::3] = np.nextafter(np.float32(spec.high[0] - (spec.high[0] - spec.low[0])
+                                                  * 1.5 / 255), np.float32(-1e9))
+    for x in (image, bright, bright[..., :-1].copy() if bright.dtype == np.uint8
+              else bright[:, :-1].copy()):  # an odd width
+        got, want = both(channel_clipped, x, spec)
+        assert got == want, (name, got, want)
