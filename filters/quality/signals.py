@@ -300,7 +300,8 @@ def channel_clipped(image: NDArray[Any], spec: ImageSpec) -> float:
         top, ceiling = ((tops[0], float(light)) if planar
                         else (_first_at_least(tops[0]), math.ceil(float(light))))
         hits, looked = kernels.clipped(image, h, w, planar, top, ceiling)
-        return hits / looked
+        share: float = hits / looked
+        return share
     if len(set(tops)) == 1:
         # The three channels copied once as planes (numpy's loops over a stride-2 view, or
         # over an HWC pixel's 3 channels, are 3-10x slower), then one maximum and one sum of
