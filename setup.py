@@ -6,4 +6,5 @@ their numpy code, which gives the same values (tests/unit/test_quality_kernels.p
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("filters.quality._kernels", ["filters/quality/_kernels.c"],
-                             extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off"], optional=True)])
+                             extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off"],
+                             libraries=["m"], optional=True)])

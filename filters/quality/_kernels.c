@@ -15,6 +15,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdlib.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -603,12 +604,222 @@ static PyObject *clipped(PyObject *self, PyObject *args) {
     return Py_BuildValue("nn", hits, looked);
 }
 
+/* log_sum(plane, n, step, delta) -> the sum of log(x + delta) over every step-th value, x +
+ * delta in float32 (as numpy adds them). The logarithms of products of 64 values at a time
+ * (each factor is in [delta, 1 + delta], so a product of 64 stays far inside a double's range):
+ * the same sum to a double's precision, 64x fewer logarithms. */
+VEC static double log_sum_pass(const float *restrict p, Py_ssize_t n, Py_ssize_t step,
+                               float delta) {
+    Py_ssize_t count = (n + step - 1) / step, i = 0;
+    double total = 0.0;
+    for (; i + 64 <= count; i += 64) {
+        double lane[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+        for (Py_ssize_t k = 0; k < 64; k += 8)
+            for (int j = 0; j < 8; j++)
+                lane[j] *= (double)(p[(i + k + j) * step] + delta);
+        total += log(((lane[0] * lane[1]) * (lane[2] * lane[3])) *
+                     ((lane[4] * lane[5]) * (lane[6] * lane[7])));
+    }
+    double rest = 1.0;
+    for (; i < count; i++)
+        rest *= (double)(p[i * step] + delta);
+    return total + log(rest);
+}
+
+static PyObject *log_sum(PyObject *self, PyObject *args) {
+    PyObject *o_plane;
+    Py_ssize_t n, step;
+    float delta;
+    if (!PyArg_ParseTuple(args, "Onnf", &o_plane, &n, &step, &delta))
+        return NULL;
+    if (step < 1 || delta <= 0.0f) {
+        PyErr_SetString(PyExc_ValueError, "log_sum: step >= 1 and delta > 0");
+        return NULL;
+    }
+    Buf plane;
+    if (get_f32(o_plane, &plane, n, 0, "plane") < 0) {
+        release(&plane);
+        return NULL;
+    }
+    double total;
+    Py_BEGIN_ALLOW_THREADS
+    total = log_sum_pass((const float *)plane.view.buf, n, step, delta);
+    Py_END_ALLOW_THREADS
+    release(&plane);
+    return PyFloat_FromDouble(total);
+}
+
+/* float16 bit patterns to float32, bit for bit as numpy's astype: the exponent re-biased,
+ * infinities and NaN re-biased once more (their payload kept), subnormals and zeros by an exact
+ * float subtraction (2^-14 (1 + m/1024) - 2^-14 = m 2^-24), written so it vectorises. */
+typedef union {
+    uint32_t u;
+    float f;
+} Bits;
+
+VEC static void widen_pass(const uint16_t *restrict h, uint32_t *restrict out, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t x = h[i];
+        uint32_t o = (x & 0x7fffu) << 13, e = o & 0x0f800000u;
+        o += 0x38000000u;
+        o += 0x38000000u & -(uint32_t)(e == 0x0f800000u);
+        Bits t;
+        t.u = o + 0x00800000u;
+        t.f -= 6.103515625e-05f;
+        uint32_t low = -(uint32_t)(e == 0);  /* masks, not branches: the loop vectorises */
+        o = (t.u & low) | (o & ~low);
+        out[i] = o | ((x & 0x8000u) << 16);
+    }
+}
+
+static PyObject *widen_float16(PyObject *self, PyObject *args) {
+    PyObject *o_src, *o_out;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "OnO", &o_src, &n, &o_out))
+        return NULL;
+    Buf src, out;
+    src.held = out.held = 0;
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(o_src, &src.view, PyBUF_C_CONTIGUOUS) < 0)
+        goto done;
+    src.held = 1;
+    if (src.view.len < 2 * n) {
+        PyErr_Format(PyExc_ValueError, "src: expected %zd float16 values", n);
+        goto done;
+    }
+    if (get_f32(o_out, &out, n, 1, "out") < 0)
+        goto done;
+    Py_BEGIN_ALLOW_THREADS
+    widen_pass((const uint16_t *)src.view.buf, (uint32_t *)out.view.buf, n);
+    Py_END_ALLOW_THREADS
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    release(&src);
+    release(&out);
+    return result;
+}
+
+/* The k-th largest of n floats (k >= 1, k <= n), by partial selection (n is at most 64). */
+static float kth_largest(float *v, Py_ssize_t n, Py_ssize_t k) {
+    for (Py_ssize_t i = 0; i < k; i++) {
+        Py_ssize_t best = i;
+        for (Py_ssize_t j = i + 1; j < n; j++)
+            if (v[j] > v[best])
+                best = j;
+        float t = v[i];
+        v[i] = v[best];
+        v[best] = t;
+    }
+    return v[k - 1];
+}
+
+/* numpy's float32 sum of 16 contiguous values (its pairwise sum: eight running sums). */
+static float sum16(const float *a) {
+    float r[8];
+    for (int j = 0; j < 8; j++)
+        r[j] = a[j] + a[8 + j];
+    return ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+}
+
+/* region_pick(region, tiles) -> signals.sharpest_region's value from differences' region
+ * tiles (4 x tiles x tiles: gx, gy, second across x, second across y), as its numpy code
+ * reads them: the tiles holding at least the mean gradient energy (and some along both axes),
+ * the lower axis's ratio of each, the second largest (the only one when one; 0 when none). */
+static PyObject *region_pick(PyObject *self, PyObject *args) {
+    PyObject *o_region;
+    Py_ssize_t tiles;
+    if (!PyArg_ParseTuple(args, "On", &o_region, &tiles))
+        return NULL;
+    if (tiles != 4) {
+        PyErr_SetString(PyExc_ValueError, "region_pick: 4 x 4 tiles only");
+        return NULL;
+    }
+    Buf region;
+    if (get_f32(o_region, &region, 4 * 16, 0, "region") < 0) {
+        release(&region);
+        return NULL;
+    }
+    const float *ex = (const float *)region.view.buf, *ey = ex + 16, *er = ex + 32,
+                *ec = ex + 48;
+    float both[16], sum[16];
+    Py_ssize_t n = 0;
+    for (int i = 0; i < 16; i++)
+        sum[i] = ex[i] + ey[i];
+    float mean = sum16(sum) / 16.0f;
+    for (int i = 0; i < 16; i++) {
+        if (sum[i] >= mean && ex[i] > 1e-9f && ey[i] > 1e-9f) {
+            float a = er[i] / ex[i], b = ec[i] / ey[i];
+            both[n++] = (a != a || b != b) ? NAN : (a < b ? a : b);
+        }
+    }
+    release(&region);
+    if (n == 0)
+        return PyFloat_FromDouble(0.0);
+    return PyFloat_FromDouble(n >= 2 ? kth_largest(both, n, 2) : both[0]);
+}
+
+/* shake_pick(sums, tiles, area, sigma, edge, rank) -> (value, edge tiles) of scenes.shake from
+ * its tile sums (2 x 4 x tiles x tiles), as its numpy code reads them: energies per sample
+ * (float32), a tile counted when a direction's first-difference energy passes 2 sigma^2 edge
+ * (+1e-9), the noise's share (2 sigma^2, 6 sigma^2) taken off, floors, the lowest direction's
+ * ratio, the rank-th largest counted tile (the lowest when fewer). (2.0, 0) with none. */
+static PyObject *shake_pick(PyObject *self, PyObject *args) {
+    PyObject *o_sums;
+    Py_ssize_t tiles, area, rank;
+    double sigma, edge;
+    if (!PyArg_ParseTuple(args, "Onndnd", &o_sums, &tiles, &area, &sigma, &rank, &edge))
+        return NULL;
+    Py_ssize_t t2 = tiles * tiles;
+    if (tiles < 1 || t2 > 64 || rank < 1 || area < 1) {
+        PyErr_SetString(PyExc_ValueError, "shake_pick: 1 to 8 tiles a side, rank and area >= 1");
+        return NULL;
+    }
+    Buf sums;
+    if (get_f32(o_sums, &sums, 8 * t2, 0, "sums") < 0) {
+        release(&sums);
+        return NULL;
+    }
+    const float *e = (const float *)sums.view.buf;
+    float a = (float)area, sf = (float)sigma;
+    double n2 = (double)sf * (double)sf;  /* np.float32(sigma) ** 2 is a float64 */
+    float threshold = (float)(2.0 * n2 * edge + 1e-9);  /* compared in float32, as numpy does */
+    float first_share = (float)(2.0 * n2), second_share = (float)(6.0 * n2);
+    float counted[64];
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < t2; i++) {
+        int is_edge = 0;
+        float ratio = 0.0f;
+        for (int d = 0; d < 4; d++) {
+            float first = e[d * t2 + i] / a, second = e[(4 + d) * t2 + i] / a;
+            is_edge |= first > threshold;
+            first -= first_share;
+            second -= second_share;
+            first = first > 1e-12f ? first : 1e-12f;
+            second = second > 0.0f ? second : 0.0f;
+            float r = second / first;
+            ratio = d == 0 || r < ratio ? r : ratio;
+        }
+        if (is_edge)
+            counted[n++] = ratio;
+    }
+    release(&sums);
+    if (n == 0)
+        return Py_BuildValue("dn", 2.0, (Py_ssize_t)0);
+    float value = kth_largest(counted, n, rank < n ? rank : n);
+    return Py_BuildValue("dn", (double)value, n);
+}
+
 static PyMethodDef methods[] = {
     {"differences", differences, METH_VARARGS,
      "The luminance plane's difference energies, region tiles and noise blocks in one pass."},
     {"shake", shake, METH_VARARGS, "scenes.shake's tile energies on the parity lattice."},
     {"levels", levels, METH_VARARGS, "The plane's sum and its counts by level."},
     {"clipped", clipped, METH_VARARGS, "channel_clipped's count of light clipped pixels."},
+    {"region_pick", region_pick, METH_VARARGS, "sharpest_region's value from its tiles."},
+    {"shake_pick", shake_pick, METH_VARARGS, "shake's value from its tile sums."},
+    {"log_sum", log_sum, METH_VARARGS, "tone's sum of logarithms over every step-th value."},
+    {"widen_float16", widen_float16, METH_VARARGS, "float16 to float32, bit for bit."},
     {"luminance", luminance, METH_VARARGS, "Three channels mixed into one plane, with extrema."},
     {NULL, NULL, 0, NULL},
 };

@@ -176,8 +176,15 @@ def tone(plane: F32, lv: Levels | None = None) -> Signal:
     if plane.size == 0:
         return Signal(0.0, 0.0, "log-average luminance (empty image)")
     flat = plane.reshape(-1)
-    sub = flat[::4]  # the key of a quarter orders images the same way, 4x cheaper (log)
-    key = math.exp(float(np.log(sub + _KEY_DELTA).sum(dtype=np.float64)) / sub.size)
+    # the key of a quarter orders images the same way, 4x cheaper (log)
+    count = (flat.size + 3) // 4
+    kernels = native.kernels
+    if kernels is not None:  # logarithms of products: the same sum to a double's precision
+        total = kernels.log_sum(np.ascontiguousarray(flat, np.float32), flat.size, 4,
+                                _KEY_DELTA)
+    else:
+        total = float(np.log(flat[::4] + _KEY_DELTA).sum(dtype=np.float64))
+    key = math.exp(total / count)
     lv = lv or levels(plane)
     clipped, ink, mid = lv.clipped, lv.ink, lv.mid
     near = lv.near_white - clipped
@@ -367,18 +374,19 @@ def shake(plane: F32, sigma: float) -> Signal:
     h, w = plane.shape
     if min(h, w) < 8 * t:
         return Signal(1.0, 2.0, "noise-free edge ratio (image too small)")
-    # Every other pixel of every other row (a tile keeps ~800 samples), read from the plane's
-    # four parity lattices, copied once into one buffer with a row stride of m + 1: every
-    # neighbour is one contiguous run (one loop per difference, not one per row); a row's last
-    # column steps into the next row and is never summed.
     th, tw = (h - 2) // (2 * t), (w - 2) // (2 * t)
     kernels = native.kernels
-    if kernels is not None:  # the same sums in one pass over the plane, no lattice copies
+    if kernels is not None:  # the same sums and choice in C: one pass, no lattice copies
         sums = np.empty((2, len(_SHAKE_DIRECTIONS), t, t), np.float32)
         kernels.shake(np.ascontiguousarray(plane, np.float32), h, w, t, sums)
-    else:
-        sums = _shake_sums(plane, th, tw, t)
-    energy = sums / np.float32(th * tw)
+        return _shake_signal(*kernels.shake_pick(sums, t, th * tw, sigma, _SHAKE_RANK,
+                                                 _SHAKE_EDGE))
+    return _shake_signal(*_shake_pick(_shake_sums(plane, th, tw, t), th * tw, sigma))
+
+
+def _shake_pick(sums: F32, area: int, sigma: float) -> tuple[float, int]:
+    """shake's value and its count of edge tiles from the tile sums (2, 4, t, t), by numpy."""
+    energy = sums / np.float32(area)
     noise2 = np.float32(sigma) ** 2
     edges = (energy[0] > 2 * noise2 * _SHAKE_EDGE + 1e-9).any(axis=0)
     energy -= np.array((2 * noise2, 6 * noise2), np.float32).reshape(2, 1, 1, 1)  # noise's share
@@ -386,14 +394,24 @@ def shake(plane: F32, sigma: float) -> Signal:
     ratio = (energy[1] / energy[0]).min(axis=0)
     counted = np.sort(ratio[edges])
     if counted.size == 0:
+        return 2.0, 0
+    return float(counted[-min(_SHAKE_RANK, counted.size)]), counted.size
+
+
+def _shake_signal(value: float, count: int) -> Signal:
+    """shake's Signal from its value and the number of edge tiles it was chosen among."""
+    if count == 0:
         return Signal(1.0, 2.0, "noise-free edge ratio (no edge tiles)")
-    value = float(counted[-min(_SHAKE_RANK, counted.size)])
     return Signal(_ramp(value, SHAKE_BAD, SHAKE_GOOD), value,
-                  f"noise-free edge ratio, lowest direction, of {counted.size} edge tiles")
+                  f"noise-free edge ratio, lowest direction, of {count} edge tiles")
 
 
 def _shake_sums(plane: F32, th: int, tw: int, t: int) -> F32:
-    """shake's squared first and second differences summed per tile, by numpy: (2, 4, t, t)."""
+    """shake's squared first and second differences summed per tile, by numpy: (2, 4, t, t).
+    Every other pixel of every other row (a tile keeps ~800 samples), read from the plane's four
+    parity lattices, copied once into one buffer with a row stride of m + 1: every neighbour is
+    one contiguous run (one loop per difference, not one per row); a row's last column steps
+    into the next row and is never summed."""
     n, m, stride, size = th * t, tw * t, tw * t + 1, th * t * (tw * t + 1)
     lattices = np.empty((2, 2, (n + 1) * stride + 1), np.float32)
     lattices[:, :, -1] = 0.0  # a spare value: where a diagonal's last reach lands, never summed

@@ -218,6 +218,10 @@ def sharpest_region(d: Differences) -> float:
     wall) is a sharp photograph; blur, defocus and up-sampling soften every tile. The second,
     not the sharpest: one tile where a shake runs along the edges reads sharp by chance
     (with the sharpest, camera shake's AUC fell from 0.98 to 0.95)."""
+    kernels = native.kernels
+    if kernels is not None:
+        value: float = kernels.region_pick(d.region_energies(), _TILES)
+        return value
     ex, ey, erows, ecols = d.region_energies()
     enough = (ex + ey) >= float((ex + ey).mean())
     enough &= (ex > 1e-9) & (ey > 1e-9)
@@ -417,6 +421,12 @@ def widen_float16(image: NDArray[np.float16]) -> F32:
     a take from a 65,536-entry table is about 3x cheaper. ``mode="wrap"``: a uint16 index is
     always within the table, so nothing wraps, and the take skips the per-element bounds check
     and error path of the default mode (1.6x cheaper again)."""
+    kernels = native.kernels
+    if kernels is not None:  # the same bits by arithmetic, vectorised (~4x cheaper again)
+        src = np.ascontiguousarray(image)
+        widened: F32 = np.empty(src.shape, np.float32)
+        kernels.widen_float16(src, src.size, widened)
+        return widened
     out: F32 = np.take(_float16_table(), np.ascontiguousarray(image).view(np.uint16),
                        mode="wrap")
     return out

@@ -144,9 +144,9 @@ def test_every_signal_reads_the_same_on_photographs_and_degraded_copies() -> Non
     checked = 0
     optional = scenes.OPTIONAL_SIGNALS
     for name, pixels in inputs():
-        for image, spec in ((pixels, HWC),
-                            (np.ascontiguousarray(pixels.transpose(2, 0, 1), np.float32) / 255,
-                             ImageSpec("CHW", (0.0,), (1.0,)))):
+        planes = np.ascontiguousarray(pixels.transpose(2, 0, 1), np.float32) / 255
+        chw = ImageSpec("CHW", (0.0,), (1.0,))
+        for image, spec in ((pixels, HWC), (planes, chw), (planes.astype(np.float16), chw)):
             fused, ref = both(image_signals, image, spec, optional)
             assert fused.keys() == ref.keys()
             for key, got in fused.items():
@@ -156,7 +156,7 @@ def test_every_signal_reads_the_same_on_photographs_and_degraded_copies() -> Non
                 assert got.value == pytest.approx(want.value, rel=1e-4, abs=1e-7), where
                 assert got.what == want.what, where
                 checked += 1
-    assert checked > 2000
+    assert checked > 3000
 
 
 def test_a_route_measured_without_the_c_module_says_so_once_at_load(
@@ -245,3 +245,69 @@ def test_channel_clipped_counts_exactly_as_numpy(name: str, image: NDArray[Any],
               else bright[:, :-1].copy()):  # an odd width
         got, want = both(channel_clipped, x, spec)
         assert got == want, (name, got, want)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["c", "numpy"])
+def test_float16_widening_is_astype_bit_for_bit_on_either_path(fused: bool) -> None:
+    """Every float16 bit pattern (NaN payloads, ±Inf, subnormals, -0), whole and as a strided
+    view, on the C pass and on numpy's table."""
+    from filters.quality.signals import widen_float16
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    kernels = native.kernels
+    native.kernels = kernels if fused else None
+    try:
+        for x in (every, every.reshape(256, 256)[::3, 1::2], every[:0]):
+            want = x.astype(np.float32)
+            got = widen_float16(x)
+            assert got.shape == want.shape and got.dtype == np.float32
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    finally:
+        native.kernels = kernels
+
+
+@pytest.mark.parametrize("plane", planes(), ids=lambda p: "x".join(map(str, p.shape)))
+def test_tone_key_matches_the_numpy_reference(plane: F32) -> None:
+    """The sum of logarithms by products of 64 (C) against numpy's float32 logarithms."""
+    got, want = both(scenes.tone, plane)
+    assert got.value == pytest.approx(want.value, rel=1e-6)
+    assert got.score == pytest.approx(want.score, abs=1e-6)
+
+
+def test_the_sharpest_region_is_chosen_exactly_as_numpy_chooses() -> None:
+    """Random tiles (and tiles with ties at the mean, with none or one holding edges): the C
+    choice and numpy's give the same float, bit for bit."""
+    from filters.quality.signals import sharpest_region
+    rng = np.random.default_rng(5)
+    cases = [rng.gamma(0.5, 1e-3, (4, 4, 4)).astype(np.float32) for _ in range(300)]
+    flat = np.full((4, 4, 4), 1e-4, np.float32)
+    one = flat.copy()
+    one[:2] = 0.0
+    one[:2, 1, 2] = 1e-3  # one tile with edges
+    cases += [flat, np.zeros((4, 4, 4), np.float32), one]
+    for region in cases:
+        d = diffs.FusedDifferences(40, 40, np.zeros(39, np.float32), np.zeros(39, np.float32),
+                                   (0.0, 0.0), region, np.zeros(16, np.float32))
+        got, want = both(sharpest_region, d)
+        assert got == want, (got, want)
+
+
+def test_shake_is_chosen_exactly_as_numpy_chooses() -> None:
+    """From the same tile sums of real photographs' planes, from every tile holding edges to
+    none (the noise's share rises with sigma): the same value and count, bit for bit."""
+    from filters.quality.signals import luminance
+    kernels = native.kernels
+    assert kernels is not None
+    t = scenes._SHAKE_TILES
+    counts = set()
+    for clean in photos.clean_set()[::9]:
+        plane = luminance(clean.image, HWC)
+        h, w = plane.shape
+        th, tw = (h - 2) // (2 * t), (w - 2) // (2 * t)
+        sums = scenes._shake_sums(plane, th, tw, t)
+        for sigma in (0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.08, 0.2, 1.0):
+            got = kernels.shake_pick(sums, t, th * tw, sigma, scenes._SHAKE_RANK,
+                                     scenes._SHAKE_EDGE)
+            want = scenes._shake_pick(sums, th * tw, sigma)
+            assert got == want, (clean.name, sigma, got, want)
+            counts.add(got[1])
+    assert {0, 1, t * t} <= counts and len(counts) >= 8, counts
