@@ -32,13 +32,30 @@ typedef struct {
     int held;
 } Buf;
 
+/* Whether a buffer's struct format is `code` in this machine's byte order: "f", "@f", "=f",
+ * and "<f" or ">f" (with "!f") where that is the machine's order; numpy writes "<f" for a
+ * float32 array read from the wire. */
+static int native_format(const char *format, char code) {
+    if (format == NULL)
+        return 0;
+    char order = format[0];
+    if (order == code)
+        return format[1] == '\0';
+#if PY_BIG_ENDIAN
+    int native = order == '@' || order == '=' || order == '>' || order == '!';
+#else
+    int native = order == '@' || order == '=' || order == '<';
+#endif
+    return native && format[1] == code && format[2] == '\0';
+}
+
 static int get_f32(PyObject *obj, Buf *b, Py_ssize_t n, int writable, const char *what) {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     b->held = 0;
     if (PyObject_GetBuffer(obj, &b->view, flags) < 0)
         return -1;
     b->held = 1;
-    if (b->view.itemsize != 4 || b->view.format == NULL || strcmp(b->view.format, "f") != 0) {
+    if (b->view.itemsize != 4 || !native_format(b->view.format, 'f')) {
         PyErr_Format(PyExc_TypeError, "%s: expected float32, got format %s", what,
                      b->view.format ? b->view.format : "(none)");
         return -1;
@@ -508,8 +525,8 @@ static PyObject *luminance(PyObject *self, PyObject *args) {
         if (PyObject_GetBuffer(o_image, &image.view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
             goto done;
         image.held = 1;
-        if (image.view.itemsize != 1 || image.view.format == NULL ||
-            strcmp(image.view.format, "B") != 0 || image.view.len < 3 * n) {
+        if (image.view.itemsize != 1 || !native_format(image.view.format, 'B') ||
+            image.view.len < 3 * n) {
             PyErr_SetString(PyExc_TypeError, "image: expected n x 3 uint8 values");
             goto done;
         }
@@ -589,8 +606,8 @@ static PyObject *clipped(PyObject *self, PyObject *args) {
         if (PyObject_GetBuffer(o_image, &image.view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
             return NULL;
         image.held = 1;
-        if (image.view.itemsize != 1 || image.view.format == NULL ||
-            strcmp(image.view.format, "B") != 0 || image.view.len < 3 * h * w) {
+        if (image.view.itemsize != 1 || !native_format(image.view.format, 'B') ||
+            image.view.len < 3 * h * w) {
             release(&image);
             PyErr_SetString(PyExc_TypeError, "image: expected h x w x 3 uint8 values");
             return NULL;

@@ -421,6 +421,9 @@ def widen_float16(image: NDArray[np.float16]) -> F32:
     a take from a 65,536-entry table is about 3x cheaper. ``mode="wrap"``: a uint16 index is
     always within the table, so nothing wraps, and the take skips the per-element bounds check
     and error path of the default mode (1.6x cheaper again)."""
+    if not image.dtype.isnative:  # a byte-swapped array: its bits are not float16's
+        swapped: F32 = image.astype(np.float32)
+        return swapped
     kernels = native.kernels
     if kernels is not None:  # the same bits by arithmetic, vectorised (~4x cheaper again)
         src = np.ascontiguousarray(image)

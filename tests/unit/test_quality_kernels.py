@@ -191,11 +191,14 @@ def odd_images() -> list[tuple[str, NDArray[Any], ImageSpec]]:
     out.append(("raw 0-255 as float", base * 255, chw))
     out.append(("normalised", (base - 0.45) / 0.22, ImageSpec("CHW", (-2.0,), (2.5,))))
     out.append(("constant", np.full((3, 40, 40), 0.5, np.float32), chw))
+    # as the fronts decode a tensor off the wire: little-endian, buffer format "<f" or "B"
+    out.append(("wire <f4", np.frombuffer(base.tobytes(), "<f4").reshape(base.shape), chw))
     u8 = rng.integers(0, 256, (64, 80, 3), dtype=np.uint8)
     out.append(("uint8", u8, HWC))
     out.append(("uint8 black", np.zeros((40, 40, 3), np.uint8), HWC))
     out.append(("uint8 white", np.full((40, 40, 3), 255, np.uint8), HWC))
     out.append(("uint8 read as 0-1", u8, ImageSpec("HWC", (0.0,), (1.0,))))
+    out.append(("wire u1", np.frombuffer(u8.tobytes(), "u1").reshape(u8.shape), HWC))
     return out
 
 
@@ -225,8 +228,26 @@ def test_the_fused_luminance_leaves_other_inputs_to_numpy() -> None:
                         (x[:, ::2, ::2], chw),  # not contiguous
                         (np.zeros((3, 500, 500), np.float32), chw),  # down-sampled first
                         (x, ImageSpec("CHW", (0.0, 0.1, 0.0), (1.0,))),  # ranges per channel
-                        (np.zeros((40, 40, 3), np.float32), ImageSpec("HWC", (0.0,), (1.0,)))):
+                        (np.zeros((40, 40, 3), np.float32), ImageSpec("HWC", (0.0,), (1.0,))),
+                        (x.astype(">f4"), chw)):  # byte-swapped
         assert signals._fused_luminance(image, spec) is None
+
+
+@pytest.mark.parametrize("dtype", [">f4", "<f4", ">f2", "<f2"])
+def test_either_byte_order_reads_as_numpy_reads_it(dtype: str) -> None:
+    """A tensor of either byte order (a client may send a byte-swapped numpy array's bytes, and
+    a front may hand a view of it): the same signals on both paths, and the same as native."""
+    rng = np.random.default_rng(2)
+    native_image = rng.random((3, 48, 64), np.float32)
+    image = native_image.astype(dtype)
+    chw = ImageSpec("CHW", (0.0,), (1.0,))
+    got, want = both(image_signals, image, chw)
+    for key, signal in got.items():
+        assert (signal.score, signal.what) == (want[key].score, want[key].what), key
+        assert signal.value == pytest.approx(want[key].value, rel=1e-5, abs=1e-9), key
+    from filters.quality.signals import widen_float16
+    if dtype.endswith("f2"):
+        assert np.array_equal(widen_float16(image), image.astype(np.float32))
 
 
 @pytest.mark.parametrize(("name", "image", "spec"), odd_images(), ids=lambda x: str(x)[:20])
