@@ -700,7 +700,7 @@ static PyObject *widen_float16(PyObject *self, PyObject *args) {
     if (PyObject_GetBuffer(o_src, &src.view, PyBUF_C_CONTIGUOUS) < 0)
         goto done;
     src.held = 1;
-    if (src.view.len < 2 * n) {
+    if (src.view.itemsize != 2 || src.view.len < 2 * n) {
         PyErr_Format(PyExc_ValueError, "src: expected %zd float16 values", n);
         goto done;
     }
@@ -827,12 +827,139 @@ static PyObject *shake_pick(PyObject *self, PyObject *args) {
     return Py_BuildValue("dn", (double)value, n);
 }
 
+/* The k-th smallest (0-based) of n floats, reordering them (quickselect; no NaN among them). */
+static float kth_smallest(float *v, Py_ssize_t n, Py_ssize_t k) {
+    Py_ssize_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        float pivot = v[lo + (hi - lo) / 2];
+        Py_ssize_t i = lo, j = hi;
+        while (i <= j) {
+            while (v[i] < pivot)
+                i++;
+            while (v[j] > pivot)
+                j--;
+            if (i <= j) {
+                float t = v[i];
+                v[i++] = v[j];
+                v[j--] = t;
+            }
+        }
+        if (k <= j)
+            hi = j;
+        else if (k >= i)
+            lo = i;
+        else
+            break;
+    }
+    return v[k];
+}
+
+/* One axis of signals.blockiness: at each boundary of the 8-px grid (7, 15, ... with a middle
+ * 4 after it), the energy across it over the mean of the two across the block middles beside
+ * it (3 and 11 from the block's start, at least floor), and the median (the upper one of an
+ * even count, as numpy's partition at n // 2 picks). In float32, as numpy computes it. */
+static int grid_ratio(const float *e, Py_ssize_t size, float floor, double *out) {
+    Py_ssize_t n = size > 11 ? (size - 12) / 8 + 1 : 0;  /* len(range(7, size - 4, 8)) */
+    if (n <= 0) {
+        *out = NAN;
+        return 0;
+    }
+    float small[64];
+    float *r = n <= 64 ? small : (float *)malloc(sizeof(float) * (size_t)n);
+    if (r == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        float beside = (e[3 + 8 * i] + e[11 + 8 * i]) * 0.5f;
+        beside = beside > floor ? beside : floor;
+        r[i] = e[7 + 8 * i] / beside;
+    }
+    *out = kth_smallest(r, n, n / 2);
+    if (r != small)
+        free(r);
+    return 0;
+}
+
+/* blockiness(gx_energy, gy_energy, width, height, flat) -> (ratio across x, ratio across y);
+ * flat: the per-pixel energy below which a line counts as flat (times the line's length). */
+static PyObject *blockiness(PyObject *self, PyObject *args) {
+    PyObject *o_gx, *o_gy;
+    Py_ssize_t w, h;
+    double flat;
+    if (!PyArg_ParseTuple(args, "OOnnd", &o_gx, &o_gy, &w, &h, &flat))
+        return NULL;
+    if (w < 17 || h < 17) {
+        PyErr_SetString(PyExc_ValueError, "blockiness: the plane needs 17 x 17 or more");
+        return NULL;
+    }
+    Buf gx, gy;
+    gx.held = gy.held = 0;
+    PyObject *result = NULL;
+    double rx, ry;
+    if (get_f32(o_gx, &gx, w - 1, 0, "gx_energy") < 0 ||
+        get_f32(o_gy, &gy, h - 1, 0, "gy_energy") < 0)
+        goto done;
+    /* the floor in float32, as numpy's maximum with a Python float compares it */
+    if (grid_ratio((const float *)gx.view.buf, w - 1, (float)(flat * (double)w), &rx) < 0 ||
+        grid_ratio((const float *)gy.view.buf, h - 1, (float)(flat * (double)h), &ry) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_BuildValue("dd", rx, ry);
+done:
+    release(&gx);
+    release(&gy);
+    return result;
+}
+
+/* centred_energy(plane, n, mean) -> the sum of (x - mean)^2, each difference in float32 (as
+ * numpy subtracts a float32 mean), the squares summed in float per 64 values, then in double. */
+VEC static double centred_pass(const float *restrict p, Py_ssize_t n, float mean) {
+    double total = 0.0;
+    Py_ssize_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (Py_ssize_t k = 0; k < 64; k += 8)
+            for (int j = 0; j < 8; j++) {
+                float d = p[i + k + j] - mean;
+                part[j] += d * d;
+            }
+        total += (double)(((part[0] + part[4]) + (part[1] + part[5])) +
+                          ((part[2] + part[6]) + (part[3] + part[7])));
+    }
+    for (; i < n; i++) {
+        float d = p[i] - mean;
+        total += (double)(d * d);
+    }
+    return total;
+}
+
+static PyObject *centred_energy(PyObject *self, PyObject *args) {
+    PyObject *o_plane;
+    Py_ssize_t n;
+    float mean;
+    if (!PyArg_ParseTuple(args, "Onf", &o_plane, &n, &mean))
+        return NULL;
+    Buf plane;
+    if (get_f32(o_plane, &plane, n, 0, "plane") < 0) {
+        release(&plane);
+        return NULL;
+    }
+    double total;
+    Py_BEGIN_ALLOW_THREADS
+    total = centred_pass((const float *)plane.view.buf, n, mean);
+    Py_END_ALLOW_THREADS
+    release(&plane);
+    return PyFloat_FromDouble(total);
+}
+
 static PyMethodDef methods[] = {
     {"differences", differences, METH_VARARGS,
      "The luminance plane's difference energies, region tiles and noise blocks in one pass."},
     {"shake", shake, METH_VARARGS, "scenes.shake's tile energies on the parity lattice."},
     {"levels", levels, METH_VARARGS, "The plane's sum and its counts by level."},
     {"clipped", clipped, METH_VARARGS, "channel_clipped's count of light clipped pixels."},
+    {"blockiness", blockiness, METH_VARARGS, "blockiness's grid ratio along each axis."},
+    {"centred_energy", centred_energy, METH_VARARGS, "The sum of squares about a mean."},
     {"region_pick", region_pick, METH_VARARGS, "sharpest_region's value from its tiles."},
     {"shake_pick", shake_pick, METH_VARARGS, "shake's value from its tile sums."},
     {"log_sum", log_sum, METH_VARARGS, "tone's sum of logarithms over every step-th value."},

@@ -332,3 +332,33 @@ def test_shake_is_chosen_exactly_as_numpy_chooses() -> None:
             assert got == want, (clean.name, sigma, got, want)
             counts.add(got[1])
     assert {0, 1, t * t} <= counts and len(counts) >= 8, counts
+
+
+@pytest.mark.parametrize("side", [17, 18, 19, 20, 31, 224, 225, 447, 700])
+def test_blockiness_is_read_exactly_as_numpy_reads_it(side: int) -> None:
+    """The same energies (random, with flat lines below the floor and ties): the same ratio,
+    bit for bit, from 1 boundary per axis to 87 (past the C code's 64 on the stack)."""
+    from filters.quality.signals import blockiness
+    rng = np.random.default_rng(side)
+    for trial in range(20):
+        gx = rng.gamma(0.7, 1e-3, side + trial % 3 - 1).astype(np.float32)
+        gy = rng.gamma(0.7, 1e-3, side).astype(np.float32)
+        gx[::5] = 0.0  # flat lines: the floor decides
+        gy[3::8] = gy[11::8].mean()  # ties among the block middles
+        plane = np.zeros((gy.size + 1, gx.size + 1), np.float32)
+        d = diffs.FusedDifferences(plane.shape[0], plane.shape[1], gx, gy, (0.0, 0.0),
+                                   np.zeros((4, 4, 4), np.float32), np.zeros(0, np.float32))
+        got, want = both(blockiness, plane, d)
+        assert (got.score, got.value) == (want.score, want.value), (side, trial, got, want)
+
+
+def test_a_flat_plane_has_no_variance_on_either_path() -> None:
+    """constant's variance about the mean: exactly 0 for a constant plane (the C pass centres
+    before it squares, as numpy does), equal to 1e-6 elsewhere."""
+    from filters.quality.signals import constant
+    for plane in (np.full((50, 60), 0.37, np.float32), np.zeros((9, 9), np.float32)):
+        got, want = both(constant, plane)
+        assert got.value == want.value == 0.0 and got.score == want.score == 0.0
+    for plane in planes():
+        got, want = both(constant, plane)
+        assert got.value == pytest.approx(want.value, rel=1e-6, abs=1e-12)
