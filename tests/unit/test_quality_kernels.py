@@ -362,3 +362,30 @@ def test_a_flat_plane_has_no_variance_on_either_path() -> None:
     for plane in planes():
         got, want = both(constant, plane)
         assert got.value == pytest.approx(want.value, rel=1e-6, abs=1e-12)
+
+
+def test_perspective_reads_the_borders_exactly_as_numpy() -> None:
+    """The borders' medians and spreads are order statistics: the C selection gives numpy's
+    partition's values exactly, so the signal is the same to the bit on photographs, on the
+    odd planes, and on screens photographed at an angle (flat dark surround, leaning edges)."""
+    from filters.quality.signals import luminance
+    rng = np.random.default_rng(9)
+    cases = [luminance(c.image, HWC) for c in photos.clean_set()[::5]]
+    cases += [p for p in planes() if min(p.shape) >= 32]
+    cases += [luminance(photos.perspective(c.image, 0.2, rng), HWC)
+              for c in photos.clean_set()[::15]]
+    for lean in (0, 6, 14):
+        screen = np.full((120, 160), 0.05, np.float32) + rng.normal(0, 0.002, (120, 160)).astype(
+            np.float32)
+        for r in range(120):
+            left = 20 + lean * r // 120
+            screen[r, left:140 - lean * r // 120] = 0.8 + 0.1 * rng.random()
+        cases.append(np.ascontiguousarray(screen[10:110]))
+    leaning = 0
+    seen = set()
+    for plane in cases:
+        got, want = both(scenes.perspective, plane)
+        assert (got.score, got.value, got.what) == (want.score, want.value, want.what)
+        seen.add(got.what.split("(")[-1])
+        leaning += got.value > 0
+    assert len(seen) >= 3 and leaning >= 3, (seen, leaning)  # no surround, sides measured
