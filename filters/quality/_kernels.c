@@ -1,16 +1,26 @@
-/* The quality signals' passes over the luminance plane, fused: what numpy does in a dozen passes
- * of 50-150 k values (differences.py, measure.levels, signals.noise, sharpest_region,
- * scenes.shake) read here in one or two, each value computed once and kept in cache.
+/* The quality signals' passes over the image and its luminance plane, in C: what numpy does in
+ * a few dozen passes of 50-150 k values, each read here once and kept in cache.
+ *
+ * What it does for whom: the image's extrema and luminance and channel_clipped's count
+ * (signals.py), float16 widened to float32; the plane's differences, their energies, the
+ * sharpest region's tiles and noise's blocks in one pass (differences.py); the levels exposure
+ * and tone count (measure.py); shake's tile energies (scenes.py); and the small choices made
+ * from those (the sharpest region, shake's tile, blockiness's medians, perspective's border
+ * statistics, tone's key, constant's variance).
  *
  * What MUST hold: every per-pixel value is the float32 arithmetic of the numpy code it replaces
- * (the same subtractions in the same order: a difference of differences, never a - 2b + c);
- * only the order of the sums differs (sums run in float per column and per tile, totals in
- * double), so a statistic may move in its last bits and never more. The numpy code stays the
- * reference and the fallback where this module is not built; tests/unit/test_quality_kernels.py
- * holds both to the same values on real photographs and their degraded copies.
+ * (the same subtractions in the same order: a difference of differences, never a - 2b + c; no
+ * product fused into a sum: setup.py builds with -ffp-contract=off); only the order of the sums
+ * differs (in float per column, tile or lane, totals in double), so a statistic may move in its
+ * last bits and never more; a count, an order statistic or a choice made from the same sums is
+ * numpy's exactly. The numpy code stays the reference and the fallback where this module is not
+ * built; tests/unit/test_quality_kernels.py holds both to that on real photographs, their
+ * degraded copies and values at every edge.
  *
- * No numpy headers: arrays come in through the buffer protocol (C-contiguous float32, checked),
- * outputs are written into buffers the caller allocated. The GIL is released around the loops.
+ * No numpy headers: arrays come in through the buffer protocol (C-contiguous, their format
+ * checked: float32 or uint8 in this machine's byte order), outputs go into buffers the caller
+ * allocated. The GIL is released around the long loops; nothing is global, so calls from
+ * several threads at once are safe.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -74,7 +84,8 @@ static void release(Buf *b) {
     b->held = 0;
 }
 
-/* Sum of tile columns: out[b] += sum over acc[b*tw .. (b+1)*tw - 1], then acc zeroed. */
+/* Tile sums of one row of tiles: out[b] = the sum of acc[b*tw .. (b+1)*tw - 1], then acc
+ * zeroed for the next row of tiles. */
 static void fold_tiles(float *acc, float *out, Py_ssize_t tiles, Py_ssize_t tw) {
     for (Py_ssize_t b = 0; b < tiles; b++) {
         float s = 0.0f;
@@ -88,7 +99,7 @@ static void fold_tiles(float *acc, float *out, Py_ssize_t tiles, Py_ssize_t tw) 
 /* Per-column sums of one row's squared first differences across x, columns [from, to): into
  * ``all`` and, where given, ``region``. */
 VEC static void add_first_x(const float *restrict a, float *restrict all, float *restrict region,
-                        Py_ssize_t from, Py_ssize_t to) {
+                            Py_ssize_t from, Py_ssize_t to) {
     if (region != NULL) {
         for (Py_ssize_t c = from; c < to; c++) {
             float g = a[c + 1] - a[c];
@@ -105,7 +116,7 @@ VEC static void add_first_x(const float *restrict a, float *restrict all, float 
 
 /* The same for values already computed (a row of second differences across x). */
 VEC static void add_squares(const float *restrict q, float *restrict all, float *restrict region,
-                        Py_ssize_t from, Py_ssize_t to) {
+                            Py_ssize_t from, Py_ssize_t to) {
     if (region != NULL) {
         for (Py_ssize_t c = from; c < to; c++) {
             all[c] += q[c] * q[c];
@@ -118,7 +129,7 @@ VEC static void add_squares(const float *restrict q, float *restrict all, float 
 }
 
 VEC static void add_first_y(const float *restrict a, const float *restrict b,
-                        float *restrict region, Py_ssize_t to) {
+                            float *restrict region, Py_ssize_t to) {
     for (Py_ssize_t c = 0; c < to; c++) {
         float g = b[c] - a[c];
         region[c] += g * g;
@@ -127,8 +138,8 @@ VEC static void add_first_y(const float *restrict a, const float *restrict b,
 
 /* Second differences across y of rows a, b, d: (d - b) - (b - a), squared, per column. */
 VEC static void add_second_y(const float *restrict a, const float *restrict b,
-                         const float *restrict d, float *restrict all, float *restrict region,
-                         Py_ssize_t from, Py_ssize_t to) {
+                             const float *restrict d, float *restrict all, float *restrict region,
+                             Py_ssize_t from, Py_ssize_t to) {
     if (region != NULL) {
         for (Py_ssize_t c = from; c < to; c++) {
             float s = (d[c] - b[c]) - (b[c] - a[c]);
@@ -146,7 +157,7 @@ VEC static void add_second_y(const float *restrict a, const float *restrict b,
 /* |(q2 - q1) - (q1 - q0)|, per column: Immerkaer's mask from three rows of second differences
  * across x. */
 VEC static void add_immerkaer(const float *restrict q0, const float *restrict q1,
-                          const float *restrict q2, float *restrict out, Py_ssize_t to) {
+                              const float *restrict q2, float *restrict out, Py_ssize_t to) {
     for (Py_ssize_t c = 0; c < to; c++) {
         float m = (q2[c] - q1[c]) - (q1[c] - q0[c]);
         out[c] += m < 0 ? -m : m;
