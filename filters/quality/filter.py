@@ -440,5 +440,5 @@ class QualityFactory(FilterFactoryBase):
         if native.kernels is None:
             log.info("quality on route %s: the C module filters.quality._kernels is not built "
                      "(no C compiler at install?) or MMGUARD_QUALITY_KERNELS=0; the image "
-                     "signals run on numpy: the same values, ~1.5x the CPU", ctx.route)
+                     "signals run on numpy: the same values, ~3x the CPU", ctx.route)
         return Quality(config, ctx)

@@ -166,7 +166,7 @@ def test_a_route_measured_without_the_c_module_says_so_once_at_load(
         QualityFactory().build(QualityConfig(), ctx)
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and "quality on route m: the C module filters.quality._kernels is not" \
-        " built" in said[0] and "~1.5x the CPU" in said[0], said
+        " built" in said[0] and "~3x the CPU" in said[0], said
     native.kernels = importlib.import_module("filters.quality._kernels")
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="mmguard.quality"):
