@@ -59,6 +59,14 @@ static int native_format(const char *format, char code) {
     return native && format[1] == code && format[2] == '\0';
 }
 
+static void release(Buf *b) {
+    if (b->held)
+        PyBuffer_Release(&b->view);
+    b->held = 0;
+}
+
+/* Holds obj's buffer of at least n float32 values in b, or sets the error, holds nothing and
+ * returns -1 (release(b) stays safe either way). */
 static int get_f32(PyObject *obj, Buf *b, Py_ssize_t n, int writable, const char *what) {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     b->held = 0;
@@ -68,20 +76,16 @@ static int get_f32(PyObject *obj, Buf *b, Py_ssize_t n, int writable, const char
     if (b->view.itemsize != 4 || !native_format(b->view.format, 'f')) {
         PyErr_Format(PyExc_TypeError, "%s: expected float32, got format %s", what,
                      b->view.format ? b->view.format : "(none)");
+        release(b);
         return -1;
     }
     if (b->view.len < n * 4) {
         PyErr_Format(PyExc_ValueError, "%s: expected at least %zd values, got %zd", what, n,
                      b->view.len / 4);
+        release(b);
         return -1;
     }
     return 0;
-}
-
-static void release(Buf *b) {
-    if (b->held)
-        PyBuffer_Release(&b->view);
-    b->held = 0;
 }
 
 /* Tile sums of one row of tiles: out[b] = the sum of acc[b*tw .. (b+1)*tw - 1], then acc
@@ -434,10 +438,8 @@ static PyObject *levels(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "Onfffff", &o_plane, &n, &lo, &hi, &nw, &cl, &bl))
         return NULL;
     Buf plane;
-    if (get_f32(o_plane, &plane, n, 0, "plane") < 0) {
-        release(&plane);
+    if (get_f32(o_plane, &plane, n, 0, "plane") < 0)
         return NULL;
-    }
     const float *p = (const float *)plane.view.buf;
     double total = 0.0;
     Py_ssize_t counts[5] = {0, 0, 0, 0, 0};
@@ -605,10 +607,8 @@ static PyObject *clipped(PyObject *self, PyObject *args) {
     image.held = 0;
     Py_ssize_t hits = 0, looked = ((h + 1) / 2) * ((w + 1) / 2);
     if (planar) {
-        if (get_f32(o_image, &image, 3 * h * w, 0, "image") < 0) {
-            release(&image);
+        if (get_f32(o_image, &image, 3 * h * w, 0, "image") < 0)
             return NULL;
-        }
         float t = (float)top, l = (float)light;
         Py_BEGIN_ALLOW_THREADS
         hits = clipped_f32((const float *)image.view.buf, h, w, t, l);
@@ -665,10 +665,8 @@ static PyObject *log_sum(PyObject *self, PyObject *args) {
         return NULL;
     }
     Buf plane;
-    if (get_f32(o_plane, &plane, n, 0, "plane") < 0) {
-        release(&plane);
+    if (get_f32(o_plane, &plane, n, 0, "plane") < 0)
         return NULL;
-    }
     double total;
     Py_BEGIN_ALLOW_THREADS
     total = log_sum_pass((const float *)plane.view.buf, n, step, delta);
@@ -764,10 +762,8 @@ static PyObject *region_pick(PyObject *self, PyObject *args) {
         return NULL;
     }
     Buf region;
-    if (get_f32(o_region, &region, 4 * 16, 0, "region") < 0) {
-        release(&region);
+    if (get_f32(o_region, &region, 4 * 16, 0, "region") < 0)
         return NULL;
-    }
     const float *ex = (const float *)region.view.buf, *ey = ex + 16, *er = ex + 32,
                 *ec = ex + 48;
     float both[16], sum[16];
@@ -804,10 +800,8 @@ static PyObject *shake_pick(PyObject *self, PyObject *args) {
         return NULL;
     }
     Buf sums;
-    if (get_f32(o_sums, &sums, 8 * t2, 0, "sums") < 0) {
-        release(&sums);
+    if (get_f32(o_sums, &sums, 8 * t2, 0, "sums") < 0)
         return NULL;
-    }
     const float *e = (const float *)sums.view.buf;
     float a = (float)area, sf = (float)sigma;
     double n2 = (double)sf * (double)sf;  /* np.float32(sigma) ** 2 is a float64 */
@@ -951,10 +945,8 @@ static PyObject *centred_energy(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "Onf", &o_plane, &n, &mean))
         return NULL;
     Buf plane;
-    if (get_f32(o_plane, &plane, n, 0, "plane") < 0) {
-        release(&plane);
+    if (get_f32(o_plane, &plane, n, 0, "plane") < 0)
         return NULL;
-    }
     double total;
     Py_BEGIN_ALLOW_THREADS
     total = centred_pass((const float *)plane.view.buf, n, mean);
@@ -976,10 +968,8 @@ static PyObject *borders(PyObject *self, PyObject *args) {
         return NULL;
     }
     Buf plane;
-    if (get_f32(o_plane, &plane, h * w, 0, "plane") < 0) {
-        release(&plane);
+    if (get_f32(o_plane, &plane, h * w, 0, "plane") < 0)
         return NULL;
-    }
     const float *p = (const float *)plane.view.buf;
     Py_ssize_t most = h > w ? h : w;
     float *v = (float *)malloc(sizeof(float) * (size_t)most);

@@ -389,3 +389,22 @@ def test_perspective_reads_the_borders_exactly_as_numpy() -> None:
         seen.add(got.what.split("(")[-1])
         leaning += got.value > 0
     assert len(seen) >= 3 and leaning >= 3, (seen, leaning)  # no surround, sides measured
+
+
+def test_a_refused_buffer_is_let_go() -> None:
+    """An input of the wrong dtype or length is refused with the name of the argument, and its
+    buffer is released (numpy cannot resize an array whose buffer is still held)."""
+    kernels = native.kernels
+    assert kernels is not None
+    for bad, error, words in (
+            (np.zeros(100, np.float64), TypeError, "expected float32"),
+            (np.zeros(10, np.float32), ValueError, "expected at least 100 values, got 10")):
+        with pytest.raises(error, match=f"plane: {words}"):
+            kernels.levels(bad, 100, 0.25, 0.75, 0.9, 0.98, 0.98)
+        with pytest.raises(error, match=f"plane: {words}"):
+            kernels.log_sum(bad, 100, 4, 0.01)
+        bad.resize(200, refcheck=False)  # BufferError if the refused call still held it
+    region = np.zeros(63, np.float32)
+    with pytest.raises(ValueError, match="region: expected at least 64 values, got 63"):
+        kernels.region_pick(region, 4)
+    region.resize(70, refcheck=False)
