@@ -38,10 +38,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
+from prometheus_client import CollectorRegistry, Gauge
 from pydantic import Field, model_validator
 
 from filters.call_keys import UNUSABLE_MODALITIES
@@ -431,12 +433,30 @@ class Quality:
                           f"threshold {rule.below:g}", param=found.param)
 
 
+_PASSES: weakref.WeakKeyDictionary[CollectorRegistry, Gauge] = weakref.WeakKeyDictionary()
+
+
+def _passes_gauge(registry: CollectorRegistry) -> Gauge:
+    """The registry's one ``mmguard_quality_image_passes`` gauge (prometheus-client refuses a
+    second registration of a name)."""
+    gauge = _PASSES.get(registry)
+    if gauge is None:
+        gauge = _PASSES[registry] = Gauge(
+            "mmguard_quality_image_passes", "1 for the code that measures a route's images: "
+            "passes=\"c\" (filters/quality/_kernels.c) or \"numpy\" (the fallback, ~3x the CPU).",
+            ["model", "passes"], multiprocess_mode="livemostrecent", registry=registry)
+    return gauge
+
+
 class QualityFactory(FilterFactoryBase):
     name = NAME
     config_model = QualityConfig
 
     def build(self, config: QualityConfig, ctx: FilterContext) -> Quality:
-        # Once per route at load, never per request: the slower code measures the images.
+        # Once per route at load, never per request: which code measures the images, as a
+        # metric (an alert can find the pods that pay ~3x) and, when it is the slower one, a log.
+        passes = "c" if native.kernels is not None else "numpy"
+        _passes_gauge(ctx.telemetry.registry).labels(ctx.route, passes).set(1)
         if native.kernels is None:
             log.info("quality on route %s: the C module filters.quality._kernels is not built "
                      "(no C compiler at install?) or MMGUARD_QUALITY_KERNELS=0; the image "

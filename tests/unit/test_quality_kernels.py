@@ -161,17 +161,26 @@ def test_every_signal_reads_the_same_on_photographs_and_degraded_copies() -> Non
 
 def test_a_route_measured_without_the_c_module_says_so_once_at_load(
         numpy_only: None, caplog: pytest.LogCaptureFixture) -> None:
-    ctx = FilterContext("m", Telemetry(), ManualClock(), random.Random(1), lambda: None)
+    """A log line and the gauge when the numpy code measures a route's images; the gauge alone
+    when the C passes do."""
+    telemetry = Telemetry()
+    ctx = FilterContext("m", telemetry, ManualClock(), random.Random(1), lambda: None)
     with caplog.at_level(logging.INFO, logger="mmguard.quality"):
         QualityFactory().build(QualityConfig(), ctx)
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and "quality on route m: the C module filters.quality._kernels is not" \
         " built" in said[0] and "~3x the CPU" in said[0], said
+    gauge = "mmguard_quality_image_passes"
+    read = telemetry.registry.get_sample_value
+    assert read(gauge, {"model": "m", "passes": "numpy"}) == 1.0
+    assert read(gauge, {"model": "m", "passes": "c"}) is None
     native.kernels = importlib.import_module("filters.quality._kernels")
     caplog.clear()
+    other = FilterContext("n", telemetry, ManualClock(), random.Random(1), lambda: None)
     with caplog.at_level(logging.INFO, logger="mmguard.quality"):
-        QualityFactory().build(QualityConfig(), ctx)
+        QualityFactory().build(QualityConfig(), other)
     assert caplog.records == []
+    assert read(gauge, {"model": "n", "passes": "c"}) == 1.0
 
 
 def odd_images() -> list[tuple[str, NDArray[Any], ImageSpec]]:
