@@ -41,6 +41,7 @@ from filters.quality.measure import ramp as _ramp
 from filters.quality.values import ImageSpec as ImageSpec
 from filters.quality.values import _bounds, channels_of, extrema, finite, value_range
 from filters.quality.values import fmt_value as fmt_value
+from filters.quality.values import widen_float16 as widen_float16
 from filters.quality.washout import washout
 
 IMAGE_SIGNALS = ("finite", "range", "constant", "sharpness", "exposure", "noise", "blockiness",
@@ -417,35 +418,6 @@ def exposure(plane: F32, lv: Levels | None = None, clipped: float | None = None)
         return Signal(under, mean, f"mean luminance (99th percentile {p99:.3f})")
     return Signal(over, weighted, f"share of blown-white pixels weighted by mid-tones and missing"
                   f" darks ({blown:.0%} blown, {mid:.0%} mid-tones, {ink:.0%} dark)")
-
-
-@cache
-def _float16_table() -> F32:
-    """Every float16 bit pattern's float32 value (256 KiB, built once)."""
-    table: F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(
-        np.float16).astype(np.float32)
-    table.flags.writeable = False
-    return table
-
-
-def widen_float16(image: NDArray[np.float16]) -> F32:
-    """float16 → float32, exactly as ``astype`` (NaN, ±Inf and subnormals included), by a
-    table lookup of the bit patterns: numpy 1.26 converts float16 one element at a time, and
-    a take from a 65,536-entry table is about 3x cheaper. ``mode="wrap"``: a uint16 index is
-    always within the table, so nothing wraps, and the take skips the per-element bounds check
-    and error path of the default mode (1.6x cheaper again)."""
-    if not image.dtype.isnative:  # a byte-swapped array: its bits are not float16's
-        swapped: F32 = image.astype(np.float32)
-        return swapped
-    kernels = native.kernels
-    if kernels is not None:  # the same bits by arithmetic, vectorised (~4x cheaper again)
-        src = np.ascontiguousarray(image)
-        widened: F32 = np.empty(src.shape, np.float32)
-        kernels.widen_float16(src, src.size, widened)
-        return widened
-    out: F32 = np.take(_float16_table(), np.ascontiguousarray(image).view(np.uint16),
-                       mode="wrap")
-    return out
 
 
 def image_signals(image: NDArray[Any], spec: ImageSpec,

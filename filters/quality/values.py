@@ -1,5 +1,6 @@
 """The input's values against what the model expects: how to read an image (``ImageSpec``),
-its per-channel extrema, NaN/Inf (``finite``) and the value range (``value_range``).
+its per-channel extrema, NaN/Inf (``finite``) and the value range (``value_range``); and
+float16 values widened to float32 before any signal reads them (``widen_float16``).
 
 Guards against an input the model cannot read as an image at all: FP16 overflow to Inf, NaN from
 a broken pre-processor, raw 0-255 sent to a model that reads [0, 1] (or the reverse). Both
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from filters.quality import native
 from filters.quality.measure import F32, Signal
 from filters.quality.measure import ramp as _ramp
 
@@ -127,3 +129,32 @@ def _limits(low: tuple[float, ...], high: tuple[float, ...], channels: int
 def fmt_value(x: float) -> str:
     """A measurement for a message: integers as integers, the rest to 4 significant digits."""
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e12 else f"{x:.4g}"
+
+
+@cache
+def _float16_table() -> F32:
+    """Every float16 bit pattern's float32 value (256 KiB, built once)."""
+    table: F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(
+        np.float16).astype(np.float32)
+    table.flags.writeable = False
+    return table
+
+
+def widen_float16(image: NDArray[np.float16]) -> F32:
+    """float16 → float32, exactly as ``astype`` (NaN, ±Inf and subnormals included), by a
+    table lookup of the bit patterns: numpy 1.26 converts float16 one element at a time, and
+    a take from a 65,536-entry table is about 3x cheaper. ``mode="wrap"``: a uint16 index is
+    always within the table, so nothing wraps, and the take skips the per-element bounds check
+    and error path of the default mode (1.6x cheaper again)."""
+    if not image.dtype.isnative:  # a byte-swapped array: its bits are not float16's
+        swapped: F32 = image.astype(np.float32)
+        return swapped
+    kernels = native.kernels
+    if kernels is not None:  # the same bits by arithmetic, vectorised (~4x cheaper again)
+        src = np.ascontiguousarray(image)
+        widened: F32 = np.empty(src.shape, np.float32)
+        kernels.widen_float16(src, src.size, widened)
+        return widened
+    out: F32 = np.take(_float16_table(), np.ascontiguousarray(image).view(np.uint16),
+                       mode="wrap")
+    return out
