@@ -832,10 +832,24 @@ static PyObject *shake_pick(PyObject *self, PyObject *args) {
     return Py_BuildValue("dn", (double)value, n);
 }
 
-/* The k-th smallest (0-based) of n floats, reordering them (quickselect; no NaN among them). */
+static int compare_floats(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* The k-th smallest (0-based) of n floats, reordering them (no NaN among them): quickselect,
+ * and a sort of what is left once it has taken more rounds than good pivots need (a client
+ * sends the border values perspective selects from: a crafted order cannot make it quadratic). */
 static float kth_smallest(float *v, Py_ssize_t n, Py_ssize_t k) {
     Py_ssize_t lo = 0, hi = n - 1;
+    int rounds = 8;
+    for (Py_ssize_t m = n; m > 1; m >>= 1)
+        rounds += 2;
     while (lo < hi) {
+        if (rounds-- == 0) {
+            qsort(v + lo, (size_t)(hi - lo + 1), sizeof(float), compare_floats);
+            return v[k];
+        }
         float pivot = v[lo + (hi - lo) / 2];
         Py_ssize_t i = lo, j = hi;
         while (i <= j) {

@@ -417,3 +417,25 @@ def test_a_refused_buffer_is_let_go() -> None:
     with pytest.raises(ValueError, match="region: expected at least 64 values, got 63"):
         kernels.region_pick(region, 4)
     region.resize(70, refcheck=False)
+
+
+@pytest.mark.parametrize("pattern", ["sorted", "reversed", "equal", "organ", "sawtooth",
+                                     "random"])
+def test_border_statistics_on_long_crafted_borders_are_numpy_partitions(pattern: str) -> None:
+    """A client chooses the border values perspective selects its quartiles from: on long
+    borders in orders that defeat a naive pivot, the C selection still gives numpy's exact
+    order statistics (and a sort takes over past its rounds, so no order is quadratic)."""
+    kernels = native.kernels
+    assert kernels is not None
+    n = 60_001
+    ramp = np.arange(n, dtype=np.float32)
+    border = {"sorted": ramp, "reversed": ramp[::-1].copy(), "equal": np.ones(n, np.float32),
+              "organ": np.concatenate([ramp[: n // 2], ramp[n // 2::-1]])[:n],
+              "sawtooth": ramp % 97,
+              "random": np.random.default_rng(4).random(n).astype(np.float32)}[pattern]
+    plane = np.zeros((n, 3), np.float32)
+    plane[:, 0] = border  # the left side
+    stats = kernels.borders(plane, n, 3)
+    q = np.partition(border, (n // 4, n // 2, 3 * n // 4))
+    assert stats[0] == float(q[n // 2])
+    assert stats[1] == float((q[3 * n // 4] - q[n // 4]) * np.float32(0.5))
