@@ -1,10 +1,13 @@
-"""The one compiled part: the quality signals' fused passes (filters/quality/_kernels.c).
+"""The one compiled part: the quality signals' fused passes (filters/quality/_kernels.c, and
+_spectra.c for moire's and ghosting's passes around their FFTs).
 
 Optional: where it cannot be built (no C compiler), the install goes on and the signals run on
 their numpy code, which gives the same values (tests/unit/test_quality_kernels.py)."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("filters.quality._kernels", ["filters/quality/_kernels.c"],
+setup(ext_modules=[Extension("filters.quality._kernels",
+                             ["filters/quality/_kernels.c", "filters/quality/_spectra.c"],
+                             depends=["filters/quality/_kernels.h"],
                              extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off"],
                              libraries=["m"], optional=True)])

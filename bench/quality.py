@@ -2,7 +2,7 @@
 whole filter per request, on one core.
 
     python -m bench.quality [--n 400] [--cpu 0]
-    python -m bench.quality --against /path/to/older/checkout [--rounds 9]
+    python -m bench.quality --against /path/to/older/checkout [--rounds 9] [--optional moire]
 
 The process pins itself to one CPU and sets BLAS to one thread before numpy loads, so "µs" means
 µs of one core. Part 1 times each image signal on a 224×224 picture in the three layouts and
@@ -18,7 +18,8 @@ the run, not the figure.
 ``--against DIR`` compares instead: ``image_signals`` of this checkout and of the one at ``DIR``
 (its ``filters`` package imported beside this one), alternated round by round on the three
 inputs, with each side's median and range of ``--rounds`` rounds, and the process over the
-thread CPU of the run (above 1: a BLAS or other thread spun beside the caller).
+thread CPU of the run (above 1: a BLAS or other thread spun beside the caller). With
+``--optional``, the opt-in signals it names are measured too (on both sides).
 """
 
 from __future__ import annotations
@@ -248,7 +249,7 @@ def signals_of(root: Path) -> Any:
     return other
 
 
-def against(root: Path, n: int, rounds: int) -> None:
+def against(root: Path, n: int, rounds: int, optional: tuple[str, ...] = ()) -> None:
     other = signals_of(root)
     hwc = picture()
     chw = np.ascontiguousarray((hwc.transpose(2, 0, 1) / 255.0), np.float32)
@@ -260,14 +261,16 @@ def against(root: Path, n: int, rounds: int) -> None:
         for label, arr, layout, high in inputs:
             for side, mod in (("before", other), ("after", qs)):
                 spec = mod.ImageSpec(layout, (0.0,), (high,))
-                mod.image_signals(arr, spec)
+                mod.image_signals(arr, spec, optional)
                 start = time.process_time()
                 for _ in range(n):
-                    mod.image_signals(arr, spec)
+                    mod.image_signals(arr, spec, optional)
                 runs.setdefault((label, side), []).append(
                     (time.process_time() - start) / n * 1e6)
     spin = (time.process_time() - process) / (time.thread_time() - thread)
-    print(f"image_signals, µs of CPU per call, {rounds} alternated rounds of {n}: median (range)")
+    extra = f", with {', '.join(optional)}" if optional else ""
+    print(f"image_signals{extra}, µs of CPU per call, {rounds} alternated rounds of {n}: "
+          "median (range)")
     print(f"{'input':10} {'before':>20} {'after':>20} {'after/before':>13}")
     for label, *_ in inputs:
         b, a = runs[(label, "before")], runs[(label, "after")]
@@ -286,12 +289,19 @@ def main() -> int:
     ap.add_argument("--against", type=Path, default=None, metavar="DIR",
                     help="compare image_signals with the checkout at DIR, alternated, and exit")
     ap.add_argument("--rounds", type=int, default=9, help="alternated rounds for --against")
+    ap.add_argument("--optional", default="", metavar="NAME[,NAME]",
+                    help="--against: also the opt-in signals named (moire, ghosting, washout)")
     args = ap.parse_args()
     cpus = os.sched_getaffinity(0)
     cpu = args.cpu if args.cpu is not None else min(cpus)
     os.sched_setaffinity(0, {cpu})
     if args.against is not None:
-        against(args.against, max(args.n // 4, 20), args.rounds)
+        unknown = set(filter(None, args.optional.split(","))) - scenes.OPTIONAL_SIGNALS
+        if unknown:
+            ap.error(f"--optional: unknown signal(s) {sorted(unknown)}; known: "
+                     f"{', '.join(sorted(scenes.OPTIONAL_SIGNALS))}")
+        against(args.against, max(args.n // 4, 20), args.rounds,
+                tuple(filter(None, args.optional.split(","))))
         return 0
     qt.char_tables()
     print(f"quality signals, one core (CPU {cpu}), median µs per call\n")

@@ -6,7 +6,8 @@
  * sharpest region's tiles and noise's blocks in one pass (differences.py); the levels exposure
  * and tone count (measure.py); shake's tile energies (scenes.py); and the small choices made
  * from those (the sharpest region, shake's tile, blockiness's medians, perspective's border
- * statistics, tone's key, constant's variance).
+ * statistics, tone's key, constant's variance). moire's and ghosting's steps around their FFTs
+ * are in _spectra.c, built into this module (its functions are in the table at the end).
  *
  * What MUST hold: every per-pixel value is the float32 arithmetic of the numpy code it replaces
  * (the same subtractions in the same order: a difference of differences, never a - 2b + c; no
@@ -22,71 +23,11 @@
  * allocated. The GIL is released around the long loops; nothing is global, so calls from
  * several threads at once are safe.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_kernels.h"
 #include <stdlib.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-
-/* The loops are written so the compiler vectorises them; on x86-64 each is built twice, for
- * SSE2 (the baseline) and AVX2, and the loader picks the one the CPU runs. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define VEC __attribute__((target_clones("avx2", "default")))
-#else
-#define VEC
-#endif
-
-typedef struct {
-    Py_buffer view;
-    int held;
-} Buf;
-
-/* Whether a buffer's struct format is `code` in this machine's byte order: "f", "@f", "=f",
- * and "<f" or ">f" (with "!f") where that is the machine's order; numpy writes "<f" for a
- * float32 array read from the wire. */
-static int native_format(const char *format, char code) {
-    if (format == NULL)
-        return 0;
-    char order = format[0];
-    if (order == code)
-        return format[1] == '\0';
-#if PY_BIG_ENDIAN
-    int native = order == '@' || order == '=' || order == '>' || order == '!';
-#else
-    int native = order == '@' || order == '=' || order == '<';
-#endif
-    return native && format[1] == code && format[2] == '\0';
-}
-
-static void release(Buf *b) {
-    if (b->held)
-        PyBuffer_Release(&b->view);
-    b->held = 0;
-}
-
-/* Holds obj's buffer of at least n float32 values in b, or sets the error, holds nothing and
- * returns -1 (release(b) stays safe either way). */
-static int get_f32(PyObject *obj, Buf *b, Py_ssize_t n, int writable, const char *what) {
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    b->held = 0;
-    if (PyObject_GetBuffer(obj, &b->view, flags) < 0)
-        return -1;
-    b->held = 1;
-    if (b->view.itemsize != 4 || !native_format(b->view.format, 'f')) {
-        PyErr_Format(PyExc_TypeError, "%s: expected float32, got format %s", what,
-                     b->view.format ? b->view.format : "(none)");
-        release(b);
-        return -1;
-    }
-    if (b->view.len < n * 4) {
-        PyErr_Format(PyExc_ValueError, "%s: expected at least %zd values, got %zd", what, n,
-                     b->view.len / 4);
-        release(b);
-        return -1;
-    }
-    return 0;
-}
 
 /* Tile sums of one row of tiles: out[b] = the sum of acc[b*tw .. (b+1)*tw - 1], then acc
  * zeroed for the next row of tiles. */
@@ -1024,6 +965,9 @@ static PyMethodDef methods[] = {
     {"log_sum", log_sum, METH_VARARGS, "tone's sum of logarithms over every step-th value."},
     {"widen_float16", widen_float16, METH_VARARGS, "float16 to float32, bit for bit."},
     {"luminance", luminance, METH_VARARGS, "Three channels mixed into one plane, with extrema."},
+    {"laplacian", laplacian, METH_VARARGS, "A window's Laplacian, as moire and ghosting take it."},
+    {"windowed", windowed, METH_VARARGS, "moire's centred, Hann-windowed Laplacian and its energy."},
+    {"moire_peak", moire_peak, METH_VARARGS, "moire's twin peak from its half power spectrum."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -234,29 +234,62 @@ def moire(plane: F32) -> Signal:
     side = min(plane.shape[0], plane.shape[1], _MOIRE_N)
     if side < 32:
         return Signal(1.0, 0.0, "twin spectral peaks (image too small)")
+    half, mean_power = _moire_power(plane, side)
+    if mean_power <= 1e-20:
+        return Signal(1.0, 0.0, "twin spectral peaks (no edges)")
+    value, at, cols = _twin_peak(half, side, mean_power)
+    fy, fx = divmod(at, cols)
+    fy = (fy + side // 2) % side - side // 2
+    period = side / max(math.hypot(fy, fx), 1e-9)
+    return Signal(_ramp(value, MOIRE_BAD, MOIRE_GOOD), value,
+                  f"twin spectral peaks (period {period:.1f} px)")
+
+
+def _moire_power(plane: F32, side: int) -> tuple[NDArray[np.complex128], float]:
+    """The spectrum of the Hann-windowed Laplacian of the plane's central side² window, over the
+    columns of the half spectrum the band (periods down to 2.5 px: |fx| <= 0.4) and its
+    surround reach (the second FFT pass runs over those only), and the mean power over every
+    frequency (by Parseval: the sum of |F|² is side² × the sum of lap²)."""
     top, left = (plane.shape[0] - side) // 2, (plane.shape[1] - side) // 2
-    p = plane[top:top + side, left:left + side]
     lap = np.zeros((side, side), np.float32)
     inner = lap[1:-1, 1:-1]
-    inner += p[1:-1, 1:-1] * np.float32(4)
-    inner -= p[:-2, 1:-1]
-    inner -= p[2:, 1:-1]
-    inner -= p[1:-1, :-2]
-    inner -= p[1:-1, 2:]
-    inner -= inner.mean()
-    inner *= _hann(side)[1:-1, 1:-1]
-    # Only the columns the band (periods down to 2.5 px: |fx| <= 0.4) and its surround reach:
-    # the second FFT pass runs over those columns only.
+    kernels = native.kernels
+    if kernels is not None and plane.dtype == np.float32 and plane.flags.c_contiguous:
+        kernels.laplacian(plane, plane.shape[0], plane.shape[1], top, left, side, side, lap,
+                          side, side + 1)
+        mean_power: float = kernels.windowed(lap, side, inner.mean(), _hann(side))
+    else:
+        p = plane[top:top + side, left:left + side]
+        inner += p[1:-1, 1:-1] * np.float32(4)
+        inner -= p[:-2, 1:-1]
+        inner -= p[2:, 1:-1]
+        inner -= p[1:-1, :-2]
+        inner -= p[1:-1, 2:]
+        inner -= inner.mean()
+        inner *= _hann(side)[1:-1, 1:-1]
+        mean_power = float(np.dot(inner.ravel().astype(np.float64), inner.ravel()))
     cols = side // 2 + 1
     reach = min(cols, int(side / _MOIRE_PERIODS[0]) + 1 + _MOIRE_RING)
     rows_done = np.fft.rfft(lap, axis=1)
     half = np.fft.fft(rows_done[:, :reach] if reach < cols else rows_done, axis=0)
+    return half, mean_power
+
+
+def _twin_peak(half: NDArray[np.complex128], side: int, mean_power: float
+               ) -> tuple[float, int, int]:
+    """Per frequency in the band, the power of its 3 × 3 bins over the mean of the 9 × 9 ring
+    around them, the lower of that and the same at the frequency turned by 90°: the highest,
+    its flat index and the columns of the result it indexes."""
+    kernels = native.kernels
+    width = half.shape[1]
+    cols = width - _MOIRE_RING if width < side // 2 + 1 else width
+    if kernels is not None:  # the same powers and sums in the same order, in one pass
+        by_column = np.ascontiguousarray(half.T).view(np.float64)  # numpy's FFT: no copy
+        value, at, cols = kernels.moire_peak(by_column, side, width, _MOIRE_RING, 1,
+                                             mean_power * 1e-6, _moire_band(side, cols))
+        return value, at, cols
     power = half.real ** 2
     power += half.imag ** 2
-    # The mean over every frequency, by Parseval: the sum of |F|² is side² × the sum of lap².
-    mean_power = float(np.dot(inner.ravel().astype(np.float64), inner.ravel()))
-    if mean_power <= 1e-20:
-        return Signal(1.0, 0.0, "twin spectral peaks (no edges)")
     peak, around = _half_box_sums(power, side, 1, _MOIRE_RING)
     cols = peak.shape[1]
     around -= peak
@@ -266,12 +299,7 @@ def moire(plane: F32) -> Signal:
     ratio[~_moire_band(side, cols)] = 0.0
     twin = np.minimum(ratio, ratio.flat[_turned(side, cols)])
     at = int(np.argmax(twin))
-    value = float(twin.flat[at])
-    fy, fx = divmod(at, cols)
-    fy = (fy + side // 2) % side - side // 2
-    period = side / max(math.hypot(fy, fx), 1e-9)
-    return Signal(_ramp(value, MOIRE_BAD, MOIRE_GOOD), value,
-                  f"twin spectral peaks (period {period:.1f} px)")
+    return float(twin.flat[at]), at, cols
 
 
 def _half_box_sums(power: NDArray[np.float64], side: int, small: int, big: int
