@@ -8,6 +8,7 @@ a filter or a front of another protocol needs it.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import re
 from collections.abc import AsyncIterator
@@ -20,6 +21,7 @@ from proxy.backends.base import Backend, RepositoryParameter
 from proxy.backends.fingerprint import with_files
 from proxy.backends.propagation import forward_metadata
 from proxy.backends.shm_handoff import HandoffPool
+from proxy.backends.stream_watch import StreamWatch
 from proxy.call import Call, LocalReply, Result, StreamItem, Target, Wire
 from proxy.config.backends import TritonGrpcBackendConfig
 from proxy.config.tls import grpc_channel_credentials
@@ -160,14 +162,19 @@ class TritonGrpcBackend(Backend):
 
     async def _stream_once(self, call: Call, target: Target) -> AsyncIterator[StreamItem]:
         # One backend stream per request: the request is written and the stream half-closed,
-        # so Triton ends it once the model has sent its last response.
+        # so Triton ends it once the model has sent its last response. timeout_s bounds the
+        # wait for the first response and stream_idle_timeout_s each silence after it (a
+        # decoupled model may talk for minutes); the client's deadline bounds the whole.
         body = kserve_grpc.encode_request(call, target.model, target.version)
-        timeout = self.timeout_for(call)
+        first = self.timeout_for(call)
+        whole = call.remaining()
         i = next(self._next)
-        rpc = self._stream[i](iter([body]), timeout=timeout,
+        rpc = self._stream[i](iter([body]), timeout=whole,
                               metadata=forward_metadata(call.headers))
+        watch = StreamWatch(first, self.cfg.stream_idle_timeout_s, rpc.cancel)
         try:
             async for raw in rpc:
+                watch.handing_on()
                 msg = pb.ModelStreamInferResponse()
                 msg.ParseFromString(raw)
                 if msg.error_message:
@@ -177,12 +184,32 @@ class TritonGrpcBackend(Backend):
                         msg.infer_response,
                         Wire("grpc", msg.infer_response.SerializeToString()),
                         answer_source(self.name, target.model))
+                watch.reading()
+            if watch.expired is not None:  # grpc ends a call it cancelled without a word
+                raise self._silent(watch, target)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if watch.expired is None or (task is not None and task.cancelling()):
+                raise
+            raise self._silent(watch, target) from None
         except grpc.aio.AioRpcError as exc:
+            if watch.expired is not None:
+                raise self._silent(watch, target) from None
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise self.deadline_error(target, timeout) from None
+                raise self.deadline_error(target, whole if whole is not None else first) from None
             raise self._error(exc, target.model) from None
         finally:
+            watch.close()
             rpc.cancel()
+
+    def _silent(self, watch: StreamWatch, target: Target) -> ProxyError:
+        """The error of a stream the watch broke off."""
+        if watch.expired == "first":
+            return self.deadline_error(target, watch.first)
+        return ProxyError(ErrorKind.DEADLINE_EXCEEDED,
+                          f"backend '{self.name}' sent nothing on the stream of model "
+                          f"'{target.model}' for {watch.idle:g} s after its last response; "
+                          "mmguard broke it off (backends[].stream_idle_timeout_s)")
 
     # --- server metadata and the repository API (forwarded as they are) ---------------------
 

@@ -51,6 +51,12 @@ class TritonGrpcBackendConfig(TritonBackendCommon):
     url: str
     """host:port of Triton's gRPC endpoint."""
     timeout_s: float = Field(30.0, gt=0)
+    """Until the answer, or until a stream's first response (then ``stream_idle_timeout_s``)."""
+    stream_idle_timeout_s: float = Field(300.0, gt=0)
+    """A stream (``ModelStreamInfer``, a decoupled model) that sends nothing for this long
+    after its first response is broken off with an error naming this setting; one that keeps
+    talking runs as long as it talks (the client's deadline, when it sets one, still bounds
+    it). As vLLM's, and Envoy's ``stream_idle_timeout``."""
     channels: int = Field(1, ge=1, le=64)
     """gRPC channels (HTTP/2 connections) used round-robin."""
     max_message_bytes: int = Field(256 * MiB, gt=0)
