@@ -185,3 +185,21 @@ def test_scene_signals_are_finite_and_bounded(img: NDArray[np.uint8]) -> None:
     for fn in (perspective, tone, ghosting):
         s = fn(plane(img))
         assert 0.0 <= s.score <= 1.0 and np.isfinite(s.value), (fn.__name__, s)
+
+
+def test_the_cepstrums_near_rows_are_irfft2s_rows_bit_for_bit() -> None:
+    """``echo`` reads 61 rows of the cepstrum, inverted column-wise then along those rows only:
+    exactly the rows of the whole inverse (numpy's irfft2 is the same two passes)."""
+    from filters.quality import echo
+
+    rng = np.random.default_rng(4)
+    planes = [luminance(c.image, ImageSpec("HWC", (0.0,), (255.0,))) for c in
+              photos.clean_set()[::20]]
+    planes += [rng.random((h, w), np.float32) for h, w in ((32, 32), (40, 300), (256, 256),
+                                                           (300, 257))]
+    for plane in planes:
+        whole = echo.cepstrum(plane)
+        near = echo.cepstrum(plane, echo._NEAR_ROWS)
+        assert whole is not None and near is not None
+        assert near.shape == (61, 256)
+        assert np.array_equal(near.view(np.int64), whole[echo._NEAR_ROWS].view(np.int64))
