@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
@@ -29,16 +28,18 @@ from filters.answer_reads import answer_reads
 from filters.call_keys import FAULTS
 from filters.fallback.admin import BREAKERS, CACHED_ANSWERS, ROUTES, breakers_summary
 from filters.fallback.breaker import Breaker, BreakerSettings, State
+from filters.fallback.cache import AnswerCache as AnswerCache
+from filters.fallback.cache import CacheConfig as CacheConfig
 from filters.fallback.cache_key import cache_key
 from filters.fallback.clone import clone_call
 from filters.fallback.fuse_log import log_mismatch
-from proxy.call import CLIENT_DEADLINE, Api, Call, LocalReply, Reply, Result, Wire
+from proxy.call import CLIENT_DEADLINE, Api, Call, LocalReply, Reply, Result
 from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind, ProxyError
 from proxy.lifecycle import AdminRequest, ConfigReferences, FilterFactoryBase, Summary
 from proxy.pod.state import share
 from proxy.strict import Strict
-from proxy.tensor import Payload, Tensor
+from proxy.tensor import Tensor
 from proxy.wire.openai import ChatView
 
 log = logging.getLogger("mmguard.fallback")
@@ -66,11 +67,6 @@ class RetryConfig(Strict):
     """Retries in flight may be at most this share of requests in flight (Envoy's budget)..."""
     min_concurrent_retries: int = Field(3, ge=0)
     """...but this many are always allowed."""
-
-
-class CacheConfig(Strict):
-    size: int = Field(1000, ge=1)
-    ttl_s: float = Field(300.0, gt=0)
 
 
 class StaticTensor(Strict):
@@ -111,33 +107,6 @@ class FallbackConfig(Strict):
             *((f"expect_fingerprint.{r}", r) for r in self.expect_fingerprint)))
 
 
-class AnswerCache:
-    """Last good answers by request fingerprint: LRU, bounded, with a TTL on the clock."""
-
-    def __init__(self, cfg: CacheConfig, now: Callable[[], float]) -> None:
-        self.cfg = cfg
-        self.now = now
-        self._items: OrderedDict[str, tuple[float, Result]] = OrderedDict()
-
-    def put(self, key: str, result: Result) -> None:
-        self._items[key] = (self.now(), _frozen(result))
-        self._items.move_to_end(key)
-        while len(self._items) > self.cfg.size:
-            self._items.popitem(last=False)
-
-    def get(self, key: str) -> tuple[float, Result] | None:
-        """The entry, now the most recently used (a hit keeps it from eviction); an expired
-        entry is dropped on sight."""
-        found = self._items.get(key)
-        if found is None:
-            return None
-        if self.now() - found[0] > self.cfg.ttl_s:
-            del self._items[key]
-            return None
-        self._items.move_to_end(key)
-        return found
-
-
 class Fallback:
     def __init__(self, cfg: FallbackConfig, ctx: FilterContext) -> None:
         self.cfg = cfg
@@ -162,6 +131,13 @@ class Fallback:
         self.cache = AnswerCache(cfg.cache, ctx.clock.monotonic) if cfg.cache else None
         if self.cache is not None:  # quality's graded actions serve it too
             ctx.local.setdefault(CACHED_ANSWERS, dict)[ctx.route] = self.cached_answer
+            self.m_cache_bytes = t.metric(
+                Gauge, "mmguard_answer_cache_bytes", "Bytes the route's cached answers keep "
+                "alive (at most its fallback.cache.max_bytes).", ["model"]).labels(ctx.route)
+            self.m_cache_skipped = t.metric(
+                Counter, "mmguard_answer_cache_skipped_total", "Good answers not cached: over "
+                "fallback.cache.max_entry_bytes.", ["model"]).labels(ctx.route)
+            self._told_too_large = False
         self.in_flight = 0
         self.retrying = 0
         self._level_children: dict[tuple[str, str], Any] = {}
@@ -392,11 +368,23 @@ class Fallback:
         self._count(call.model, str(n))
         if n == 1:
             if self.cache is not None:
-                self.cache.put(key, result)
+                self._keep(call, key, result)
             return result
         self.ctx.telemetry.decide(call, "fallback", str(n), f"answered by '{level}': "
                                   + "; ".join(reasons), header="level")
         return result
+
+    def _keep(self, call: Call, key: str, result: Result) -> None:
+        assert self.cache is not None
+        if self.cache.put(key, result) is None:
+            self.m_cache_skipped.inc()
+            if not self._told_too_large:  # once per route: the metric counts the rest
+                self._told_too_large = True
+                log.warning("fallback: answers of model '%s' over %d bytes are not cached "
+                            "(fallback.cache.max_entry_bytes); counted in "
+                            "mmguard_answer_cache_skipped_total", call.model,
+                            self.cache.cfg.max_entry_bytes)
+        self.m_cache_bytes.set(self.cache.bytes)
 
     def _last_resort(self, call: Call, key: str, reasons: list[str]) -> Reply:
         cached = self.cache.get(key) if self.cache is not None else None
@@ -443,26 +431,6 @@ def _static(s: StaticTensor) -> Tensor:
     t = Tensor(s.name, s.datatype, s.shape, data=s.data)
     t.raw_bytes()
     return t
-
-
-def _frozen(result: Result) -> Result:
-    """A copy that owns its bytes (the original may point into a request buffer)."""
-    if result.wire is not None and result.wire.api is Api.OPENAI:
-        return Result(result.model, wire=Wire("openai", bytes(result.wire.body)))
-    return Result(result.model, result.version, result.id,
-                  [Tensor(t.name, t.datatype, t.shape, raw=_immutable(t.raw_bytes()))
-                   for t in result.outputs], parameters=dict(result.parameters))
-
-
-def _immutable(raw: Payload) -> bytes | memoryview:
-    """``raw``, or a copy of it where it could change under the cache. A view into a ``bytes``
-    object (a decoded gRPC or HTTP answer's body) cannot change and is kept as it is: it pins
-    that body, which is the answer it came in, and saves copying every answer (~600 KB for an
-    image-sized output) on every call. A view into anything else (a shared-memory region, a
-    reused buffer) is copied."""
-    if isinstance(raw, memoryview) and type(raw.obj) is bytes:
-        return raw
-    return bytes(raw)
 
 
 class FallbackFactory(FilterFactoryBase):

@@ -1,0 +1,130 @@
+"""The fallback's answer cache (level 3): the last good answer per request key, least recently
+used first out, bounded in answers, in bytes and in age.
+
+Guards against the cache itself becoming the outage: it keeps every good answer of its route,
+so distinct requests with large answers (an image model's 600 KB output, a segmentation mask)
+would hold ``size`` of them, 600 MB for 1000 such answers, past a sidecar's memory limit. The
+bytes an entry holds are the bytes it keeps alive (an answer kept as a view into the body it
+came in pins that whole body), at most ``max_bytes`` for the route's cache together; an answer
+over ``max_entry_bytes`` is not kept at all (and not copied).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+from pydantic import Field, model_validator
+
+from proxy.call import Api, Result, Wire
+from proxy.strict import Strict
+from proxy.tensor import Payload, Tensor
+
+MiB = 1024 * 1024
+
+
+class CacheConfig(Strict):
+    size: int = Field(1000, ge=1)
+    """Answers kept at most."""
+    max_bytes: int = Field(64 * MiB, ge=1)
+    """The bytes they keep alive, all together (each route's cache its own)."""
+    max_entry_bytes: int = Field(4 * MiB, ge=1)
+    """A larger answer is not kept (``mmguard_answer_cache_skipped_total``)."""
+    ttl_s: float = Field(300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _entry_fits(self) -> CacheConfig:
+        if self.max_entry_bytes > self.max_bytes:
+            raise ValueError(f"max_entry_bytes ({self.max_entry_bytes}) is over max_bytes "
+                             f"({self.max_bytes}): no answer that size could be kept")
+        return self
+
+
+class AnswerCache:
+    """Last good answers by request key: LRU, bounded, with a TTL on the clock."""
+
+    def __init__(self, cfg: CacheConfig, now: Callable[[], float]) -> None:
+        self.cfg = cfg
+        self.now = now
+        self._items: OrderedDict[str, tuple[float, Result, int]] = OrderedDict()
+        self.bytes = 0
+        """What the entries keep alive, together."""
+
+    def put(self, key: str, result: Result) -> int | None:
+        """Keep ``result`` under ``key``; the bytes it holds, or None when it is over
+        ``max_entry_bytes`` (not kept)."""
+        frozen = _frozen(result, self.cfg.max_entry_bytes)
+        if frozen is None:
+            return None
+        answer, size = frozen
+        old = self._items.pop(key, None)
+        if old is not None:
+            self.bytes -= old[2]
+        self._items[key] = (self.now(), answer, size)
+        self.bytes += size
+        while len(self._items) > self.cfg.size or self.bytes > self.cfg.max_bytes:
+            self.bytes -= self._items.popitem(last=False)[1][2]
+        return size
+
+    def get(self, key: str) -> tuple[float, Result] | None:
+        """The entry (when it was kept, the answer), now the most recently used (a hit keeps it
+        from eviction); an expired entry is dropped on sight."""
+        found = self._items.get(key)
+        if found is None:
+            return None
+        if self.now() - found[0] > self.cfg.ttl_s:
+            del self._items[key]
+            self.bytes -= found[2]
+            return None
+        self._items.move_to_end(key)
+        return found[0], found[1]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def _frozen(result: Result, limit: int) -> tuple[Result, int] | None:
+    """A copy that owns its bytes (the original may point into a request buffer) and the bytes
+    it keeps alive; None, before any copy, when those would be over ``limit``."""
+    if result.wire is not None and result.wire.api is Api.OPENAI:
+        size = len(result.wire.body)
+        if size > limit:
+            return None
+        return Result(result.model, wire=Wire("openai", bytes(result.wire.body))), size
+    raws = [t.raw_bytes() for t in result.outputs]
+    size = _held(raws)
+    if size > limit:
+        return None
+    return Result(result.model, result.version, result.id,
+                  [Tensor(t.name, t.datatype, t.shape, raw=_immutable(raw))
+                   for t, raw in zip(result.outputs, raws, strict=True)],
+                  parameters=dict(result.parameters)), size
+
+
+def _pinned(raw: Payload) -> bool:
+    """Whether ``raw`` is a view into a ``bytes`` object (a decoded gRPC or HTTP answer's
+    body): it cannot change under the cache, so it is kept as it is, pinning that body."""
+    return isinstance(raw, memoryview) and type(raw.obj) is bytes
+
+
+def _immutable(raw: Payload) -> bytes | memoryview:
+    """``raw``, or a copy of it where it could change under the cache. A view into a ``bytes``
+    object is kept (it saves copying every answer, ~600 KB for an image-sized output, on every
+    call); a view into anything else (a shared-memory region, a reused buffer) is copied."""
+    if isinstance(raw, bytes) or (isinstance(raw, memoryview) and _pinned(raw)):
+        return raw
+    return bytes(raw)
+
+
+def _held(raws: list[Payload]) -> int:
+    """The bytes the answer's tensors keep alive once kept: the whole body each view pins
+    (once per body), the payload of the others."""
+    bodies: dict[int, int] = {}
+    own = 0
+    for raw in raws:
+        if isinstance(raw, memoryview) and type(raw.obj) is bytes:
+            body: bytes = raw.obj
+            bodies[id(body)] = len(body)
+        else:
+            own += memoryview(raw).nbytes
+    return own + sum(bodies.values())
