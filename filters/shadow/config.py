@@ -28,6 +28,9 @@ class ShadowConfig(Strict):
     """Only calls with these headers are mirrored (``"*"`` = any value)."""
     queue_size: int = Field(64, ge=1)
     """Copies waiting for the canary; a full queue drops new copies (counted)."""
+    queue_max_bytes: int = Field(64 * 1024 * 1024, ge=1)
+    """The bytes the copies not yet compared keep alive (each its request's inputs and
+    production's answer), together; past it new copies are dropped as on a full queue."""
     workers: int = Field(2, ge=1, le=64)
     timeout_s: float = Field(10.0, gt=0)
     """Deadline of a copy on the canary."""

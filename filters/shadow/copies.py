@@ -30,6 +30,37 @@ class Copy:
     primary_faults: tuple[str, ...] = ()  # faults on production's answer: that copy is not judged
     cause: SpanContext | None = None  # the request's span: the copy's trace links to it
     primary_backend_s: float | None = None  # production's time in its backend (BACKEND_S)
+    held: int = 0  # the bytes it keeps alive while it waits (``held_bytes``), once queued
+
+    def held_bytes(self) -> int:
+        """What the copy keeps alive until it is compared: its request's inputs (or OpenAI
+        document) and production's answer (its outputs, or its body)."""
+        size = sum(t.nbytes for t in self.call.inputs)
+        if self.call.document is not None and self.call.wire is not None:
+            size += len(self.call.wire.body)
+        if isinstance(self.primary, Result):
+            size += (len(self.primary.wire.body) if self.primary.wire is not None
+                     else sum(t.nbytes for t in self.primary.outputs))
+        return size
+
+
+class HeldBytes:
+    """The bytes the copies not yet compared keep alive, together (``queue_max_bytes``): taken
+    when a copy is queued, freed when its comparison task is done, however it ends."""
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    def take(self, size: int, limit: int) -> bool:
+        if self.total + size > limit:
+            return False
+        self.total += size
+        return True
+
+    def freer(self, size: int) -> Callable[[object], None]:
+        def free(_: object) -> None:
+            self.total -= size
+        return free
 
 
 @dataclass

@@ -36,6 +36,7 @@ from filters.shadow.config import (
 )
 from filters.shadow.copies import (
     Copy,
+    HeldBytes,
     Sent,
     arrays,
     code,
@@ -93,6 +94,7 @@ class Shadow:
         ctx.local.setdefault(SHADOWS, dict)[ctx.route] = self
         ctx.on_activate(self._take_over)
         self.queue: asyncio.Queue[Copy] | None = None
+        self.held = HeldBytes()
         self.workers: list[asyncio.Task[None]] = []
         self._gauges_due, self._gauges_at = False, -GAUGES_EVERY_S
         self.waiting: set[asyncio.Task[None]] = set()
@@ -232,15 +234,18 @@ class Shadow:
         item.primary_faults = tuple(faults)
         self._ensure_workers()
         assert self.queue is not None
+        size = item.held_bytes()
         try:
+            if self.queue.full() or not self.held.take(size, self.cfg.queue_max_bytes):
+                raise asyncio.QueueFull
             self.queue.put_nowait(item)
         except asyncio.QueueFull:
             st.counted(dropped=1)
             self.m_dropped.labels(self.ctx.route, self.cfg.canary, "queue-full").inc()
-            self.ctx.telemetry.decide(call, "shadow", "dropped",
-                                      f"queue full ({self.cfg.queue_size} copies waiting)",
-                                      treatment=True)
+            why = f"queue full ({self.queue.qsize()} copies, {self.held.total} bytes waiting)"
+            self.ctx.telemetry.decide(call, "shadow", "dropped", why, treatment=True)
             return
+        item.held = size
         st.counted(mirrored=1)
         self.m_mirrored.labels(self.ctx.route, self.cfg.canary).inc()
         self.ctx.telemetry.decide(call, "shadow", "mirrored", f"to '{self.cfg.canary}'",
@@ -274,6 +279,7 @@ class Shadow:
 
                 task = asyncio.create_task(self._compare_logged(item, leave))
                 task.add_done_callback(freeing(leave))
+                task.add_done_callback(self.held.freer(item.held))
                 try:
                     await freed
                 except asyncio.CancelledError:
@@ -457,7 +463,7 @@ class Shadow:
                 "stop_reason": st.stop_reason, "mirrored": st.mirrored, "dropped": st.dropped,
                 "compared": st.compared, "queued": self.queue.qsize() if self.queue else 0,
                 "population": self.population,
-                "unjudged": dict(st.unjudged),
+                "unjudged": dict(st.unjudged), "held_bytes": self.held.total,
                 "waiting": len(self.waiting),
                 **st.verdict.snapshot()}
 
