@@ -296,12 +296,12 @@ def main() -> int:
     cpu = args.cpu if args.cpu is not None else min(cpus)
     os.sched_setaffinity(0, {cpu})
     if args.against is not None:
-        unknown = set(filter(None, args.optional.split(","))) - scenes.OPTIONAL_SIGNALS
+        optional = tuple(filter(None, args.optional.split(",")))
+        unknown = set(optional) - scenes.OPTIONAL_SIGNALS
         if unknown:
             ap.error(f"--optional: unknown signal(s) {sorted(unknown)}; known: "
                      f"{', '.join(sorted(scenes.OPTIONAL_SIGNALS))}")
-        against(args.against, max(args.n // 4, 20), args.rounds,
-                tuple(filter(None, args.optional.split(","))))
+        against(args.against, max(args.n // 4, 20), args.rounds, optional)
         return 0
     qt.char_tables()
     print(f"quality signals, one core (CPU {cpu}), median µs per call\n")

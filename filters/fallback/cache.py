@@ -101,17 +101,21 @@ def _frozen(result: Result, limit: int) -> tuple[Result, int] | None:
                   parameters=dict(result.parameters)), size
 
 
-def _pinned(raw: Payload) -> bool:
-    """Whether ``raw`` is a view into a ``bytes`` object (a decoded gRPC or HTTP answer's
-    body): it cannot change under the cache, so it is kept as it is, pinning that body."""
-    return isinstance(raw, memoryview) and type(raw.obj) is bytes
+def _pinned(raw: Payload) -> bytes | None:
+    """The ``bytes`` object ``raw`` is a view into (a decoded gRPC or HTTP answer's body), or
+    None: such a view cannot change under the cache, so it is kept as it is, pinning that
+    body."""
+    if isinstance(raw, memoryview) and type(raw.obj) is bytes:
+        body: bytes = raw.obj
+        return body
+    return None
 
 
 def _immutable(raw: Payload) -> bytes | memoryview:
     """``raw``, or a copy of it where it could change under the cache. A view into a ``bytes``
     object is kept (it saves copying every answer, ~600 KB for an image-sized output, on every
     call); a view into anything else (a shared-memory region, a reused buffer) is copied."""
-    if isinstance(raw, bytes) or (isinstance(raw, memoryview) and _pinned(raw)):
+    if isinstance(raw, bytes) or (isinstance(raw, memoryview) and _pinned(raw) is not None):
         return raw
     return bytes(raw)
 
@@ -122,8 +126,8 @@ def _held(raws: list[Payload]) -> int:
     bodies: dict[int, int] = {}
     own = 0
     for raw in raws:
-        if isinstance(raw, memoryview) and type(raw.obj) is bytes:
-            body: bytes = raw.obj
+        body = _pinned(raw)
+        if body is not None:
             bodies[id(body)] = len(body)
         else:
             own += memoryview(raw).nbytes
