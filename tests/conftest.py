@@ -49,14 +49,14 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     repo = write_model_repository(root / "repo", onnx_path)
     with TritonServer(repo, root / "work") as server:
         for failure in server.start_failures:
-            _TRITON_REPORTS.append(f"SHARED TRITON START RETRIED ({server.log_path}): {failure}")
+            _SERVER_REPORTS.append(f"SHARED TRITON START RETRIED ({server.log_path}): {failure}")
         _SESSION_TRITON.append(server)
         yield server
         _SESSION_TRITON.clear()
 
 
 _SESSION_TRITON: list[TritonServer] = []
-_TRITON_REPORTS: list[str] = []
+_SERVER_REPORTS: list[str] = []
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -67,7 +67,20 @@ def _shared_triton_answers() -> None:
     if _SESSION_TRITON:
         why = _SESSION_TRITON[0].ensure_healthy()
         if why is not None:
-            _TRITON_REPORTS.insert(0, f"SHARED TRITON RESTARTED: {why}")
+            _SERVER_REPORTS.insert(0, f"SHARED TRITON RESTARTED: {why}")
+
+
+@pytest.fixture(autouse=True)
+def _shared_triton_runs() -> None:
+    """Before each test: a shared Triton whose process ended is started again at once (same
+    ports, the log appended to), and the summary says so. Triton 2.51's gRPC frontend can
+    crash (SIGSEGV) when a client's cancellation races the answer it cancels
+    (triton-inference-server/server#7368, fixed in 24.12); tests that cancel calls on the
+    shared server must not leave every later test of their module without one."""
+    if _SESSION_TRITON:
+        why = _SESSION_TRITON[0].restart_if_ended()
+        if why is not None:
+            _SERVER_REPORTS.insert(0, f"SHARED TRITON RESTARTED: {why}")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -77,13 +90,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = outcome.get_result()  # type: ignore[attr-defined]
     if report.failed and "triton" in getattr(item, "fixturenames", ()) and _SESSION_TRITON:
         server = _SESSION_TRITON[0]
-        _TRITON_REPORTS.append(f"{item.nodeid} ({report.when}): triton running="
+        _SERVER_REPORTS.append(f"{item.nodeid} ({report.when}): triton running="
                                f"{server.is_running()}\n{server.log_tail(15)}")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    for text in _TRITON_REPORTS[:4]:  # the first failures tell the story; the rest repeat it
-        terminalreporter.write_sep("-", "shared Triton at a failure")
+    for text in _SERVER_REPORTS[:4]:  # the first failures tell the story; the rest repeat it
+        terminalreporter.write_sep("-", "shared servers: a restart or a failure")
         terminalreporter.write_line(text)
 
 
@@ -112,9 +125,25 @@ def start_vllm(models: dict[str, Path], name: str, tmp: Path,
     server = VllmServer(models[name], name, log_path=tmp / f"{name}.log", extra_args=extra_args)
     try:
         server.start()
+        _SESSION_VLLM.append(server)
         yield server
     finally:
+        _SESSION_VLLM.remove(server)
         server.stop()
+
+
+_SESSION_VLLM: list[VllmServer] = []
+
+
+@pytest.fixture(autouse=True)
+def _shared_vllm_runs() -> None:
+    """Before each test: a session's vLLM whose process ended on its own is started again on
+    its port, and the summary says so with its log; one crash must not fail every later test
+    that shares the server."""
+    for server in _SESSION_VLLM:
+        why = server.restart_if_ended()
+        if why is not None:
+            _SERVER_REPORTS.insert(0, f"SHARED vLLM RESTARTED: {why}")
 
 
 @pytest.fixture(scope="session")

@@ -892,11 +892,13 @@ def wait_routes(m: Endpoints, routes: tuple[str, ...], timeout: float = 60) -> N
             conn = http.client.HTTPConnection(host, int(port), timeout=5)
             try:
                 conn.request("GET", f"/v2/models/{route}/ready")
-                if conn.getresponse().status == 200:
+                answer = conn.getresponse()
+                if answer.status == 200:
                     break
+                said = f"{answer.status} {answer.read()[:300]!r}"
             finally:
                 conn.close()
-            assert time.monotonic() < deadline, f"route {route} not ready"
+            assert time.monotonic() < deadline, f"route {route} not ready in {timeout} s: {said}"
             time.sleep(0.05)
 
 

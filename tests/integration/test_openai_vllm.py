@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
+import signal
 import threading
 import time
 import urllib.parse
@@ -245,8 +247,36 @@ def test_backend_killed_mid_stream(vllm_models: dict[str, Path], vllm_llava: Vll
                 max_tokens=2)
             assert ok.choices[0].message.content is not None
             assert pgid is not None and _group_pids(pgid) == []
+
+            # The backend comes back on its address, and mmguard serves it again; then it ends
+            # on its own (no kill() by the test), and the fixture starts it again on its port.
+            for _ in range(2):
+                if doomed.process is None:
+                    doomed.start(keep_port=True)
+                else:
+                    doomed.process.wait(timeout=60)
+                    why = doomed.restart_if_ended()
+                    assert why is not None and "ended (killed by SIGKILL)" in why, why
+                assert doomed.url == cfg["backends"][0]["url"]
+                assert _answers_again(m.http_url, "tiny-llama"), "not served after the restart"
+                assert doomed.pid is not None
+                os.kill(doomed.pid, signal.SIGKILL)  # the API server alone: its group follows
     finally:
         doomed.stop()
+
+
+def _answers_again(url: str, model: str, within_s: float = 60) -> bool:
+    """Whether ``model`` answers through mmguard within ``within_s`` (its breaker may be open
+    for a while after the backend's death)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            sdk(url).chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "back?"}], max_tokens=2)
+            return True
+        except openai.APIError:
+            time.sleep(0.5)
+    return False
 
 
 def test_responses_images_are_seen_by_the_filters(vllm_llava: VllmServer) -> None:

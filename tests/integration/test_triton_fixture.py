@@ -596,6 +596,20 @@ def test_a_wedged_server_is_restarted_on_its_ports(tmp_path: Path) -> None:
         assert (own.grpc_port, own.http_port) == ports
         assert own.model_ready("small_fp32")
 
+        assert own.restart_if_ended() is None  # running: nothing to do, nothing sent
+        for check in (own.restart_if_ended, lambda: own.ensure_healthy(within_s=60)):
+            assert own.pid is not None and own.process is not None
+            os.kill(own.pid, signal.SIGSEGV)  # as Triton 2.51 does on a cancellation race
+            own.process.wait(timeout=30)
+            began = time.monotonic()
+            why = check()
+            assert why is not None and "ended (killed by SIGSEGV)" in why, why
+            # at once, not after ``within_s`` of asking a server that is gone for its health
+            waited = time.monotonic() - began - (own.start_seconds or 0)
+            assert waited < 30, f"{waited:.1f} s before the restart"
+            assert (own.grpc_port, own.http_port) == ports
+            assert own.model_ready("small_fp32")
+
 
 def wait_stopped(pid: int, within_s: float = 10.0) -> None:
     """Wait until every thread of ``pid`` is stopped. SIGSTOP starts the group stop only when

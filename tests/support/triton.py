@@ -494,18 +494,37 @@ class TritonServer:
 
     def ensure_healthy(self, within_s: float = 20.0) -> str | None:
         """Restart the server (same ports) if it stopped answering /v2/health/ready within
-        ``within_s``; returns what was wrong (with the log) when it had to, else None."""
+        ``within_s``, or at once if its process has ended; returns what was wrong (with the
+        log) when it had to, else None."""
         deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline:
-            if self.is_running() and self._get_status("/v2/health/ready") == 200:
+        while time.monotonic() < deadline and self.is_running():
+            if self._get_status("/v2/health/ready") == 200:
                 return None
             time.sleep(0.2)
-        why = (f"tritonserver (pid {self.pid}, running={self.is_running()}) did not answer "
-               f"/v2/health/ready for {within_s:.0f} s; restarted on the same ports"
-               + self._failure_report())
+        if self.is_running():
+            why = (f"tritonserver (pid {self.pid}) did not answer /v2/health/ready for "
+                   f"{within_s:.0f} s; restarted on the same ports")
+        else:
+            why = self.ended_report()
+        why += self._failure_report()
         self.stop()
         self.start(keep_ports=True)
         return why
+
+    def ended_report(self) -> str:
+        """What to say of a server whose process ended on its own (the exit status, a signal
+        by name)."""
+        code = self.process.returncode if self.process is not None else None
+        how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
+               else f"exit status {code}")
+        return f"tritonserver (pid {self.pid}) ended ({how}); restarted on the same ports"
+
+    def restart_if_ended(self) -> str | None:
+        """Start the server again (same ports) if its process has ended; cheap when it runs
+        (no request is sent). Returns what happened, with the log, when it had to."""
+        if self.process is None or self.is_running():
+            return None
+        return self.ensure_healthy(within_s=0)
 
     def is_running(self) -> bool:
         return self.process is not None and self.process.poll() is None

@@ -500,8 +500,9 @@ class VllmServer:
             cmd += ["--logits-processors", f"{PLUGIN_MODULE}:DelayLogitsProcessor"]
         return cmd + self.extra_args
 
-    def start(self) -> Self:
-        """Start; wait for ``GET /health`` == 200, else RuntimeError with the last 60 log lines."""
+    def start(self, keep_port: bool = False) -> Self:
+        """Start; wait for ``GET /health`` == 200, else RuntimeError with the last 60 log lines.
+        ``keep_port``: on the port of the previous start (a server that comes back)."""
         if self.is_running():
             return self
         _require_vllm()
@@ -509,8 +510,10 @@ class VllmServer:
             raise RuntimeError(f"no model at {self.model_dir} (config.json missing)")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         began = time.monotonic()
+        reuse = keep_port and self.port is not None
         for attempt in range(1, 4):
-            self.port = _free_port()
+            if not reuse:
+                self.port = _free_port()
             self._spawn()
             try:
                 self._wait_ready(began + self.startup_timeout)
@@ -523,6 +526,21 @@ class VllmServer:
             self.start_seconds = time.monotonic() - began
             return self
         raise AssertionError("unreachable")
+
+    def restart_if_ended(self) -> str | None:
+        """Start the server again on its port if its process ended on its own (not by
+        ``stop()`` or ``kill()``); cheap when it runs. Returns what happened, with the log's
+        tail, when it had to."""
+        proc = self.process
+        if proc is None or proc.poll() is None:
+            return None
+        code = proc.returncode
+        how = (f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}")
+        why = (f"vLLM {self.model} (pid {proc.pid}) ended ({how}); restarted on port "
+               f"{self.port}\nlast lines of {self.log_path}:\n{self.log_tail(30)}")
+        self.stop(timeout=5)
+        self.start(keep_port=True)
+        return why
 
     def stop(self, timeout: float | None = None) -> None:
         """SIGTERM the API server, wait, then SIGKILL whatever is left of its process group."""
