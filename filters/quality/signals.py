@@ -110,9 +110,10 @@ def luminance(image: NDArray[Any], spec: ImageSpec, inside: bool = False) -> F32
     image = _block_mean(image, spec.layout)
     chans = channels_of(image, spec.layout)
     gain, offset = _luma_gain(spec.low, spec.high, len(chans))
-    if spec.layout == "HWC":
-        plane = np.asarray(image[..., : len(chans)] @ gain, np.float32)
-    elif image.dtype == np.float32 and image.ndim == 3:
+    # HWC goes through the multiply-adds below, not ``image @ gain``: that is OpenBLAS's sgemv,
+    # whose sums round differently by CPU (seen on AVX-512); these are the C pass's sums, bit
+    # for bit, on every machine.
+    if spec.layout == "CHW" and image.dtype == np.float32 and image.ndim == 3:
         # One pass over the channels (measured 2.4x cheaper than a multiply-add per channel;
         # the same sum in the same order). Not a BLAS product: OpenBLAS spreads a matrix-vector
         # product this size over its threads, whose spinning cost 2.5x the CPU it saved.

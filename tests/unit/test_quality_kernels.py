@@ -227,6 +227,25 @@ def test_the_fused_luminance_reads_edge_values_as_numpy(name: str, image: NDArra
         assert signal.what == want[key].what
 
 
+_PLANES = ([c for c in odd_images() if "NaN" not in c[0] and "Inf" not in c[0]]
+           + [(c.name, c.image, HWC) for c in photos.clean_set()[::4]])
+
+
+@pytest.mark.parametrize(("name", "image", "spec"), _PLANES, ids=[c[0] for c in _PLANES])
+def test_the_luminance_plane_is_the_c_passes_bit_for_bit(name: str, image: NDArray[Any],
+                                                         spec: ImageSpec) -> None:
+    """The plane itself, not only the signals read off it: numpy's code is the C pass's sums
+    in their order on every machine. (An HWC product through OpenBLAS rounded differently on
+    an AVX-512 machine, and ghosting, reading a log spectrum, moved 1.2e-4.)"""
+    from filters.quality import signals
+    fused = signals._fused_luminance(image, spec)
+    assert fused is not None
+    plane = fused[2].reshape(signals.luminance(image, spec).shape)
+    want = signals.luminance(image, spec, inside=True)
+    assert plane.dtype == want.dtype == np.float32
+    assert np.array_equal(plane.view(np.uint32), want.view(np.uint32)), name
+
+
 def test_the_fused_luminance_leaves_other_inputs_to_numpy() -> None:
     from filters.quality import signals
     chw = ImageSpec("CHW", (0.0,), (1.0,))
