@@ -7,15 +7,23 @@ would hold ``size`` of them, 600 MB for 1000 such answers, past a sidecar's memo
 bytes an entry holds are the bytes it keeps alive (an answer kept as a view into the body it
 came in pins that whole body), at most ``max_bytes`` for the route's cache together; an answer
 over ``max_entry_bytes`` is not kept at all (and not copied).
+
+An entry may be kept under its request's :class:`~filters.fallback.cache_key.KeyParts`, not yet
+digested: the MAC over the request's bytes is then run only when the cache is read (a level
+failed, or quality's graded action asks for the last good answer), once per entry, and never for
+an entry that leaves unread. Until then the entry also keeps its request's bytes alive, and they
+are counted with its answer's.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from pydantic import Field, model_validator
 
+from filters.fallback.cache_key import KeyParts
 from proxy.call import Api, Result, Wire
 from proxy.strict import Strict
 from proxy.tensor import Payload, Tensor
@@ -46,41 +54,87 @@ class AnswerCache:
     def __init__(self, cfg: CacheConfig, now: Callable[[], float]) -> None:
         self.cfg = cfg
         self.now = now
-        self._items: OrderedDict[str, tuple[float, Result, int]] = OrderedDict()
+        self._items: OrderedDict[str | KeyParts, _Entry] = OrderedDict()
         self.bytes = 0
         """What the entries keep alive, together."""
+        self.undigested = 0
+        """Entries kept under a key not yet digested."""
 
-    def put(self, key: str, result: Result) -> int | None:
-        """Keep ``result`` under ``key``; the bytes it holds, or None when it is over
-        ``max_entry_bytes`` (not kept)."""
+    def put(self, key: str | KeyParts, result: Result) -> int | None:
+        """Keep ``result`` under ``key``; the bytes it holds, or None when its answer is over
+        ``max_entry_bytes`` (not kept). A key not yet digested stays so while the entry and its
+        request together are within ``max_entry_bytes``."""
         frozen = _frozen(result, self.cfg.max_entry_bytes)
         if frozen is None:
             return None
         answer, size = frozen
-        old = self._items.pop(key, None)
-        if old is not None:
-            self.bytes -= old[2]
-        self._items[key] = (self.now(), answer, size)
-        self.bytes += size
+        request = 0
+        if isinstance(key, KeyParts):
+            if not key.digested:
+                request = _held(key.payloads) + sum(
+                    len(s) for s in key.segments if type(s) is bytes)
+            if key.digested or size + request > self.cfg.max_entry_bytes:
+                key, request = key.digest(), 0
+            else:
+                self.undigested += 1
+        if isinstance(key, str):
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.bytes -= old.size
+        self._items[key] = _Entry(self.now(), answer, size + request, request)
+        self.bytes += size + request
         while len(self._items) > self.cfg.size or self.bytes > self.cfg.max_bytes:
-            self.bytes -= self._items.popitem(last=False)[1][2]
-        return size
+            gone_key, gone = self._items.popitem(last=False)
+            self.bytes -= gone.size
+            if isinstance(gone_key, KeyParts):
+                self.undigested -= 1
+        return size + request
 
-    def get(self, key: str) -> tuple[float, Result] | None:
+    def get(self, key: str | KeyParts) -> tuple[float, Result] | None:
         """The entry (when it was kept, the answer), now the most recently used (a hit keeps it
         from eviction); an expired entry is dropped on sight."""
-        found = self._items.get(key)
+        digest = key if isinstance(key, str) else key.digest()
+        if self.undigested:
+            self._digest_all()
+        found = self._items.get(digest)
         if found is None:
             return None
-        if self.now() - found[0] > self.cfg.ttl_s:
-            del self._items[key]
-            self.bytes -= found[2]
+        if self.now() - found.at > self.cfg.ttl_s:
+            del self._items[digest]
+            self.bytes -= found.size
             return None
-        self._items.move_to_end(key)
-        return found[0], found[1]
+        self._items.move_to_end(digest)
+        return found.at, found.answer
+
+    def _digest_all(self) -> None:
+        """Key every entry by its digest, in the order they were used; an expired one is
+        dropped unhashed, and of two entries for one request the later is kept. Their requests'
+        bytes are let go."""
+        now = self.now()
+        items: OrderedDict[str | KeyParts, _Entry] = OrderedDict()
+        for key, entry in self._items.items():
+            if isinstance(key, KeyParts):
+                if now - entry.at > self.cfg.ttl_s:
+                    continue
+                key = key.digest()
+                entry = _Entry(entry.at, entry.answer, entry.size - entry.request, 0)
+            items.pop(key, None)
+            items[key] = entry
+        self._items = items
+        self.bytes = sum(e.size for e in items.values())
+        self.undigested = 0
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+class _Entry(NamedTuple):
+    at: float
+    answer: Result
+    size: int
+    """The bytes it keeps alive: its answer's, and its request's while its key is not
+    digested."""
+    request: int
 
 
 def _frozen(result: Result, limit: int) -> tuple[Result, int] | None:
@@ -120,7 +174,7 @@ def _immutable(raw: Payload) -> bytes | memoryview:
     return bytes(raw)
 
 
-def _held(raws: list[Payload]) -> int:
+def _held(raws: Sequence[Payload]) -> int:
     """The bytes the answer's tensors keep alive once kept: the whole body each view pins
     (once per body), the payload of the others."""
     bodies: dict[int, int] = {}

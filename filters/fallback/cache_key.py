@@ -10,6 +10,14 @@ The MAC key is a per-process secret drawn at import and never leaves the process
 knows the scheme still cannot compute another request's key, let alone aim a crafted request at
 another client's entry. BLAKE3 because it is the price of the L3 cache: over a 602 KB tensor it
 takes ~0.10–0.14 ms against SHA-256's ~0.5 ms (one thread, ``bench/chain_profile.py``).
+
+Even so the MAC was the largest part of the full chain's cost through the transport (~0.29 ms of
+a 602 KB request that is no longer in the core's cache), paid on every call for an answer served
+only when every level fails. So a call's key is taken apart (:func:`key_parts`: the small fields
+encoded, the payloads referenced as they lie) and the MAC over them is run only when the cache
+needs the digest (:meth:`KeyParts.digest`): when it is looked up, or when what it holds must be
+keyed (``filters/fallback/cache.py``). A payload that could change under the cache (a view into
+a shared-memory region or a reused buffer) is hashed at once, as before.
 """
 
 from __future__ import annotations
@@ -30,11 +38,48 @@ _SECRET = os.urandom(32)
 _LENGTH = struct.Struct("<Q")
 
 
+class KeyParts:
+    """What decides a call's answer, ready to be MACed: ``segments`` in order (the encoded small
+    fields and each payload as it lies), and the ``payloads`` among them; :meth:`digest` runs
+    the MAC once. Compared by identity (a cache holds it as a key until it is digested)."""
+
+    __slots__ = ("_digest", "_secret", "payloads", "segments")
+
+    def __init__(self, segments: list[bytes | memoryview], payloads: list[memoryview],
+                 secret: bytes) -> None:
+        self.segments = segments
+        self.payloads = payloads
+        self._secret = secret
+        self._digest: str | None = None
+
+    @property
+    def digested(self) -> bool:
+        return self._digest is not None
+
+    def digest(self) -> str:
+        """The keyed digest (hex); computed on the first call, and the payloads let go."""
+        if self._digest is None:
+            h = blake3(key=self._secret)
+            for segment in self.segments:
+                h.update(segment)
+            self._digest = h.hexdigest()
+            self.segments = []
+            self.payloads = []
+        return self._digest
+
+
 def cache_key(call: Call, secret: bytes = _SECRET) -> str:
     """The keyed digest (hex) of everything in ``call`` that decides its answer."""
-    # The small fields go into one buffer, each payload into the MAC as it lies: one update per
-    # input instead of one per field (each update has a fixed cost of ~1-2 µs).
+    return key_parts(call, secret).digest()
+
+
+def key_parts(call: Call, secret: bytes = _SECRET) -> KeyParts:
+    """``call``'s key, not yet MACed; digested at once when a payload could change later."""
+    # The small fields go into one buffer between payloads: one MAC update per input instead of
+    # one per field (each update has a fixed cost of ~1-2 µs).
     head = bytearray()
+    segments: list[bytes | memoryview] = []
+    payloads: list[memoryview] = []
 
     def field(data: bytes) -> None:
         head.extend(_LENGTH.pack(len(data)))
@@ -42,28 +87,32 @@ def cache_key(call: Call, secret: bytes = _SECRET) -> str:
 
     field(call.model.encode())
     field(call.version.encode())
-    h = blake3(key=secret)
     if call.document is not None:  # an OpenAI call: its document says it all
         field(b"openai")
         doc = {k: v for k, v in call.document.items()
                if k not in ("stream", "stream_options", "user")}
         field(_canonical(doc))
-        h.update(head)
-        return h.hexdigest()
+        return KeyParts([bytes(head)], [], secret)
     field(b"kserve_v2")
     field(_canonical(call.parameters) if call.parameters else b"{}")
     field(_canonical([[o.name, o.parameters] for o in call.outputs]) if call.outputs else b"[]")
     head.extend(_LENGTH.pack(len(call.inputs)))
+    stable = True
     for t in call.inputs:
         raw = memoryview(t.raw_bytes()).cast("B")  # its length in bytes, whatever the view
         field(_canonical([t.name, t.datatype, list(t.shape), t.parameters]) if t.parameters
               else _bare_spec(t.name, t.datatype, tuple(t.shape)))
         head.extend(_LENGTH.pack(len(raw)))
-        h.update(head)
-        h.update(raw)
+        segments.append(bytes(head))
+        segments.append(raw)
+        payloads.append(raw)
+        stable = stable and raw.readonly and type(raw.obj) is bytes
         head.clear()
-    h.update(head)
-    return h.hexdigest()
+    segments.append(bytes(head))
+    parts = KeyParts(segments, payloads, secret)
+    if not stable:
+        parts.digest()  # a shared-memory region or a reused buffer: hashed as it is now
+    return parts
 
 
 @functools.lru_cache(maxsize=256)

@@ -30,7 +30,7 @@ from filters.fallback.admin import BREAKERS, CACHED_ANSWERS, ROUTES, breakers_su
 from filters.fallback.breaker import Breaker, BreakerSettings, State
 from filters.fallback.cache import AnswerCache as AnswerCache
 from filters.fallback.cache import CacheConfig as CacheConfig
-from filters.fallback.cache_key import cache_key
+from filters.fallback.cache_key import KeyParts, cache_key, key_parts
 from filters.fallback.clone import clone_call
 from filters.fallback.fuse_log import log_mismatch
 from proxy.call import CLIENT_DEADLINE, Api, Call, LocalReply, Reply, Result
@@ -133,7 +133,8 @@ class Fallback:
             ctx.local.setdefault(CACHED_ANSWERS, dict)[ctx.route] = self.cached_answer
             self.m_cache_bytes = t.metric(
                 Gauge, "mmguard_answer_cache_bytes", "Bytes the route's cached answers keep "
-                "alive (at most its fallback.cache.max_bytes).", ["model"]).labels(ctx.route)
+                "alive, with the requests of those not yet keyed (at most its "
+                "fallback.cache.max_bytes).", ["model"]).labels(ctx.route)
             self.m_cache_skipped = t.metric(
                 Counter, "mmguard_answer_cache_skipped_total", "Good answers not cached: over "
                 "fallback.cache.max_entry_bytes.", ["model"]).labels(ctx.route)
@@ -190,7 +191,7 @@ class Fallback:
             self.in_flight -= 1
 
     async def _serve(self, call: Call, next: Next) -> Reply:
-        key = cache_key(call) if self.cache is not None else ""
+        key = key_parts(call) if self.cache is not None else None  # digested if ever read
         reasons: list[str] = []
         for i, level in enumerate(self.levels):
             why = self._fused(call, level)
@@ -362,19 +363,20 @@ class Fallback:
             child = self._level_children[(model, level)] = self.m_level.labels(model, level)
         child.inc()
 
-    def _answered(self, call: Call, result: Result, index: int, level: str, key: str,
+    def _answered(self, call: Call, result: Result, index: int, level: str,
+                  key: KeyParts | None,
                   reasons: list[str]) -> Result:
         n = min(index + 1, 2)
         self._count(call.model, str(n))
         if n == 1:
-            if self.cache is not None:
+            if self.cache is not None and key is not None:
                 self._keep(call, key, result)
             return result
         self.ctx.telemetry.decide(call, "fallback", str(n), f"answered by '{level}': "
                                   + "; ".join(reasons), header="level")
         return result
 
-    def _keep(self, call: Call, key: str, result: Result) -> None:
+    def _keep(self, call: Call, key: KeyParts, result: Result) -> None:
         assert self.cache is not None
         if self.cache.put(key, result) is None:
             self.m_cache_skipped.inc()
@@ -386,8 +388,8 @@ class Fallback:
                             self.cache.cfg.max_entry_bytes)
         self.m_cache_bytes.set(self.cache.bytes)
 
-    def _last_resort(self, call: Call, key: str, reasons: list[str]) -> Reply:
-        cached = self.cache.get(key) if self.cache is not None else None
+    def _last_resort(self, call: Call, key: KeyParts | None, reasons: list[str]) -> Reply:
+        cached = self.cache.get(key) if self.cache is not None and key is not None else None
         if cached is not None:
             age = self.ctx.clock.monotonic() - cached[0]
             self._count(call.model, "3")
