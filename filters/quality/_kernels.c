@@ -497,6 +497,51 @@ done:
     return result;
 }
 
+/* The luminance of n interleaved float32 pixels of `stride` channels, their first three mixed:
+ * the sums of mix_f32, in its order. */
+VEC static void mix_f32_pixels(const float *restrict x, Py_ssize_t stride, float *restrict out,
+                               Py_ssize_t n, float g0, float g1, float g2, float offset) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const float *p = x + i * stride;
+        float v = g0 * p[0];
+        v += g1 * p[1];
+        v += g2 * p[2];
+        out[i] = v - offset;
+    }
+}
+
+/* mix(image, n, stride, g0, g1, g2, offset, out) -> None. image: n x stride float32 (HWC, its
+ * first three channels mixed); out: n float32. For the HWC planes signals.luminance mixes
+ * itself (down-sampled, or a float image): numpy's `@` would sum them through BLAS, whose
+ * rounding differs by CPU, and a product per channel over strided views costs 3x this. */
+static PyObject *mix(PyObject *self, PyObject *args) {
+    PyObject *o_image, *o_out;
+    Py_ssize_t n, stride;
+    float g0, g1, g2, offset;
+    if (!PyArg_ParseTuple(args, "Onnffff" "O", &o_image, &n, &stride, &g0, &g1, &g2, &offset,
+                          &o_out))
+        return NULL;
+    if (n < 0 || stride < 3 || (n > 0 && stride > PY_SSIZE_T_MAX / n)) {
+        PyErr_SetString(PyExc_ValueError, "mix: expected n >= 0 pixels of at least 3 channels");
+        return NULL;
+    }
+    Buf image, out;
+    image.held = out.held = 0;
+    PyObject *result = NULL;
+    if (get_f32(o_out, &out, n, 1, "out") < 0 || get_f32(o_image, &image, stride * n, 0,
+                                                         "image") < 0)
+        goto done;
+    Py_BEGIN_ALLOW_THREADS
+    mix_f32_pixels((const float *)image.view.buf, stride, (float *)out.view.buf, n, g0, g1, g2,
+                   offset);
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    release(&image);
+    release(&out);
+    return result;
+}
+
 /* clipped(image, h, w, planar, top, light) -> (light pixels with a channel at its top, pixels
  * looked at), on every other row and column, as signals.channel_clipped counts them: a pixel
  * counts when its largest channel is >= top and the sum of its three channels, added in
@@ -965,6 +1010,7 @@ static PyMethodDef methods[] = {
     {"log_sum", log_sum, METH_VARARGS, "tone's sum of logarithms over every step-th value."},
     {"widen_float16", widen_float16, METH_VARARGS, "float16 to float32, bit for bit."},
     {"luminance", luminance, METH_VARARGS, "Three channels mixed into one plane, with extrema."},
+    {"mix", mix, METH_VARARGS, "HWC float32 pixels' first three channels mixed into a plane."},
     {"laplacian", laplacian, METH_VARARGS, "A window's Laplacian, as moire and ghosting take it."},
     {"windowed", windowed, METH_VARARGS, "moire's centred, Hann-windowed Laplacian and its energy."},
     {"moire_peak", moire_peak, METH_VARARGS, "moire's twin peak from its half power spectrum."},

@@ -110,9 +110,15 @@ def luminance(image: NDArray[Any], spec: ImageSpec, inside: bool = False) -> F32
     image = _block_mean(image, spec.layout)
     chans = channels_of(image, spec.layout)
     gain, offset = _luma_gain(spec.low, spec.high, len(chans))
-    # HWC goes through the multiply-adds below, not ``image @ gain``: that is OpenBLAS's sgemv,
-    # whose sums round differently by CPU (seen on AVX-512); these are the C pass's sums, bit
-    # for bit, on every machine.
+    # Never ``image @ gain`` for HWC: that is OpenBLAS's sgemv, whose sums round differently by
+    # CPU (seen on AVX-512). The C pass or the multiply-adds below sum as the fused pass does,
+    # bit for bit, on every machine.
+    kernels = native.kernels
+    if (spec.layout == "HWC" and kernels is not None and image.dtype == np.float32
+            and image.ndim == 3 and len(chans) == 3 and image.flags.c_contiguous):
+        plane = np.empty(image.shape[:2], np.float32)
+        kernels.mix(image, plane.size, image.shape[2], *gain.tolist(), float(offset), plane)
+        return _clipped_to_range(plane, inside)
     if spec.layout == "CHW" and image.dtype == np.float32 and image.ndim == 3:
         # One pass over the channels (measured 2.4x cheaper than a multiply-add per channel;
         # the same sum in the same order). Not a BLAS product: OpenBLAS spreads a matrix-vector

@@ -246,6 +246,35 @@ def test_the_luminance_plane_is_the_c_passes_bit_for_bit(name: str, image: NDArr
     assert np.array_equal(plane.view(np.uint32), want.view(np.uint32)), name
 
 
+@pytest.mark.parametrize("shape", [(40, 40, 3), (224, 300, 4), (501, 640, 3), (3, 1, 3),
+                                   (0, 5, 3)])
+def test_an_hwc_float_plane_is_mixed_in_c_as_numpy_mixes_it(shape: tuple[int, ...]) -> None:
+    """``luminance`` of a float32 HWC image (a float model input, or a large image once
+    down-sampled) through the C mix, against numpy's multiply-adds: bit for bit, alpha
+    left out, values out of range clipped alike."""
+    from filters.quality.signals import luminance
+    rng = np.random.default_rng(11)
+    spec = ImageSpec("HWC", (-0.5,), (1.5,))
+    for image in (rng.random(shape, np.float32) * 2 - 0.5,
+                  rng.integers(0, 256, shape).astype(np.uint8)):
+        s = spec if image.dtype == np.float32 else HWC
+        got, want = both(luminance, image, s)
+        assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (shape, image.dtype)
+
+
+def test_the_mix_refuses_what_it_cannot_read() -> None:
+    kernels = native.kernels
+    assert kernels is not None
+    out = np.empty(4, np.float32)
+    with pytest.raises(ValueError, match="at least 3 channels"):
+        kernels.mix(np.zeros((4, 2), np.float32), 4, 2, 1.0, 1.0, 1.0, 0.0, out)
+    with pytest.raises(ValueError, match="image: expected at least 12 values, got 11"):
+        kernels.mix(np.zeros(11, np.float32), 4, 3, 1.0, 1.0, 1.0, 0.0, out)
+    with pytest.raises(TypeError, match="image: expected float32, got format d"):
+        kernels.mix(np.zeros((4, 3)), 4, 3, 1.0, 1.0, 1.0, 0.0, out)
+
+
 def test_the_fused_luminance_leaves_other_inputs_to_numpy() -> None:
     from filters.quality import signals
     chw = ImageSpec("CHW", (0.0,), (1.0,))
