@@ -1011,6 +1011,7 @@ static PyMethodDef methods[] = {
     {"widen_float16", widen_float16, METH_VARARGS, "float16 to float32, bit for bit."},
     {"luminance", luminance, METH_VARARGS, "Three channels mixed into one plane, with extrema."},
     {"mix", mix, METH_VARARGS, "HWC float32 pixels' first three channels mixed into a plane."},
+    {"block_mean", block_mean, METH_VARARGS, "A large image's k x k block means, float32."},
     {"laplacian", laplacian, METH_VARARGS, "A window's Laplacian, as moire and ghosting take it."},
     {"windowed", windowed, METH_VARARGS, "moire's centred, Hann-windowed Laplacian and its energy."},
     {"moire_peak", moire_peak, METH_VARARGS, "moire's twin peak from its half power spectrum."},

@@ -81,4 +81,7 @@ PyObject *laplacian(PyObject *self, PyObject *args);
 PyObject *windowed(PyObject *self, PyObject *args);
 PyObject *moire_peak(PyObject *self, PyObject *args);
 
+/* _blocks.c: a large image's block means, before its luminance. */
+PyObject *block_mean(PyObject *self, PyObject *args);
+
 #endif

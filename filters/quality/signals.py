@@ -71,6 +71,18 @@ def _block_mean(image: NDArray[Any], layout: str) -> NDArray[Any]:
     if k < 2:
         return image
     h, w = (hw[0] // k) * k, (hw[1] // k) * k
+    inv = np.float32(1.0 / (k * k))
+    kernels = native.kernels
+    if (kernels is not None and image.ndim == 3 and image.flags.c_contiguous
+            and image.dtype in (np.uint8, np.float32)
+            and (k < 8 or (layout == "HWC" and image.shape[2] > 1))):
+        # The same sums in C, one read of the image (12.6 ms -> ~0.5 ms for 1920 x 1080 x 3)
+        hwc = layout == "HWC"
+        c = image.shape[2] if hwc else image.shape[0]
+        shape = (h // k, w // k, c) if hwc else (c, h // k, w // k)
+        out_c: F32 = np.empty(shape, np.float32)
+        kernels.block_mean(image, hwc, hw[0], hw[1], c, k, float(inv), out_c)
+        return out_c
     # Rows first, then columns: two single-axis sums are ~7x faster than one over (k, k) blocks.
     if layout == "CHW":
         rows = image[:, :h, :w].reshape(image.shape[0], h // k, k, w).sum(axis=2,
@@ -80,7 +92,7 @@ def _block_mean(image: NDArray[Any], layout: str) -> NDArray[Any]:
         rows = image[:h, :w].reshape(h // k, k, w, *image.shape[2:]).sum(axis=1,
                                                                           dtype=np.float32)
         out = rows.reshape(h // k, w // k, k, *image.shape[2:]).sum(axis=2)
-    mean: F32 = np.multiply(out, np.float32(1.0 / (k * k)), dtype=np.float32)
+    mean: F32 = np.multiply(out, inv, dtype=np.float32)
     return mean
 
 

@@ -263,6 +263,38 @@ def test_an_hwc_float_plane_is_mixed_in_c_as_numpy_mixes_it(shape: tuple[int, ..
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (shape, image.dtype)
 
 
+@pytest.mark.parametrize(("layout", "shape"), [
+    ("HWC", (449, 700, 3)), ("HWC", (672, 1000, 4)), ("HWC", (1800, 1900, 3)),  # k 2, 3, 8
+    ("HWC", (900, 1000, 1)), ("CHW", (3, 449, 700)), ("CHW", (3, 1344, 1500)),  # k 4, 2, 6
+    ("CHW", (1, 1800, 1900))])  # k 8: numpy's pairwise order, left to numpy
+def test_a_large_image_is_down_sampled_as_numpy_does_it(layout: str,
+                                                       shape: tuple[int, ...]) -> None:
+    """``_block_mean``'s block means in C, bit for bit: uint8 (whose sums are exact in any
+    order) and float32 (whose are not; -0.0 included), every layout and factor it takes."""
+    from filters.quality import signals
+    rng = np.random.default_rng(13)
+    floats = rng.random(shape, np.float32) * 3 - 1
+    floats.flat[::97] = -0.0
+    for image in (rng.integers(0, 256, shape).astype(np.uint8), floats):
+        got, want = both(signals._block_mean, image, layout)
+        assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (layout, image.dtype)
+
+
+def test_the_block_mean_refuses_what_it_cannot_read() -> None:
+    kernels = native.kernels
+    assert kernels is not None
+    out = np.empty((2, 2, 3), np.float32)
+    with pytest.raises(ValueError, match="k < 8 for CHW or one channel"):
+        kernels.block_mean(np.zeros((3, 16, 16), np.float32), False, 16, 16, 3, 8, 1.0, out)
+    with pytest.raises(ValueError, match="image: expected at least 768 values, got 767"):
+        kernels.block_mean(np.zeros(767, np.uint8), True, 16, 16, 3, 8, 1.0, out)
+    with pytest.raises(TypeError, match="image: expected uint8 or float32, got format d"):
+        kernels.block_mean(np.zeros((16, 16, 3)), True, 16, 16, 3, 8, 1.0, out)
+    with pytest.raises(ValueError, match="out: expected at least 48 values, got 12"):
+        kernels.block_mean(np.zeros((16, 16, 3), np.uint8), True, 16, 16, 3, 4, 1.0, out)
+
+
 def test_the_mix_refuses_what_it_cannot_read() -> None:
     kernels = native.kernels
     assert kernels is not None
