@@ -83,7 +83,10 @@ class FallbackConfig(Strict):
     """Error kinds that count as the backend failing (and move to the next level). not_found:
     a model the route serves vanishing is the backend failing — Triton unloads its models while
     it shuts down and answers NOT_FOUND for a while before its port closes. (A model name
-    mmguard does not serve is refused before any filter runs.)"""
+    mmguard does not serve is refused before any filter runs.) A backend's own ``cancelled``
+    counts too, whatever this says: the client is still there (its leaving cancels the call's
+    task, not a reply), so the backend dropped a call it took — Triton cancels its in-flight
+    requests as it shuts down."""
     nan_is_failure: bool = True
     """An answer with NaN/Inf in a float output counts as a failure."""
     degrade_to: tuple[str, ...] = ()
@@ -306,7 +309,8 @@ class Fallback:
 
     def _failed(self, call: Call, reply: Reply) -> bool:
         if isinstance(reply, LocalReply):
-            return reply.kind.value in self.cfg.failure_kinds
+            return reply.kind.value in self.cfg.failure_kinds or (
+                reply.kind is ErrorKind.CANCELLED and reply.origin == "backend")
         if not self.cfg.nan_is_failure or reply.stream is not None:
             return False
         if reply.wire is not None and reply.wire.api is Api.OPENAI:

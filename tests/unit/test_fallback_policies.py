@@ -129,3 +129,24 @@ async def test_cache_serves_the_last_good_answer_within_its_ttl() -> None:
     clock.advance(61)
     expired = await run(call(7))
     assert isinstance(expired, LocalReply)
+
+
+async def test_a_call_the_backend_cancelled_is_its_failure_and_falls_back() -> None:
+    """Triton cancels its in-flight requests as it shuts down: the client, still there, gets
+    the cached answer (marked stale), not the backend's CANCELLED; a CANCELLED mmguard made
+    itself is passed on as it is."""
+    replies: list[Reply] = [ok(3.0)]
+    terminal, calls = scripted([lambda: replies[-1]])
+    run, _ = chain({"breaker": {"minimum_calls": 100}}, terminal)
+    assert isinstance(await run(call(1)), Result)
+    replies.append(LocalReply(ErrorKind.CANCELLED, "Locally cancelled by application!",
+                              origin="backend"))
+    c = call(1)
+    reply = await run(c)
+    assert isinstance(reply, Result) and c.decisions.get("mmguard-stale") == "true"
+    assert reply.outputs[0].numpy().tolist() == [3.0, 3.0]
+    assert "L1 'm': CANCELLED Locally cancelled" in c.decisions["mmguard-fallback-level"]
+    replies.append(LocalReply(ErrorKind.CANCELLED, "the call was cancelled"))
+    mine = await run(call(1))
+    assert isinstance(mine, LocalReply) and mine.kind is ErrorKind.CANCELLED
+    assert len(calls) == 3

@@ -65,6 +65,8 @@ def test_failures_the_client_caused_are_named() -> None:
                       (ErrorKind.INVALID_ARGUMENT, "input-refused")):
         assert client_caused(call, LocalReply(kind, "x"), 10) == why
     assert client_caused(call, LocalReply(ErrorKind.UNAVAILABLE, "down"), 10) is None
+    backend_cancelled = LocalReply(ErrorKind.CANCELLED, "cancelled", origin="backend")
+    assert client_caused(call, backend_cancelled, 10) is None  # the backend dropped it
     assert client_caused(call, Result("prod"), 10) is None
     injected = LocalReply(ErrorKind.CANCELLED, "x", injected="e/abort")
     assert client_caused(call, injected, 10) is None  # a fault: excluded where it is judged
