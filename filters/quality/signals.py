@@ -76,7 +76,7 @@ def _block_mean(image: NDArray[Any], layout: str) -> NDArray[Any]:
     if (kernels is not None and image.ndim == 3 and image.flags.c_contiguous
             and image.dtype in (np.uint8, np.float32)
             and (k < 8 or (layout == "HWC" and image.shape[2] > 1))):
-        # The same sums in C, one read of the image (12.6 ms -> ~0.5 ms for 1920 x 1080 x 3)
+        # The same sums in C, one read of the image (13 -> ~1 ms for 1920 x 1080 x 3 uint8)
         hwc = layout == "HWC"
         c = image.shape[2] if hwc else image.shape[0]
         shape = (h // k, w // k, c) if hwc else (c, h // k, w // k)
