@@ -148,8 +148,17 @@ class Fallback:
 
     def cached_answer(self, call: Call) -> tuple[float, Result] | None:
         """(age in seconds, the last good answer to the same request), if cached."""
-        found = self.cache.get(cache_key(call)) if self.cache is not None else None
+        found = self._read(cache_key(call))
         return None if found is None else (self.ctx.clock.monotonic() - found[0], found[1])
+
+    def _read(self, key: str | KeyParts | None) -> tuple[float, Result] | None:
+        """The cache's entry for ``key``; reading keys what it holds, so its bytes are said
+        again."""
+        if self.cache is None or key is None:
+            return None
+        found = self.cache.get(key)
+        self.m_cache_bytes.set(self.cache.bytes)
+        return found
 
     def _breaker(self, level: str) -> Breaker:
         b = self.cfg.breaker
@@ -393,7 +402,7 @@ class Fallback:
         self.m_cache_bytes.set(self.cache.bytes)
 
     def _last_resort(self, call: Call, key: KeyParts | None, reasons: list[str]) -> Reply:
-        cached = self.cache.get(key) if self.cache is not None and key is not None else None
+        cached = self._read(key)
         if cached is not None:
             age = self.ctx.clock.monotonic() - cached[0]
             self._count(call.model, "3")

@@ -160,6 +160,8 @@ async def test_healthy_calls_run_no_mac_and_a_failure_is_served_from_the_cache(
     assert isinstance(served, Result) and again.decisions.get("mmguard-stale") == "true"
     assert np.frombuffer(served.outputs[0].raw_bytes(), np.float32)[0] == 34.0
     assert macs[0] == 41 and fallback.cache.undigested == 0
+    held = fallback.m_cache_bytes._value.get()  # the gauge says what is held once keyed
+    assert held == fallback.cache.bytes == 40 * 4  # 40 answers of 4 bytes, no request
     missed = await run(call_for(99))
     assert isinstance(missed, LocalReply) and "no level could answer" in missed.message
     assert macs[0] == 42
