@@ -44,7 +44,11 @@ from proxy.strict import Strict
 from proxy.wire.openai import ChatView
 
 Modality = Literal["image", "text"]
-_SERVER_ERRORS = ("unavailable", "deadline_exceeded", "internal", "overloaded", "not_found")
+_SERVER_ERRORS = ("unavailable", "deadline_exceeded", "internal", "overloaded", "not_found",
+                  "bad_gateway")
+"""A path's failures: its backend down, slow, failing, shedding, losing the model, or answering
+outside its contract (``bad_gateway``, as the fallback counts it); and a call the backend
+dropped (``LocalReply.dropped_by_backend``)."""
 
 
 class PathConfig(Strict):
@@ -231,7 +235,8 @@ class ModalityRouter(Shared):
                                   header="path")
         start = time.monotonic()
         reply = await self.ctx.reroute(path.route, call)
-        failed = isinstance(reply, LocalReply) and reply.kind.value in _SERVER_ERRORS
+        failed = isinstance(reply, LocalReply) and (reply.kind.value in _SERVER_ERRORS
+                                                    or reply.dropped_by_backend)
         confidence = None
         if isinstance(reply, Result) and path.confidence is not None:
             confidence = confidence_of(reply, path.confidence, call)

@@ -280,6 +280,13 @@ class LocalReply:
     def __post_init__(self) -> None:
         self.message = bounded(self.message)  # the same bound as ProxyError's
 
+    @property
+    def dropped_by_backend(self) -> bool:
+        """A CANCELLED the backend made: it dropped a call it had taken (Triton cancels its
+        in-flight requests as it shuts down). The client's own leaving cancels the call's task
+        instead; it never comes back as a reply."""
+        return self.kind is ErrorKind.CANCELLED and self.origin == "backend"
+
     @classmethod
     def from_error(cls, err: ProxyError) -> LocalReply:
         return cls(err.kind, err.message, origin=err.origin, retry_after_s=err.retry_after_s,

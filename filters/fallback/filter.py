@@ -318,8 +318,7 @@ class Fallback:
 
     def _failed(self, call: Call, reply: Reply) -> bool:
         if isinstance(reply, LocalReply):
-            return reply.kind.value in self.cfg.failure_kinds or (
-                reply.kind is ErrorKind.CANCELLED and reply.origin == "backend")
+            return reply.kind.value in self.cfg.failure_kinds or reply.dropped_by_backend
         if not self.cfg.nan_is_failure or reply.stream is not None:
             return False
         if reply.wire is not None and reply.wire.api is Api.OPENAI:

@@ -92,7 +92,7 @@ def client_caused(call: Call, primary: Reply, copy_timeout_s: float) -> str | No
         budget = None if call.deadline is None else call.deadline - call.started
         # A copy with more time than production had is no fair match for its timeout.
         return "deadline" if budget is not None and budget < copy_timeout_s else None
-    if kind is ErrorKind.CANCELLED and primary.origin != "backend":
+    if kind is ErrorKind.CANCELLED and not primary.dropped_by_backend:
         return "cancelled"  # the client left; a backend that cancels is failing: evidence
     if kind is ErrorKind.OVERLOADED:
         return "overload"

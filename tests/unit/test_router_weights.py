@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
+
 from filters.modality_router import ModalityRouter, RouterConfig
+from proxy.call import Call, LocalReply, Reply, Target
 from proxy.chain import FilterContext
 from proxy.clock import ManualClock
+from proxy.errors import ErrorKind
 from proxy.telemetry import Telemetry
+from proxy.tensor import Tensor
 
 
 def router(**kw: object) -> tuple[ModalityRouter, ManualClock]:
@@ -71,3 +76,30 @@ def test_weighted_choice_follows_the_weights_with_a_seeded_rng() -> None:
     again, _ = router()
     again.weights = {"a": 0.8, "b": 0.2}
     assert [again._choose(list(again.cfg.paths)).route for _ in range(2000)] == picks
+
+
+async def test_a_path_fails_on_what_its_backend_did_not_on_what_the_client_did() -> None:
+    """A path's error rate counts its backend's failures, an answer outside its contract
+    (bad gateway) and a call its backend dropped (its own CANCELLED) among them; a refusal of
+    the client's input or a cancellation mmguard made are not the path's doing."""
+    replies = [LocalReply(ErrorKind.BAD_GATEWAY, "garbled", origin="backend"),
+               LocalReply(ErrorKind.CANCELLED, "Locally cancelled", origin="backend"),
+               LocalReply(ErrorKind.UNAVAILABLE, "down", origin="backend"),
+               LocalReply(ErrorKind.INVALID_ARGUMENT, "bad input", origin="backend"),
+               LocalReply(ErrorKind.CANCELLED, "the call was cancelled")]
+    async def reroute(route: str, call: Call) -> Reply:
+        return replies[len(r.stats["a"].samples)]
+
+    cfg = RouterConfig.model_validate({"paths": [{"route": "a", "modalities": ["text"]}],
+                                       "inputs": {"ids": "text"}})
+    r = ModalityRouter(cfg, FilterContext("m", Telemetry(), ManualClock(), random.Random(3),
+                                          lambda: None, reroute=reroute))
+    for _ in replies:
+        call = Call(model="m", version="", target=Target("b", "m"),
+                    inputs=[Tensor.from_numpy("ids", np.zeros((1, 4), np.int64))])
+        await r(call, reroute_unused)
+    assert [failed for _, failed in r.stats["a"].samples] == [True, True, True, False, False]
+
+
+async def reroute_unused(call: Call) -> Reply:
+    raise AssertionError("the router reroutes; it never calls next")
