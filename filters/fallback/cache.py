@@ -59,6 +59,8 @@ class AnswerCache:
         """What the entries keep alive, together."""
         self.undigested = 0
         """Entries kept under a key not yet digested."""
+        self.undigested_bytes = 0
+        """The bytes of their requests: what the MACs of the next read will run over."""
 
     def put(self, key: str | KeyParts, result: Result) -> int | None:
         """Keep ``result`` under ``key``; the bytes it holds, or None when its answer is over
@@ -77,6 +79,7 @@ class AnswerCache:
                 key, request = key.digest(), 0
             else:
                 self.undigested += 1
+                self.undigested_bytes += request
         if isinstance(key, str):
             old = self._items.pop(key, None)
             if old is not None:
@@ -88,6 +91,7 @@ class AnswerCache:
             self.bytes -= gone.size
             if isinstance(gone_key, KeyParts):
                 self.undigested -= 1
+                self.undigested_bytes -= gone.request
         return size + request
 
     def get(self, key: str | KeyParts) -> tuple[float, Result] | None:
@@ -122,7 +126,11 @@ class AnswerCache:
             items[key] = entry
         self._items = items
         self.bytes = sum(e.size for e in items.values())
-        self.undigested = 0
+        self.undigested = self.undigested_bytes = 0
+
+    def undigested_keys(self) -> list[KeyParts]:
+        """The keys not yet digested (to digest them away from the event loop first)."""
+        return [k for k in self._items if isinstance(k, KeyParts)]
 
     def __len__(self) -> int:
         return len(self._items)

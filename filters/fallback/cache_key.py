@@ -57,14 +57,21 @@ class KeyParts:
         return self._digest is not None
 
     def digest(self) -> str:
-        """The keyed digest (hex); computed on the first call, and the payloads let go."""
+        """The keyed digest (hex); computed on the first call, and the payloads let go. Safe
+        from two threads at once (the fallback keys a large read in a worker thread): the
+        digest is set before the segments are let go, and a run that found them gone keeps
+        the digest already set."""
         if self._digest is None:
+            segments = self.segments
             h = blake3(key=self._secret)
-            for segment in self.segments:
+            for segment in segments:
                 h.update(segment)
-            self._digest = h.hexdigest()
-            self.segments = []
-            self.payloads = []
+            digest = h.hexdigest()
+            if self._digest is None:
+                self._digest = digest
+                self.segments = []
+                self.payloads = []
+        assert self._digest is not None
         return self._digest
 
 

@@ -144,12 +144,30 @@ class Fallback:
             self._told_too_large = False
         self.in_flight = 0
         self.retrying = 0
+        self._keying: asyncio.Future[None] | None = None
         self._level_children: dict[tuple[str, str], Any] = {}
 
     def cached_answer(self, call: Call) -> tuple[float, Result] | None:
         """(age in seconds, the last good answer to the same request), if cached."""
         found = self._read(cache_key(call))
         return None if found is None else (self.ctx.clock.monotonic() - found[0], found[1])
+
+    async def _read_off_loop(self, key: KeyParts | None) -> tuple[float, Result] | None:
+        """``_read``, the MACs of a large read run in a worker thread first (as quality measures
+        a large image): the first read after many good calls keys up to ``max_bytes`` of
+        requests, ~13 ms for 64 MiB. Concurrent reads wait for one such run."""
+        cache = self.cache
+        if cache is not None and key is not None and (
+                cache.undigested_bytes + sum(len(p) for p in key.payloads) > _INLINE_MAC_BYTES):
+            if self._keying is None:
+                todo = [*cache.undigested_keys(), key]
+                self._keying = asyncio.ensure_future(asyncio.to_thread(_digest_each, todo))
+                self._keying.add_done_callback(self._keyed)
+            await asyncio.shield(self._keying)
+        return self._read(key)
+
+    def _keyed(self, _: object) -> None:
+        self._keying = None
 
     def _read(self, key: str | KeyParts | None) -> tuple[float, Result] | None:
         """The cache's entry for ``key``; reading keys what it holds, so its bytes are said
@@ -235,7 +253,7 @@ class Fallback:
                     return reply  # the client's own error: no fallback for a bad request
                 return self._answered(call, reply, i, level, key, reasons)
             reasons.append(f"L{min(i + 1, 2)} '{level}': {_describe(reply, attempt)}")
-        return self._last_resort(call, key, reasons)
+        return await self._last_resort(call, key, reasons)
 
     # --- one level ----------------------------------------------------------------------------
 
@@ -400,8 +418,9 @@ class Fallback:
                             self.cache.cfg.max_entry_bytes)
         self.m_cache_bytes.set(self.cache.bytes)
 
-    def _last_resort(self, call: Call, key: KeyParts | None, reasons: list[str]) -> Reply:
-        cached = self._read(key)
+    async def _last_resort(self, call: Call, key: KeyParts | None,
+                           reasons: list[str]) -> Reply:
+        cached = await self._read_off_loop(key)
         if cached is not None:
             age = self.ctx.clock.monotonic() - cached[0]
             self._count(call.model, "3")
@@ -420,6 +439,16 @@ class Fallback:
         message = f"model '{call.model}': no level could answer: " + "; ".join(reasons)
         self.ctx.telemetry.decide(call, "fallback", "exhausted", message, header="level")
         return LocalReply(ErrorKind.UNAVAILABLE, message, retry_after_s=max(retry, 1.0))
+
+
+_INLINE_MAC_BYTES = 1 << 20
+"""A cache read whose MACs would run over more than this is keyed in a worker thread."""
+
+
+def _digest_each(keys: list[KeyParts]) -> None:
+    """Run each key's MAC (BLAKE3 lets the GIL go over long inputs)."""
+    for key in keys:
+        key.digest()
 
 
 def _describe(reply: Reply, call: Call) -> str:

@@ -165,3 +165,53 @@ async def test_healthy_calls_run_no_mac_and_a_failure_is_served_from_the_cache(
     missed = await run(call_for(99))
     assert isinstance(missed, LocalReply) and "no level could answer" in missed.message
     assert macs[0] == 42
+
+
+async def test_a_large_read_is_keyed_in_a_worker_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past 1 MiB of requests to key, the MACs of a read run in a worker thread (as quality
+    measures a large image), not on the event loop; failed calls arriving meanwhile wait for
+    that one run and are each served their own request's answer."""
+    import asyncio
+    import threading
+
+    loop_thread = threading.get_ident()
+    where: list[bool] = []  # per MAC: on the loop's thread?
+    real = module.blake3  # type: ignore[attr-defined]
+
+    def counting(*args: object, **kwargs: object) -> object:
+        where.append(threading.get_ident() == loop_thread)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(module, "blake3", counting)
+    shape = (1, 3, 100, 100)  # 120 KB a request: twelve of them are past 1 MiB
+
+    def big(i: int) -> Call:
+        body = np.full(shape, float(i), np.float32).tobytes()
+        return Call(model="m", version="1", target=Target("b", "m"),
+                    inputs=[Tensor("x", "FP32", shape, raw=memoryview(body))])
+
+    healthy = [True]
+
+    async def terminal(c: Call) -> Reply:
+        if not healthy[0]:
+            return LocalReply(ErrorKind.UNAVAILABLE, "backend down")
+        first = np.frombuffer(c.inputs[0].raw_bytes(), np.float32)[:1]
+        return Result("m", "1", "", [Tensor("y", "FP32", (1,), raw=first.tobytes())])
+
+    ctx = FilterContext("m", Telemetry(), ManualClock(), random.Random(1), lambda: None)
+    fallback = Fallback(FallbackConfig.model_validate({"breaker": {"minimum_calls": 1000}}),
+                        ctx)
+    run = compose([("fallback", fallback)], terminal)
+    for i in range(12):
+        assert isinstance(await run(big(i)), Result)
+    assert fallback.cache is not None and fallback.cache.undigested_bytes > 1 << 20
+    assert where == []
+    healthy[0] = False
+    calls = [big(i) for i in (0, 5, 11)]
+    served = await asyncio.gather(*(run(c) for c in calls))
+    for c, reply, i in zip(calls, served, (0, 5, 11), strict=True):
+        assert isinstance(reply, Result) and c.decisions.get("mmguard-stale") == "true"
+        assert np.frombuffer(reply.outputs[0].raw_bytes(), np.float32)[0] == float(i)
+    assert where.count(False) == 13  # the twelve entries and the first failed call's own key
+    assert where.count(True) == 2  # the two calls that waited: their own keys only
+    assert fallback.cache.undigested == 0
