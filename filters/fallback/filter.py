@@ -157,13 +157,16 @@ class Fallback:
         a large image): the first read after many good calls keys up to ``max_bytes`` of
         requests, ~13 ms for 64 MiB. Concurrent reads wait for one such run."""
         cache = self.cache
-        if cache is not None and key is not None and (
-                cache.undigested_bytes + sum(len(p) for p in key.payloads) > _INLINE_MAC_BYTES):
+        own = sum(len(p) for p in key.payloads) if key is not None else 0
+        if cache is not None and key is not None and cache.undigested_bytes + own > \
+                _INLINE_MAC_BYTES:
             if self._keying is None:
                 todo = [*cache.undigested_keys(), key]
                 self._keying = asyncio.ensure_future(asyncio.to_thread(_digest_each, todo))
                 self._keying.add_done_callback(self._keyed)
             await asyncio.shield(self._keying)
+            if not key.digested and own > _INLINE_MAC_BYTES:  # it waited on another's run
+                await asyncio.to_thread(key.digest)
         return self._read(key)
 
     def _keyed(self, _: object) -> None:

@@ -208,10 +208,15 @@ async def test_a_large_read_is_keyed_in_a_worker_thread(monkeypatch: pytest.Monk
     assert where == []
     healthy[0] = False
     calls = [big(i) for i in (0, 5, 11)]
-    served = await asyncio.gather(*(run(c) for c in calls))
+    huge = np.zeros((1, 3, 400, 400), np.float32).tobytes()  # 1.9 MB, never answered
+    unseen = Call(model="m", version="1", target=Target("b", "m"),
+                  inputs=[Tensor("x", "FP32", (1, 3, 400, 400), raw=memoryview(huge))])
+    *served, missed = await asyncio.gather(*(run(c) for c in [*calls, unseen]))
     for c, reply, i in zip(calls, served, (0, 5, 11), strict=True):
         assert isinstance(reply, Result) and c.decisions.get("mmguard-stale") == "true"
         assert np.frombuffer(reply.outputs[0].raw_bytes(), np.float32)[0] == float(i)
-    assert where.count(False) == 13  # the twelve entries and the first failed call's own key
-    assert where.count(True) == 2  # the two calls that waited: their own keys only
+    assert isinstance(missed, LocalReply) and "no level could answer" in missed.message
+    # off the loop: the twelve entries, the first failed call's own key, and the 1.9 MB key
+    # of a call that waited on that run; on it, the two small keys of the other two that did
+    assert where.count(False) == 14 and where.count(True) == 2
     assert fallback.cache.undigested == 0
