@@ -7,7 +7,7 @@ to automatic (``reset``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from proxy.lifecycle import Access, AdminAnswer, AdminRequest, AdminRoute, StateKey, Summary
@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 BREAKERS: StateKey[dict[tuple[str, str], Breaker]] = StateKey("breakers")
 """(route, level) → its breaker in this runtime (``FilterContext.local``)."""
-CACHED_ANSWERS: StateKey[dict[str, Callable[[Call], tuple[float, Result] | None]]] = StateKey(
+CACHED_ANSWERS: StateKey[
+    dict[str, Callable[[Call], Awaitable[tuple[float, Result] | None]]]] = StateKey(
     "cached_answers")
 """Route → a function giving the last good answer to a call (``(age_s, Result)`` or None), in
 this runtime (``FilterContext.local``). The fallback filter fills it; quality's graded actions

@@ -30,7 +30,7 @@ from filters.fallback.admin import BREAKERS, CACHED_ANSWERS, ROUTES, breakers_su
 from filters.fallback.breaker import Breaker, BreakerSettings, State
 from filters.fallback.cache import AnswerCache as AnswerCache
 from filters.fallback.cache import CacheConfig as CacheConfig
-from filters.fallback.cache_key import KeyParts, cache_key, key_parts
+from filters.fallback.cache_key import KeyParts, key_parts
 from filters.fallback.clone import clone_call
 from filters.fallback.fuse_log import log_mismatch
 from proxy.call import CLIENT_DEADLINE, Api, Call, LocalReply, Reply, Result
@@ -147,9 +147,10 @@ class Fallback:
         self._keying: asyncio.Future[None] | None = None
         self._level_children: dict[tuple[str, str], Any] = {}
 
-    def cached_answer(self, call: Call) -> tuple[float, Result] | None:
-        """(age in seconds, the last good answer to the same request), if cached."""
-        found = self._read(cache_key(call))
+    async def cached_answer(self, call: Call) -> tuple[float, Result] | None:
+        """(age in seconds, the last good answer to the same request), if cached; a large
+        read keyed off the loop, as the filter's own."""
+        found = await self._read_off_loop(key_parts(call))
         return None if found is None else (self.ctx.clock.monotonic() - found[0], found[1])
 
     async def _read_off_loop(self, key: KeyParts | None) -> tuple[float, Result] | None:
@@ -172,7 +173,7 @@ class Fallback:
     def _keyed(self, _: object) -> None:
         self._keying = None
 
-    def _read(self, key: str | KeyParts | None) -> tuple[float, Result] | None:
+    def _read(self, key: KeyParts | None) -> tuple[float, Result] | None:
         """The cache's entry for ``key``; reading keys what it holds, so its bytes are said
         again."""
         if self.cache is None or key is None:

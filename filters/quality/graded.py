@@ -67,10 +67,9 @@ class GradedActions:
         self.ctx = ctx
         self.decide = decide
 
-    def _cached(self, call: Call) -> tuple[float, Result] | None:
+    async def _cached(self, call: Call) -> tuple[float, Result] | None:
         lookup = (self.ctx.local.get(CACHED_ANSWERS) or {}).get(self.ctx.route)
-        found: tuple[float, Result] | None = lookup(call) if lookup is not None else None
-        return found
+        return await lookup(call) if lookup is not None else None
 
     async def apply(self, call: Call, trust: float, detail: str,
                     next: Callable[[Call], Awaitable[Reply]]) -> Reply:
@@ -79,16 +78,16 @@ class GradedActions:
             self.decide(call, "graded", "observe", f"{detail}; at or above {self.cfg.shed_below:g}")
             return await next(call)
         if which == "refuse":
-            return self._refuse(call, detail)
+            return await self._refuse(call, detail)
         if self.ctx.rng.random() >= self.cfg.shed_share:
             self.decide(call, "graded", "kept", f"{detail}; below {self.cfg.shed_below:g}, not in "
                         f"the shed share {self.cfg.shed_share:g}")
             return await next(call)
         return await self._shed(call, detail, next)
 
-    def _refuse(self, call: Call, detail: str) -> Reply:
+    async def _refuse(self, call: Call, detail: str) -> Reply:
         why = f"{detail}; below {self.cfg.refuse_below:g}"
-        cached = self._cached(call)
+        cached = await self._cached(call)
         if cached is not None:
             self.decide(call, "graded", "refuse", f"{why}; served the cached answer, "
                         f"{cached[0]:.1f}s old")
@@ -108,7 +107,7 @@ class GradedActions:
         if self.cfg.shed_to is not None and self.ctx.reroute is not None:
             self.decide(call, "graded", "shed", f"{why}; served by route '{self.cfg.shed_to}'")
             return await self.ctx.reroute(self.cfg.shed_to, call)
-        cached = self._cached(call)
+        cached = await self._cached(call)
         if cached is not None:
             self.decide(call, "graded", "shed", f"{why}; served the cached answer, "
                         f"{cached[0]:.1f}s old")
