@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _pytest.runner import runtestprotocol
 
 from proxy.cli.demo_model import ensure_clip_demo
 from tests.support.mmguard import RunningMmguard
@@ -92,6 +94,46 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         server = _SESSION_TRITON[0]
         _SERVER_REPORTS.append(f"{item.nodeid} ({report.when}): triton running="
                                f"{server.is_running()}\n{server.log_tail(15)}")
+
+
+# A server that ends by one of these crashed; a test's own kill() or stop() sends KILL or TERM.
+_CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL,
+                            signal.SIGFPE})
+
+
+def _crashed_shared_server() -> str | None:
+    """A session server (Triton, vLLM) whose process ended by a crash signal, by name."""
+    servers: list[TritonServer | VllmServer] = [*_SESSION_TRITON, *_SESSION_VLLM]
+    for server in servers:
+        proc = server.process
+        code = proc.poll() if proc is not None else None
+        if proc is not None and code is not None and code < 0 and -code in _CRASH_SIGNALS:
+            return f"{type(server).__name__} pid {proc.pid} ({signal.Signals(-code).name})"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool:
+    """A test that fails while a shared server crashes under it is run once more, on the
+    restarted server, and the summary names both (the test, the crash with its trace). Triton
+    2.51 can SIGSEGV under load (seen in CI twice: mid fault matrix, mid sequence test, direct
+    calls included), and one upstream crash must not decide a run. A test that fails again, or
+    fails without a crash, fails as it is; a test's own KILL or TERM of a server is no crash.
+    The rerun's setup restarts the server (``_shared_triton_runs``, ``_shared_vllm_runs``)."""
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    reports = runtestprotocol(item, nextitem=nextitem, log=False)
+    crashed = _crashed_shared_server() if any(r.failed for r in reports) else None
+    if crashed is not None:
+        first = next(r for r in reports if r.failed)
+        crash = getattr(first.longrepr, "reprcrash", None)
+        why = crash.message if crash is not None else str(first.longrepr).splitlines()[-1]
+        _SERVER_REPORTS.insert(0, f"RERUN {item.nodeid}: {crashed} crashed while it ran; its "
+                                  f"first try failed ({first.when}): {why[:300]}")
+        reports = runtestprotocol(item, nextitem=nextitem, log=False)
+    for report in reports:
+        item.ihook.pytest_runtest_logreport(report=report)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -38,6 +38,11 @@ _OVER_MAX = re.compile(r"(Received|Sent) message larger than max \((\d+) vs\. (\
 _SERVICE = "/inference.GRPCInferenceService/"
 
 
+# Between a backend's return and mmguard's first call that reaches it: at most this (gRPC adds
+# up to 20 % jitter). Until then a call fails fast with UNAVAILABLE, which the fallback counts.
+RECONNECT_BACKOFF_MAX_MS = 1000
+
+
 class TritonGrpcBackend(Backend):
     protocol = "grpc"
 
@@ -64,7 +69,7 @@ class TritonGrpcBackend(Backend):
             # gRPC's default backoff (which grows to two minutes).
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 1000),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS),
         ]
         # A distinct channel arg per channel keeps each on its own HTTP/2 connection.
         if cfg.tls is None:

@@ -111,6 +111,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Self
 
+from proxy.backends.triton_grpc import RECONNECT_BACKOFF_MAX_MS
+
 __all__ = [
     "MODEL_NAMES",
     "TritonServer",
@@ -509,6 +511,10 @@ class TritonServer:
         why += self._failure_report()
         self.stop()
         self.start(keep_ports=True)
+        # A running mmguard's gRPC channel to it retries the connection on a backoff of up to
+        # RECONNECT_BACKOFF_MAX_MS (+20 % jitter), failing calls fast meanwhile: a test that
+        # starts at once would see the window, not mmguard's steady state.
+        time.sleep(RECONNECT_BACKOFF_MAX_MS * 1.2 / 1000 + 0.3)
         return why
 
     def ended_report(self) -> str:
@@ -517,7 +523,17 @@ class TritonServer:
         code = self.process.returncode if self.process is not None else None
         how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
                else f"exit status {code}")
-        return f"tritonserver (pid {self.pid}) ended ({how}); restarted on the same ports"
+        trace = self.crash_trace()
+        return (f"tritonserver (pid {self.pid}) ended ({how}); restarted on the same ports"
+                + (f"\nits crash trace:\n{trace}" if trace else ""))
+
+    def crash_trace(self, lines: int = 30) -> str:
+        """What Triton printed from its last ``Signal (N) received.`` on (its own backtrace of
+        a crash), or "" when it printed none; the summary leads with it, before the log's tail
+        (which a restart's own start-up lines fill)."""
+        text = self.log_text().splitlines()
+        starts = [i for i, line in enumerate(text) if line.startswith("Signal (")]
+        return "\n".join(text[starts[-1]:starts[-1] + lines]) if starts else ""
 
     def restart_if_ended(self) -> str | None:
         """Start the server again (same ports) if its process has ended; cheap when it runs
