@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -46,10 +48,10 @@ def _too_large(what: str, limit: int, setting: str) -> ProxyError:
                       f"{what}; this listener accepts at most {limit} bytes ({setting})")
 
 
-def content_encoding(request: web.Request) -> str:
+def content_encoding(headers: Mapping[str, str]) -> str:
     """The body's encoding, lower case; 501 (as Triton answers) for one we do not decode, or
     a stack of them."""
-    encoding = (request.headers.get("Content-Encoding") or "identity").strip().lower()
+    encoding = (headers.get("Content-Encoding") or "identity").strip().lower()
     if encoding not in _ENCODINGS:
         raise ProxyError(ErrorKind.UNIMPLEMENTED,
                          f"unsupported Content-Encoding {encoding!r}: this endpoint accepts "
@@ -57,21 +59,41 @@ def content_encoding(request: web.Request) -> str:
     return encoding
 
 
+@dataclass(frozen=True, slots=True)
+class BodyBounds:
+    """What a body may be, known from the headers alone: checked before a byte of it is read."""
+
+    limit: int
+    setting: str
+    encoding: str
+
+
+def body_bounds(headers: Mapping[str, str], declared: int | None, limit: int,
+                setting: str = "listeners.http.max_request_bytes") -> BodyBounds:
+    """The body's bounds from its headers; ``ProxyError`` (501, 413) when they already refuse
+    it: an encoding we do not decode, a declared length over ``limit``."""
+    encoding = content_encoding(headers)
+    if declared is not None and declared > limit:
+        raise _too_large(f"request body is {declared} bytes", limit, setting)
+    return BodyBounds(limit, setting, encoding)
+
+
+async def decoded(raw: bytes, bounds: BodyBounds) -> bytes:
+    """A body as it came, undone from its ``Content-Encoding`` within its bounds."""
+    if bounds.encoding == "identity":
+        return raw
+    return await inflate(raw, bounds.encoding, bounds.limit, bounds.setting)
+
+
 async def read_body(request: web.Request, limit: int,
                     setting: str = "listeners.http.max_request_bytes") -> bytes:
     """The request's body, decoded from its ``Content-Encoding``, at most ``limit`` bytes
     (raises ``ProxyError`` TOO_LARGE naming ``setting``, or INVALID_ARGUMENT)."""
-    encoding = content_encoding(request)
-    declared = request.content_length
-    if declared is not None and declared > limit:
-        raise _too_large(f"request body is {declared} bytes", limit, setting)
-    raw = await _read_raw(request, limit, setting)
-    if encoding == "identity":
-        return raw
-    return await inflate(raw, encoding, limit, setting)
+    bounds = body_bounds(request.headers, request.content_length, limit, setting)
+    return await decoded(await read_raw(request, limit, setting), bounds)
 
 
-async def _read_raw(request: web.Request, limit: int, setting: str) -> bytes:
+async def read_raw(request: web.Request, limit: int, setting: str) -> bytes:
     if request.content.is_eof():  # all in already (a small body): no iterator to step through
         data = request.content.read_nowait()
         if len(data) > limit:

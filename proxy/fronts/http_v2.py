@@ -17,19 +17,21 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from proxy import __version__
 from proxy.backends.base import RepositoryParameter
-from proxy.call import Call, LocalReply, Reply, Result
+from proxy.call import Call, LocalReply, Result
 from proxy.engine.dataplane import DataPlane, refused_extension
 from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
-from proxy.fronts.body import read_body, read_json
+from proxy.fronts.body import BodyBounds, body_bounds, decoded, read_json, read_raw
 from proxy.fronts.openai import OpenAIFront, drop_connection
 from proxy.shm import fronts
+from proxy.shm.peer import Connection
 from proxy.shm.regions import Budget, SharedMemory, uses_shared_memory
 from proxy.wire import kserve_http, kserve_raw
 
@@ -45,12 +47,60 @@ millions of variable-length BYTES elements take a second to walk)."""
 _ANSWER_CODINGS = ("gzip", "deflate")
 
 
-def error_response(reply: LocalReply, decisions: dict[str, str] | None = None) -> web.Response:
+def error_parts(reply: LocalReply, decisions: dict[str, str] | None = None
+                ) -> tuple[int, dict[str, str], bytes]:
+    """An error answer's status, headers and body (``{"error":"..."}``, as Triton writes it),
+    for every HTTP path that answers one."""
     headers = {**(decisions or {}), "mmguard-error-origin": reply.origin}
     if reply.retry_after_s is not None:
         headers["Retry-After"] = retry_after(reply.retry_after_s)
-    return web.json_response({"error": reply.message}, status=STATUS[reply.kind].http,
-                             headers=headers, dumps=_compact)
+    return STATUS[reply.kind].http, headers, _compact({"error": reply.message}).encode()
+
+
+def error_response(reply: LocalReply, decisions: dict[str, str] | None = None) -> web.Response:
+    status, headers, body = error_parts(reply, decisions)
+    return web.Response(body=body, status=status, headers=headers,
+                        content_type="application/json", charset="utf-8")
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """An infer request as the KServe v2 HTTP front serves it, whichever server read it
+    (aiohttp's, or the fast lane's: ``proxy.process.fast_lane``)."""
+
+    model: str
+    version: str
+    headers: Mapping[str, str]
+    """Case-insensitive (a ``CIMultiDictProxy``), the first of repeated names wins."""
+    raw: bytes
+    """The body as it came (not inflated)."""
+    bounds: BodyBounds
+    json_part: int | None
+    content_type: str
+    connection: Callable[[], Connection]
+
+
+@dataclass(slots=True)
+class InferAnswer:
+    """What to answer: ``error`` (with the decisions shown), else ``body`` (with its JSON
+    header's length when binary), compressed with ``coding`` when the client asked."""
+
+    decisions: dict[str, str]
+    error: LocalReply | None = None
+    body: bytes = b""
+    header_length: int | None = None
+    coding: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        headers = dict(self.decisions)
+        if self.header_length is not None:
+            headers[kserve_http.HEADER_LENGTH] = str(self.header_length)
+        return headers
+
+    @property
+    def content_type(self) -> str:
+        return (kserve_http.BINARY_TYPE if self.header_length is not None
+                else kserve_http.JSON_TYPE)
 
 
 def _compact(doc: Any) -> str:
@@ -198,80 +248,90 @@ class HttpFront:
             })
         return web.json_response({"model_stats": out})
 
+    def infer_bounds(self, headers: Mapping[str, str], declared: int | None
+                     ) -> tuple[BodyBounds, int | None]:
+        """An infer body's bounds from its headers (and its JSON part's length, for a binary
+        body): a pure JSON body by ``max_json_bytes``, a binary one by ``max_request_bytes``
+        with its JSON header by ``max_json_bytes``. ``ProxyError`` when they refuse it."""
+        header_length = headers.get(kserve_http.HEADER_LENGTH)
+        if header_length is None:
+            return body_bounds(headers, declared, self.max_json_bytes,
+                               "listeners.http.max_json_bytes; send big tensors in binary "
+                               "form"), None
+        json_part = kserve_raw.header_length_number(header_length)
+        if json_part > self.max_json_bytes:
+            raise ProxyError(ErrorKind.TOO_LARGE,
+                             f"the JSON header of a binary request is {json_part} bytes "
+                             f"({kserve_http.HEADER_LENGTH}); this listener accepts at most "
+                             f"{self.max_json_bytes} (listeners.http.max_json_bytes)")
+        return body_bounds(headers, declared, self.max_request_bytes), json_part
+
     async def infer(self, request: web.Request) -> web.Response:
         try:
-            call = await self._decode(request)
+            bounds, json_part = self.infer_bounds(request.headers, request.content_length)
+            raw = await read_raw(request, bounds.limit, bounds.setting)
         except ProxyError as err:
             self.plane.count_undecoded("http", err)  # refused before the data plane saw it
+            raise
+        answer = await self.serve_infer(InferRequest(
+            request.match_info["model"], request.match_info.get("version", ""),
+            request.headers, raw, bounds, json_part, request.content_type,
+            lambda: fronts.http_connection(request)))
+        if answer.error is not None:
+            if answer.error.reset:
+                drop_connection(request)
+            return error_response(answer.error, answer.decisions)
+        response = web.Response(body=answer.body, headers=answer.headers(),
+                                content_type=answer.content_type)
+        if answer.coding is not None:  # as Triton does; aiohttp compresses big ones off the loop
+            response.enable_compression(web.ContentCoding(answer.coding))
+        return response
+
+    async def serve_infer(self, req: InferRequest) -> InferAnswer:
+        """Decode, run the data plane, encode; ``ProxyError`` for a body that does not
+        decode (counted here, refused before the data plane saw it)."""
+        try:
+            call = await self._decode(req)
+        except ProxyError as err:
+            self.plane.count_undecoded("http", err)
             raise
         encoded: list[tuple[bytes, int | None]] = []
 
         async def encode(result: Result) -> None:  # before the call is counted
             encoded.append(await _encoded(call, result))
 
-        reply = await (self.shm.infer(call, fronts.http_connection(request),
-                                      self.plane.infer, self.plane.serves, self.shm_budget,
-                                      encode)
+        reply = await (self.shm.infer(call, req.connection(), self.plane.infer,
+                                      self.plane.serves, self.shm_budget, encode)
                        if uses_shared_memory(call) else self.plane.infer(call, encode))
-        return self._answer(request, call, reply, encoded[-1] if encoded else None)
+        if isinstance(reply, LocalReply):
+            return InferAnswer(call.shown_decisions(), error=reply)
+        assert encoded  # an answer (not a refusal) was encoded before it counted
+        data, hlen = encoded[-1]
+        self.plane.telemetry.count_response_bytes(call.model, "http", len(data))
+        return InferAnswer(call.shown_decisions(), body=data, header_length=hlen,
+                           coding=answer_coding(req.headers.get("Accept-Encoding", "")))
 
-    async def _decode(self, request: web.Request) -> Call:
-        header_length = request.headers.get(kserve_http.HEADER_LENGTH)
-        json_part = (None if header_length is None
-                     else kserve_raw.header_length_number(header_length))
-        body = await self._read_infer_body(request, json_part)
-        model, version = request.match_info["model"], request.match_info.get("version", "")
-        decode_args = (body, header_length, model, version, request.content_type, True)
+    async def _decode(self, req: InferRequest) -> Call:
+        body = await decoded(req.raw, req.bounds)
+        header_length = req.headers.get(kserve_http.HEADER_LENGTH)
+        model, version = req.model, req.version
+        decode_args = (body, header_length, model, version, req.content_type, True)
         if kserve_raw.is_raw(body, header_length):  # the body is the only input's bytes
             call = kserve_raw.decode_raw_request(body, model, version,
                                                   self.plane.contract(model, version),
-                                                  request.content_type)
-        elif ((len(body) if json_part is None else json_part) > DECODE_INLINE_BYTES
+                                                  req.content_type)
+        elif ((len(body) if req.json_part is None else req.json_part) > DECODE_INLINE_BYTES
                 or len(body) > BINARY_DECODE_INLINE_BYTES):
             # Big JSON off the loop; binary tensors are views of the body, decoded in place
             # unless the body is big enough to hold millions of BYTES elements to walk.
             call = await asyncio.to_thread(kserve_http.decode_request, *decode_args)
         else:
             call = kserve_http.decode_request(*decode_args)
-        call.headers = {k.lower(): v for k, v in request.headers.items()}
+        call.headers = {k.lower(): v for k, v in req.headers.items()}
         timeout_ms = call.headers.get(TIMEOUT_HEADER)
         if timeout_ms is not None:
             call.deadline = time.monotonic() + _positive_ms(timeout_ms) / 1000
         return call
-
-    def _answer(self, request: web.Request, call: Call, reply: Reply,
-                encoded: tuple[bytes, int | None] | None) -> web.Response:
-        if isinstance(reply, LocalReply):
-            if reply.reset:
-                drop_connection(request)
-            return error_response(reply, call.shown_decisions())
-        assert encoded is not None  # an answer (not a refusal) was encoded before it counted
-        data, hlen = encoded
-        headers = dict(call.shown_decisions())
-        if hlen is not None:
-            headers[kserve_http.HEADER_LENGTH] = str(hlen)
-        self.plane.telemetry.count_response_bytes(call.model, "http", len(data))
-        response = web.Response(body=data, headers=headers,
-                                content_type=kserve_http.BINARY_TYPE if hlen is not None
-                                else kserve_http.JSON_TYPE)
-        coding = answer_coding(request.headers.get("Accept-Encoding", ""))
-        if coding is not None:  # as Triton does; aiohttp compresses big bodies off the loop
-            response.enable_compression(web.ContentCoding(coding))
-        return response
-
-    async def _read_infer_body(self, request: web.Request, header_length: int | None) -> bytes:
-        """The body, inflated once and bounded: a pure JSON body by ``max_json_bytes``, a
-        binary one by ``max_request_bytes`` with its JSON header by ``max_json_bytes``."""
-        if header_length is None:
-            return await read_body(request, self.max_json_bytes,
-                                   "listeners.http.max_json_bytes; send big tensors in "
-                                   "binary form")
-        if header_length > self.max_json_bytes:
-            raise ProxyError(ErrorKind.TOO_LARGE,
-                             f"the JSON header of a binary request is {header_length} bytes "
-                             f"({kserve_http.HEADER_LENGTH}); this listener accepts at most "
-                             f"{self.max_json_bytes} (listeners.http.max_json_bytes)")
-        return await read_body(request, self.max_request_bytes)
 
 
 def _refused(extension: str) -> Handler:
