@@ -74,6 +74,12 @@ class HttpListener(ClientTrust):
     min_body_bytes_per_s: int = Field(1024, ge=0)
     """Bodies that arrive slower than this (measured from 5 s after the headers) get 408 and
     the connection closed, however long ``body_timeout_s`` is. 0: no minimum rate."""
+    fast_lane: bool = True
+    """KServe v2 infer requests (``POST /v2/models/<m>[/versions/<v>]/infer`` over HTTP/1.1)
+    are served on a bare asyncio protocol with llhttp's parser instead of aiohttp's server:
+    the same checks and answers, less CPU per request. Any other request, and any infer
+    request it does not take whole (chunked, HTTP/1.0, an upgrade, a head the parser refuses,
+    a refused body), goes to aiohttp on the same connection. false: aiohttp serves all."""
 
 
 class GrpcListener(ClientTrust):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+from collections.abc import Callable
 from typing import Any, cast
 
 from aiohttp import web
@@ -43,26 +44,64 @@ class ConnectionCap:
         self.limit = limit
         self.listener = listener
         self.refused = refused
-        self.busy: set[RequestHandler] = set()
-        """Connections with a request in progress (kept by ``middleware``)."""
-        self._opened: dict[RequestHandler, None] = {}  # insertion order: oldest first
+        self.busy: set[Any] = set()
+        """Connections with a request in progress (kept by ``middleware``, and by the fast
+        lane's connections themselves)."""
+        self._opened: dict[Any, None] = {}  # insertion order: oldest first
+        self.lanes: set[Any] = set()
+        """Connections open on the fast lane (``proxy.process.fast_lane``)."""
         self._handler_cls = malformed.handler_class(listener, refused)
 
-    def protocol_factory(self, server: web.Server) -> Any:
+    def handler(self, server: web.Server) -> RequestHandler:
+        """A new aiohttp handler for one connection (parser errors answered by mmguard)."""
+        return malformed.adopt(server(), self._handler_cls)
+
+    def protocol_factory(self, server: web.Server,
+                         lane: Callable[[], asyncio.Protocol] | None = None) -> Any:
         def admit() -> asyncio.BaseProtocol:
-            live = set(server.connections)
+            live = set(server.connections) | self.lanes
             for handler in [h for h in self._opened if h not in live]:
                 del self._opened[handler]
             if len(live) >= self.limit and not self._evict_one(live):
                 self.refused.labels(self.listener, "max_connections").inc()
                 return _Refused(self.limit, self.listener)
-            handler = malformed.adopt(server(), self._handler_cls)
-            self._opened[handler] = None
-            return handler
+            if lane is not None:
+                connection = lane()
+                self.lanes.add(connection)
+            else:
+                connection = self.handler(server)
+            self._opened[connection] = None
+            return connection
 
         return admit
 
-    def _evict_one(self, live: set[RequestHandler]) -> bool:
+    def handed_over(self, lane: Any, handler: asyncio.BaseProtocol) -> None:
+        """A lane connection now served by aiohttp: the same place in the cap's count."""
+        self.lanes.discard(lane)
+        self._opened.pop(lane, None)
+        self._opened[handler] = None
+
+    def lane_closed(self, lane: Any) -> None:
+        self.lanes.discard(lane)
+        self._opened.pop(lane, None)
+        self.busy.discard(lane)
+
+    async def drain_lanes(self, grace_s: float) -> None:
+        """At shutdown: idle lane connections close now; a request in progress has up to
+        ``grace_s`` to be answered (its connection closes after), then the rest close."""
+        for lane in list(self.lanes):
+            lane.closing = True
+            if not lane.busy:
+                lane.force_close()
+        deadline = asyncio.get_running_loop().time() + grace_s
+        while any(lane.busy for lane in self.lanes):
+            if asyncio.get_running_loop().time() >= deadline:
+                break
+            await asyncio.sleep(0.05)
+        for lane in list(self.lanes):
+            lane.force_close()
+
+    def _evict_one(self, live: set[Any]) -> bool:
         for handler in self._opened:
             if handler in live and handler not in self.busy:
                 del self._opened[handler]
@@ -117,15 +156,22 @@ _REFUSED_LINGER_S = 1.0
 class CappedSite(web.TCPSite):
     """A TCP site whose connections pass ``ConnectionCap`` and whose TLS handshakes are timed."""
 
-    __slots__ = ("_cap", "_handshake_timeout_s", "_reuse")
+    __slots__ = ("_cap", "_grace_s", "_handshake_timeout_s", "_lane", "_reuse")
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, *, cap: ConnectionCap,
                  ssl_context: ssl.SSLContext | None, handshake_timeout_s: float,
-                 reuse_port: bool = False) -> None:
+                 reuse_port: bool = False, lane: Callable[[], asyncio.Protocol] | None = None,
+                 grace_s: float = 0.0) -> None:
         super().__init__(runner, host, port, ssl_context=ssl_context, reuse_port=reuse_port)
         self._reuse = reuse_port
         self._cap = cap
         self._handshake_timeout_s = handshake_timeout_s
+        self._lane = lane
+        self._grace_s = grace_s
+
+    async def stop(self) -> None:
+        await super().stop()  # no new connection
+        await self._cap.drain_lanes(self._grace_s)
 
     async def start(self) -> None:
         self._runner._reg_site(self)  # what BaseSite.start does
@@ -133,7 +179,8 @@ class CappedSite(web.TCPSite):
         assert server is not None
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            self._cap.protocol_factory(server), self._host, self._port, ssl=self._ssl_context,
+            self._cap.protocol_factory(server, self._lane), self._host, self._port,
+            ssl=self._ssl_context,
             backlog=self._backlog, reuse_port=self._reuse,
             ssl_handshake_timeout=self._handshake_timeout_s if self._ssl_context else None)
         sockets = self._server.sockets
@@ -185,16 +232,10 @@ class _BodyWatch:
         self._handle = None
         if self.content.is_eof():
             return
-        elapsed = self.loop.time() - self.start
-        got = int(self.content.total_bytes)
-        if elapsed >= self.timeout_s:
-            self._trip("body_timeout_s", f"the request body was not complete after "
-                       f"listeners.{self.listener}.body_timeout_s ({self.timeout_s:g} s; "
-                       f"{got} bytes came)")
-        elif self.min_rate and elapsed >= RATE_GRACE_S and got < self.min_rate * elapsed:
-            self._trip("min_body_bytes_per_s", f"the request body arrives at "
-                       f"{got / elapsed:.0f} bytes/s, under listeners.{self.listener}."
-                       f"min_body_bytes_per_s ({self.min_rate})")
+        slow = slow_body(self.loop.time() - self.start, int(self.content.total_bytes),
+                         self.timeout_s, self.min_rate, self.listener)
+        if slow is not None:
+            self._trip(*slow)
         else:
             self._handle = self.loop.call_later(1.0, self._check)
 
@@ -206,6 +247,21 @@ class _BodyWatch:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+
+
+def slow_body(elapsed: float, got: int, timeout_s: float, min_rate: int,
+              listener: str) -> tuple[str, str] | None:
+    """Whether a body ``elapsed`` seconds after its headers, ``got`` bytes in, is too slow:
+    (the limit it broke, the message), or None."""
+    if elapsed >= timeout_s:
+        return "body_timeout_s", (f"the request body was not complete after "
+                                  f"listeners.{listener}.body_timeout_s ({timeout_s:g} s; "
+                                  f"{got} bytes came)")
+    if min_rate and elapsed >= RATE_GRACE_S and got < min_rate * elapsed:
+        return "min_body_bytes_per_s", (f"the request body arrives at {got / elapsed:.0f} "
+                                        f"bytes/s, under listeners.{listener}."
+                                        f"min_body_bytes_per_s ({min_rate})")
+    return None
 
 
 def header_budget(limit: int, listener: str, refused: Any) -> Middleware:
@@ -223,26 +279,36 @@ def header_budget(limit: int, listener: str, refused: Any) -> Middleware:
     return header_budget
 
 
-def concurrency_limit(limit: int, listener: str, refused: Any) -> Middleware:
-    """At most ``limit`` requests at once; health probes always pass (an orchestrator must not
-    restart a busy proxy)."""
-    in_flight = 0
+class InFlight:
+    """Requests in progress on one listener, against ``max_concurrent_requests`` (counted by
+    aiohttp's middleware and by the fast lane alike)."""
+
+    __slots__ = ("count", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+
+
+def concurrency_limit(in_flight: InFlight, listener: str, refused: Any) -> Middleware:
+    """At most ``in_flight.limit`` requests at once; health probes always pass (an
+    orchestrator must not restart a busy proxy)."""
+    limit = in_flight.limit
 
     @web.middleware
     async def concurrency_limit(request: web.Request, handler: Handler) -> web.StreamResponse:
-        nonlocal in_flight
         if request.path.startswith("/v2/health/"):
             return await handler(request)
-        if in_flight >= limit:
+        if in_flight.count >= limit:
             refused.labels(listener, "max_concurrent_requests").inc()
             return error_response(LocalReply(
                 ErrorKind.OVERLOADED, f"listeners.{listener}.max_concurrent_requests ({limit}) "
                 f"requests are in progress; retry later", retry_after_s=1.0))
-        in_flight += 1
+        in_flight.count += 1
         try:
             return await handler(request)
         finally:
-            in_flight -= 1
+            in_flight.count -= 1
 
     return concurrency_limit
 

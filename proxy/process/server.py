@@ -48,6 +48,7 @@ from proxy.pod.state import POD, Role
 from proxy.process import listeners as guard
 from proxy.process.admin import admin_app
 from proxy.process.descriptors import connection_caps
+from proxy.process.fast_lane import FastLane, LaneSettings
 from proxy.process.watch import FileWatch, watched_files
 from proxy.registry import filter_factories
 from proxy.shm.regions import SharedMemory
@@ -96,6 +97,8 @@ class Server:
         self.shm = SharedMemory(config.shared_memory, telemetry=self.telemetry)
         self._grpc: grpc.aio.Server | None = None
         self._runners: list[web.AppRunner] = []
+        self._http_front: HttpFront | None = None
+        self._http_in_flight: guard.InFlight | None = None
         self.http_port = self.grpc_port = self.admin_port = 0
         self._stopped = asyncio.Event()
         self._reload_lock = asyncio.Lock()
@@ -110,6 +113,11 @@ class Server:
             ["listener", "limit"])
         for listener, limit in LISTENER_LIMITS:  # at 0 from the start: increase() sees the first
             self._refused.labels(listener, limit)
+        self._lane_requests = self.telemetry.metric(
+            Counter, "mmguard_http_fast_lane_requests_total",
+            "Infer requests the HTTP listener's fast lane served, and connections it handed "
+            "to aiohttp (at a request it does not take whole).",
+            ["outcome"])
         self._watch: FileWatch | None = None
         self.pod_reload: Callable[[], Awaitable[str]] | None = None
         """A pod's supervisor: reloads every worker once its own reload applied."""
@@ -196,13 +204,30 @@ class Server:
             self._watch.start()
 
     def _http_app(self, cfg: HttpListener) -> web.Application:
-        app = HttpFront(self.plane, cfg.max_request_bytes, cfg.max_json_bytes, self.shm).app()
+        self._http_front = HttpFront(self.plane, cfg.max_request_bytes, cfg.max_json_bytes,
+                                     self.shm)
+        app = self._http_front.app()
         guards = [guard.header_budget(cfg.max_header_bytes, "http", self._refused)]
+        self._http_in_flight = None
         if cfg.max_concurrent_requests is not None:
-            guards.append(guard.concurrency_limit(cfg.max_concurrent_requests, "http",
-                                                  self._refused))
+            self._http_in_flight = guard.InFlight(cfg.max_concurrent_requests)
+            guards.append(guard.concurrency_limit(self._http_in_flight, "http", self._refused))
         app.middlewares[:0] = guards  # outermost: nothing runs for a refused request
         return app
+
+    def _fast_lane(self, cfg: HttpListener, cap: guard.ConnectionCap,
+                   runner: web.AppRunner) -> Callable[[], asyncio.Protocol] | None:
+        """The KServe v2 infer requests' bare protocol (``proxy.process.fast_lane``)."""
+        if not cfg.fast_lane or self._http_front is None:
+            return None
+        server = runner.server
+        assert server is not None
+        settings = LaneSettings(
+            self._http_front, "http", cfg.max_header_bytes, cfg.header_timeout_s,
+            cfg.body_timeout_s, cfg.min_body_bytes_per_s, self._refused, cap,
+            self._http_in_flight, lambda: cap.handler(server),
+            self._lane_requests.labels("served"), self._lane_requests.labels("handed_over"))
+        return lambda: FastLane(settings)
 
     def _admin_app(self, cfg: AdminListener) -> web.Application:
         app = admin_app(self.plane, cfg.resolve_token(), reload=self.reload,
@@ -232,10 +257,12 @@ class Server:
                                logger=logging.getLogger("mmguard.http"))
         await runner.setup()
         tls = self._tls.get(name)
+        lane = self._fast_lane(cfg, cap, runner) if isinstance(cfg, HttpListener) else None
         site = guard.CappedSite(runner, cfg.host, port, cap=cap,
                                 ssl_context=None if tls is None else tls.ssl_context,
                                 handshake_timeout_s=cfg.header_timeout_s,
-                                reuse_port=POD.is_worker and name != "admin")
+                                reuse_port=POD.is_worker and name != "admin", lane=lane,
+                                grace_s=self.config.shutdown_grace_s)
         await site.start()
         self._runners.append(runner)
         return site.port

@@ -8,6 +8,7 @@ regions answer truthfully that there are none, as a Triton without GPUs does. ""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,7 +29,11 @@ _CUDA_WHY = ("CUDA shared memory is not supported by mmguard: it opens no CUDA c
 
 
 def http_connection(request: web.Request) -> Connection:
-    transport = request.transport
+    return connection_of(request.transport)
+
+
+def connection_of(transport: asyncio.BaseTransport | None) -> Connection:
+    """A client's connection from its transport (either HTTP server's)."""
     peer, local = (transport.get_extra_info(k) if transport else None
                    for k in ("peername", "sockname"))
     return Connection(_address(peer), _address(local) or ("", 0))

@@ -142,3 +142,42 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path, triton: TritonServer)
         grpc_infer_raw(url, body, 2)
     assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
     p.stop()
+
+
+def test_sigterm_drains_the_http_fast_lane(tmp_path: Path, triton: TritonServer) -> None:
+    """The same over HTTP, on the fast lane: the infer request in flight gets its answer
+    (with ``Connection: close``: the connection ends with the process), an idle keep-alive
+    connection is closed at once, and the process exits 0."""
+    import json
+    import socket
+
+    path = tmp_path / "mmguard.yaml"
+    path.write_text(yaml.safe_dump({**triton_routes(triton, ["slow_fp32"]),
+                                    "shutdown_grace_s": 10}))
+    p = MmguardProcess(["--config", str(path)], tmp_path / "serve.log")
+    _wait_ready(f"127.0.0.1:{p.ports['grpc']}", "g_slow_fp32")
+    body = json.dumps({"inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 1.0]},
+        {"name": "delay_ms", "datatype": "INT32", "shape": [1, 1], "data": [1500]}]}).encode()
+    request = (b"POST /v2/models/h_slow_fp32/infer HTTP/1.1\r\nHost: a\r\nContent-Type: "
+               b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+    with socket.create_connection(("127.0.0.1", p.ports["http"]), timeout=20) as busy, \
+            socket.create_connection(("127.0.0.1", p.ports["http"]), timeout=20) as idle:
+        quick = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1],
+                                        "data": [2.0]}]}).encode()
+        idle.sendall((b"POST /v2/models/h_slow_fp32/infer HTTP/1.1\r\nHost: a\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(quick)) + quick)
+        assert idle.recv(4096).startswith(b"HTTP/1.1 200")  # on the lane, then idle
+        busy.sendall(request)
+        time.sleep(0.5)  # the request is now inside Triton
+        p.signal(signal.SIGTERM)
+        answer = b""
+        while chunk := busy.recv(65536):
+            answer += chunk
+        assert idle.recv(4096) == b""  # closed, with nothing said
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), answer[:300]
+    assert b"Connection: close" in head
+    assert json.loads(payload)["outputs"][0]["data"] == [1.0, 1.0]
+    assert p.proc.wait(30) == 0
+    p.stop()
