@@ -54,6 +54,9 @@ from bench.transports import GRPC_VARIANTS, HTTP_VARIANTS
 
 FLOOR = {"http": "aiohttp", "grpc": "grpc-aio"}
 MMGUARD = "mmguard (uvloop)"
+MMGUARD_AIOHTTP = "mmguard, no fast lane"
+"""The same mmguard with ``listeners.http.fast_lane: false`` (HTTP rows only): the lane's own
+effect, in the same run."""
 
 
 class Variant:
@@ -128,6 +131,7 @@ class Lab:
         self.args = args
         self.variants: dict[str, Variant] = {}
         self.mmguard: MmguardProcess | None = None
+        self.mmguard_aiohttp: MmguardProcess | None = None
         self.triton: Any = None
         self.loadgen: LoadGen | None = None
         self.cells: list[dict[str, Any]] = []
@@ -144,21 +148,28 @@ class Lab:
         if self.args.with_mmguard:
             from bench.proxy.servers import Mmguard
 
-            (root / "mmguard").mkdir(parents=True, exist_ok=True)
             (root / "ort").mkdir(parents=True, exist_ok=True)
-            self.mmguard = Mmguard(root / "mmguard", self.triton, root / "ort", 2, "warning")
-            self.mmguard.config["models"] = [m for m in self.mmguard.config["models"]
-                                             if m["backend"] != "ort"]
-            self.mmguard.config["backends"] = [b for b in self.mmguard.config["backends"]
-                                               if b["kind"] != "onnxruntime"]
-            self.mmguard.config_path.write_text(json.dumps(self.mmguard.config, indent=2))
-            self.mmguard.start()
+            both = []
+            for folder, lane in (("mmguard", True), ("mmguard-aiohttp", False)):
+                (root / folder).mkdir(parents=True, exist_ok=True)
+                m = Mmguard(root / folder, self.triton, root / "ort", 2, "warning")
+                m.config["models"] = [x for x in m.config["models"] if x["backend"] != "ort"]
+                m.config["backends"] = [b for b in m.config["backends"]
+                                        if b["kind"] != "onnxruntime"]
+                listeners = m.config.setdefault("listeners", {})
+                listeners.setdefault("http", {})["fast_lane"] = lane
+                m.config_path.write_text(json.dumps(m.config, indent=2))
+                m.start()
+                both.append(m)
+            self.mmguard, self.mmguard_aiohttp = both
         self.loadgen = LoadGen(loadgen_main)
 
     def stop(self) -> None:
         stop_each([("load generator", self.loadgen.close if self.loadgen else None),
                    *((n, v.stop) for n, v in self.variants.items()),
                    ("mmguard", self.mmguard.stop if self.mmguard else None),
+                   ("mmguard, no fast lane",
+                    self.mmguard_aiohttp.stop if self.mmguard_aiohttp else None),
                    ("Triton", self.triton.stop if self.triton else None)])
 
     def measure(self, case: TensorCase, proto: str, c: int, target: str) -> dict[str, Any]:
@@ -167,10 +178,11 @@ class Lab:
         probes = {"loadgen": lambda: proc_cpu_s(self.loadgen.pid if self.loadgen else 0)}
         if target == "direct":
             addr = self.triton.grpc_url if proto == "grpc" else self.triton.http_url
-        elif target == MMGUARD:
-            assert self.mmguard is not None and self.mmguard.pid is not None
-            addr = f"127.0.0.1:{self.mmguard.ports[proto]}"
-            pid = self.mmguard.pid
+        elif target in (MMGUARD, MMGUARD_AIOHTTP):
+            m = self.mmguard if target == MMGUARD else self.mmguard_aiohttp
+            assert m is not None and m.pid is not None
+            addr = f"127.0.0.1:{m.ports[proto]}"
+            pid = m.pid
             probes["proxy"] = lambda: proc_cpu_s(pid)
         else:
             v = self.variants[target]
@@ -200,6 +212,8 @@ class Lab:
                         names = [n for n, v in self.variants.items() if v.protocol == proto]
                         if self.mmguard is not None:
                             names.append(MMGUARD)
+                        if self.mmguard_aiohttp is not None and proto == "http":
+                            names.append(MMGUARD_AIOHTTP)
                         order = names if rnd % 2 == 0 else names[::-1]
                         for target in ["direct", *order]:
                             self.measure(case, proto, c, target)

@@ -153,8 +153,7 @@ class FastLane(asyncio.Protocol):
         elif self.body is not None:
             self._body_data(data)
         else:
-            self.raw += data
-            self._read_head()
+            self._read_head(data)
 
     def eof_received(self) -> bool:
         return self.serving  # half-closed while served: answer, then close; else close now
@@ -182,17 +181,24 @@ class FastLane(asyncio.Protocol):
         self._cancel_timer()
         self._timer = self.loop.call_later(self.lane.header_timeout_s, self.force_close)
 
-    def _read_head(self) -> None:
-        end = self.raw.find(b"\r\n\r\n")
+    def _read_head(self, data: bytes) -> None:
+        if self.raw:  # a head in pieces
+            self.raw += data
+            data = bytes(self.raw)
+        end = data.find(b"\r\n\r\n")
         if end < 0:
-            if len(self.raw) > self.lane.max_header_bytes or b"\n\n" in self.raw:
+            if not self.raw:
+                self.raw += data
+            if len(data) > self.lane.max_header_bytes or b"\n\n" in data:
                 self._hand_over()  # aiohttp's parser says what is wrong with it
             return
-        taken = self._take(bytes(self.raw[:end + 4]))
+        taken = self._take(data[:end + 4])
         if taken is None:
+            if not self.raw:
+                self.raw += data
             self._hand_over()
             return
-        rest = bytes(self.raw[end + 4:])
+        rest = data[end + 4:]
         self.raw = bytearray()
         self._cancel_timer()
         self.request = taken
