@@ -134,6 +134,7 @@ class FastLane(asyncio.Protocol):
         self.closing = False  # draining: the answer in progress is the connection's last
         self.gone = False
         self.handed = False
+        self.eof = False  # the client sends no more
         self._timer: asyncio.TimerHandle | None = None
         self._body_start = 0.0
         self._task: asyncio.Task[None] | None = None
@@ -156,7 +157,8 @@ class FastLane(asyncio.Protocol):
             self._read_head(data)
 
     def eof_received(self) -> bool:
-        return self.serving  # half-closed while served: answer, then close; else close now
+        self.eof = True  # half-closed while served: answer, then close; else close now
+        return self.serving
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone = True
@@ -381,7 +383,7 @@ class FastLane(asyncio.Protocol):
         transport = self.transport
         if transport is None or self.gone:
             return
-        if not keep_alive or self.closing:
+        if not keep_alive or self.closing or self.eof:
             transport.close()
             return
         self._await_head()

@@ -239,3 +239,15 @@ def test_a_client_that_leaves_mid_body_frees_its_place(ort_models: Path) -> None
             time.sleep(0.3)
         time.sleep(0.3)
         assert _ask(m, CASES["json"])[0] == 200
+
+
+def test_a_client_that_half_closes_after_its_request_gets_its_answer(
+        pair: tuple[RunningMmguard, RunningMmguard]) -> None:
+    lane, _ = pair
+    with _connect(lane) as s:
+        s.sendall(CASES["json"])
+        s.shutdown(socket.SHUT_WR)
+        answers = Answers(s)
+        status, _, body = answers.next()
+        assert status == 200 and json.loads(body)["outputs"][0]["data"] == [1.0, 2.5, -4.0]
+        assert answers.closed(within_s=3)  # and then the connection ends, at once
