@@ -235,8 +235,8 @@ class Bench:
               f"(pid {self.vllm.pid})", flush=True)
         (root / "mmguard").mkdir(parents=True, exist_ok=True)
         self.mmguard = MmguardProcess(root / "mmguard", {
-            "listeners": {"http": {"host": "127.0.0.1"}, "grpc": {"host": "127.0.0.1"},
-                          "admin": {"host": "127.0.0.1"}},
+            "listeners": {"http": {"host": "127.0.0.1", "fast_lane": not self.args.no_fast_lane},
+                          "grpc": {"host": "127.0.0.1"}, "admin": {"host": "127.0.0.1"}},
             "backends": [{"kind": "vllm", "name": "vllm", "url": self.vllm.url}],
             "models": [{"name": MODEL, "backend": "vllm"}],
             "telemetry": {"log_level": self.args.mmguard_log_level},
@@ -374,6 +374,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--litellm-venv", type=Path, default=DEFAULT_VENV,
                    help="venv LiteLLM's proxy is installed into and run from "
                         "(bench/.venv-litellm)")
+    p.add_argument("--no-fast-lane", action="store_true",
+                   help="mmguard with listeners.http.fast_lane false (aiohttp serves all)")
     p.add_argument("--backend", choices=("vllm", "fake"), default="vllm",
                    help="a real vLLM (tests/support/vllm.py), or bench/fake_vllm.py: no model, "
                         "so what the proxies add is not lost in vLLM's noise")

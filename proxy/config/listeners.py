@@ -75,7 +75,9 @@ class HttpListener(ClientTrust):
     """Bodies that arrive slower than this (measured from 5 s after the headers) get 408 and
     the connection closed, however long ``body_timeout_s`` is. 0: no minimum rate."""
     fast_lane: bool = True
-    """KServe v2 infer requests (``POST /v2/models/<m>[/versions/<v>]/infer`` over HTTP/1.1)
+    """KServe v2 infer requests (``POST /v2/models/<m>[/versions/<v>]/infer``) and OpenAI
+    inference requests (``POST /v1/chat/completions`` and the other endpoints through the
+    chain), over HTTP/1.1,
     are served on a bare asyncio protocol with llhttp's parser instead of aiohttp's server:
     the same checks and answers, less CPU per request. Any other request, and any infer
     request it does not take whole (chunked, HTTP/1.0, an upgrade, a head the parser refuses,

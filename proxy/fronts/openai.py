@@ -24,6 +24,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
 
@@ -34,7 +35,8 @@ from proxy.call import Api, Call, LocalReply, Result, SseEvent, SseEvents
 from proxy.config.model import OpenAIConfig
 from proxy.engine.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
-from proxy.fronts.body import INLINE_JSON_BYTES, read_body
+from proxy.fronts.body import INLINE_JSON_BYTES, BodyBounds, body_bounds, decoded
+from proxy.fronts.exchange import AiohttpExchange, Exchange, Plain
 from proxy.fronts.media_fetch import FetchBudget, ImageFetcher
 from proxy.fronts.openai_answers import AnswerCounts, rename_answer
 from proxy.fronts.openai_refusals import register_refusals
@@ -47,14 +49,6 @@ log = logging.getLogger("mmguard.openai")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
-class SseResponse(web.StreamResponse):
-    """A stream whose status line and headers leave with its first write (aiohttp holds them
-    until then): the front prepares the response only once the first event is in hand and
-    writes it at once, so sending the headers on their own would cost one more socket write,
-    and one more wake-up of the client, per stream. The bytes on the wire are the same. (An
-    aiohttp without this switch sends the headers at once, as before.)"""
-
-    _send_headers_immediately = False
 _RESPONSE_ID = re.compile(r"[A-Za-z0-9_-]{1,200}")  # nothing that could change the path
 
 
@@ -64,15 +58,22 @@ def unknown_model_text(model: str) -> str:
     return f"The model `{model}` does not exist. (mmguard serves no model of that name)"
 
 
-def openai_error(reply: LocalReply, decisions: dict[str, str] | None = None) -> web.Response:
+def error_plain(reply: LocalReply, decisions: dict[str, str] | None = None) -> Plain:
+    """An error answer: the backend's own body and status when it sent one, else OpenAI's
+    error shape with the status from ``proxy.errors.STATUS``."""
     headers = {**(decisions or {}), "mmguard-error-origin": reply.origin}
     if reply.retry_after_s is not None:
         headers["Retry-After"] = retry_after(reply.retry_after_s)
     if reply.body is not None and reply.origin == "backend":
-        return web.Response(body=reply.body, status=reply.status or STATUS[reply.kind].http,
-                            headers=headers, content_type="application/json")
-    return web.json_response(openai.error_body(reply.kind, reply.message, reply.param),
-                             status=STATUS[reply.kind].http, headers=headers)
+        headers["Content-Type"] = "application/json"
+        return Plain(reply.status or STATUS[reply.kind].http, headers, reply.body)
+    headers["Content-Type"] = "application/json; charset=utf-8"  # as aiohttp's json_response
+    body = json.dumps(openai.error_body(reply.kind, reply.message, reply.param)).encode()
+    return Plain(STATUS[reply.kind].http, headers, body)
+
+
+def openai_error(reply: LocalReply, decisions: dict[str, str] | None = None) -> web.Response:
+    return error_plain(reply, decisions).web()
 
 
 def _refuse(kind: ErrorKind, message: str, param: str | None = None) -> web.Response:
@@ -136,24 +137,30 @@ class OpenAIFront:
             rules = self._rules = MediaRules(cfg)
         return rules
 
-    async def _body(self, request: web.Request) -> bytes:
-        if request.content_length is not None and request.content_length > self.max_request_bytes:
+    def body_bounds(self, headers: Mapping[str, str], declared: int | None) -> BodyBounds:
+        """The body's bounds from its headers; ``ProxyError`` when they already refuse it."""
+        if declared is not None and declared > self.max_request_bytes:
             raise ProxyError(ErrorKind.TOO_LARGE,
-                             f"request body is {request.content_length} bytes; this listener "
+                             f"request body is {declared} bytes; this listener "
                              f"accepts at most {self.max_request_bytes} "
                              "(listeners.http.max_json_bytes)")
         # inflated once, bounded; an OpenAI body is JSON, held to the JSON limit: parsing it
         # holds the interpreter lock, worker thread or not (a 19 MiB body of small messages:
         # 1.4 s), so the 64 MiB body limit would let one request stall every client
-        return await read_body(request, self.max_request_bytes, "listeners.http.max_json_bytes")
+        return body_bounds(headers, declared, self.max_request_bytes,
+                           "listeners.http.max_json_bytes")
 
-    async def _decode(self, request: web.Request, endpoint: str,
+    async def _body(self, ex: Exchange) -> bytes:
+        bounds = self.body_bounds(ex.headers, ex.content_length)
+        return await decoded(await ex.raw_body(bounds.limit, bounds.setting), bounds)
+
+    async def _decode(self, ex: Exchange, endpoint: str,
                       held: list[FetchBudget]) -> Call:
         """The checked call, its model known and its remote images inlined (fetch mode); what
         was fetched for it is counted in the budget put in ``held``, which the caller releases
         once the call is answered."""
         rules = self.rules()
-        body = await self._body(request)
+        body = await self._body(ex)
         call = (await asyncio.to_thread(openai.parse_request, body, endpoint)  # big JSON off
                 if len(body) > INLINE_JSON_BYTES else openai.parse_request(body, endpoint))
         assert call.document is not None
@@ -176,7 +183,7 @@ class OpenAIFront:
         if fetched:
             self._media.labels("fetched").inc(fetched)
             call.decisions["mmguard-remote-images"] = f"fetched {fetched}, sent inline"
-        call.headers = {k.lower(): v for k, v in request.headers.items()}
+        call.headers = {k.lower(): v for k, v in ex.headers.items()}
         return call
 
     async def models(self, request: web.Request) -> web.Response:
@@ -195,28 +202,35 @@ class OpenAIFront:
 
     def _infer_handler(self, endpoint: str) -> Any:
         async def handler(request: web.Request) -> web.StreamResponse:
-            return await self._infer(request, endpoint)
+            ex = AiohttpExchange(request)
+            answer = await self.infer(ex, endpoint)
+            if answer is None:
+                assert ex.response is not None
+                return ex.response
+            return answer.web()
         return handler
 
-    async def _infer(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+    async def infer(self, ex: Exchange, endpoint: str) -> Plain | None:
+        """An inference endpoint's call through the model's chain: its answer, or None when
+        it was streamed through ``ex``."""
         held: list[FetchBudget] = []
         try:
             try:
-                call = await self._decode(request, endpoint, held)
+                call = await self._decode(ex, endpoint, held)
             except ProxyError as err:
                 self.plane.count_undecoded("openai", err)  # refused before the data plane saw it
-                return openai_error(LocalReply.from_error(err))
+                return error_plain(LocalReply.from_error(err))
             try:
-                return await self._answer(request, call)
+                return await self._answer(ex, call)
             except ProxyError as err:  # the data plane counted it
-                return openai_error(LocalReply.from_error(err))
+                return error_plain(LocalReply.from_error(err))
         finally:
             for budget in held:
                 budget.release()  # the fetched images are no longer held
 
-    async def _answer(self, request: web.Request, call: Call) -> web.StreamResponse:
+    async def _answer(self, ex: Exchange, call: Call) -> Plain | None:
         if call.streaming:
-            return await self._stream(request, call)
+            return await self._stream(ex, call)
         bodies: list[bytes] = []
 
         async def encode(result: Result) -> None:  # before the call is counted
@@ -225,25 +239,23 @@ class OpenAIFront:
         reply = await self.plane.infer(call, encode)
         if isinstance(reply, LocalReply):
             if reply.reset:
-                drop_connection(request)
-            return openai_error(reply, call.shown_decisions())
+                ex.drop()
+            return error_plain(reply, call.shown_decisions())
         body = bodies[-1]
         self._counts.count(call.model, _json(body))
-        return web.Response(body=body, headers=call.shown_decisions(),
-                            content_type="application/json")
+        return Plain(200, {**call.shown_decisions(), "Content-Type": "application/json"}, body)
 
-    async def _stream(self, request: web.Request, call: Call) -> web.StreamResponse:
+    async def _stream(self, ex: Exchange, call: Call) -> Plain | None:
         items = self.plane.stream(call, by_read=True)
         first = await anext(items, None)
         if first is None or isinstance(first, LocalReply):
             await items.aclose()
-            return openai_error(first or LocalReply(ErrorKind.INTERNAL, "empty stream"),
-                                call.shown_decisions())
+            return error_plain(first or LocalReply(ErrorKind.INTERNAL, "empty stream"),
+                               call.shown_decisions())
         backend = call.target.backend if call.target else ""
         ttft, inter_token, duration = self._stream_metrics(call.model, backend)
         ttft.observe(time.monotonic() - call.started)
-        resp = SseResponse(headers={**SSE_HEADERS, **call.shown_decisions()})
-        await resp.prepare(request)
+        await ex.stream({**SSE_HEADERS, **call.shown_decisions()})
         rename = call.target is not None and call.target.model != call.model
         item: Any = first
         gaps = Observations(inter_token)
@@ -251,11 +263,11 @@ class OpenAIFront:
         held: list[bytes] = []  # events of one backend read, sent in one write
         try:
             while item is not None:
-                if request.transport is None or request.transport.is_closing():
+                if ex.closing():
                     break  # the client went away: stop reading (and so stop the backend)
                 if isinstance(item, LocalReply):
                     if item.reset:
-                        drop_connection(request)
+                        ex.drop()
                         break
                     held.append(_error_event(item))
                     break
@@ -264,22 +276,22 @@ class OpenAIFront:
                     if len(item.raws) > 1:  # the client gets them at once: no gap between
                         gaps.repeat(0.0, len(item.raws) - 1)
                     if not item.ended:
-                        await resp.write(held[0] if len(held) == 1 else b"".join(held))
+                        await ex.write(held[0] if len(held) == 1 else b"".join(held))
                         held.clear()
                 elif isinstance(item, SseEvent):  # one by one: a filter wrapped the stream
                     held.append(self._counts.events(call.model, [item.raw], rename))
                     if not item.more:
-                        await resp.write(held[0] if len(held) == 1 else b"".join(held))
+                        await ex.write(held[0] if len(held) == 1 else b"".join(held))
                         held.clear()
                 item = await anext(items, None)
                 if item is not None:  # inter-token latency, as the client sees it
                     now = time.monotonic()
                     gaps.add(now - last)
                     last = now
-            if not (request.transport is None or request.transport.is_closing()):
+            if not ex.closing():
                 # what is still held (the last events, an error event) and the stream's end,
                 # in one write
-                await resp.write_eof(b"".join(held))
+                await ex.end(b"".join(held))
         except ConnectionResetError:  # per request: DEBUG (the metric counts it as cancelled)
             log.debug("client of model %r closed the stream early", call.model)
         finally:
@@ -287,8 +299,8 @@ class OpenAIFront:
             await items.aclose()
             duration.observe(time.monotonic() - call.started)
         with contextlib.suppress(ConnectionResetError):
-            await resp.write_eof()  # when the client left first (a no-op once it was sent)
-        return resp
+            await ex.end()  # when the client left first (a no-op once it was sent)
+        return None
 
     def _stream_metrics(self, model: str, backend: str) -> tuple[Any, Any, Any]:
         """The TTFT, inter-token and stream-duration children of a served model (kept: three
@@ -308,7 +320,8 @@ class OpenAIFront:
             openai.DETOKENIZE
         held: list[FetchBudget] = []
         try:
-            return await self._tokenize(request, await self._decode(request, endpoint, held))
+            return await self._tokenize(request, await self._decode(AiohttpExchange(request),
+                                                                    endpoint, held))
         except ProxyError as err:
             return openai_error(LocalReply.from_error(err))
         finally:
@@ -381,7 +394,7 @@ class OpenAIFront:
             path = f"/v1/responses/{response_id}" + (
                 "/cancel" if request.method == "POST" else "")
         query = urlencode([(k, v) for k, v in request.query.items() if k != "model"])
-        body = await self._body(request) if request.can_read_body else None
+        body = await self._body(AiohttpExchange(request)) if request.can_read_body else None
         try:
             status, ctype, out = await backend.forward(
                 request.method, path + (f"?{query}" if query else ""), body)

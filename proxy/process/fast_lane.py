@@ -1,19 +1,24 @@
-"""The HTTP listener's fast lane: KServe v2 infer requests served on a bare asyncio protocol,
-everything else on aiohttp, on the same port and connection.
+"""The HTTP listener's fast lane: KServe v2 infer requests and the OpenAI inference endpoints
+(chat, completions, responses, embeddings, pooling, invocations: streamed or not) served on a
+bare asyncio protocol, everything else on aiohttp, on the same port and connection.
 
 Why: aiohttp's request and response objects, its stream reader and its writer are most of an
 HTTP request's CPU in mmguard (``bench/README.md``, "The transport lab": a bare protocol
-serves the same pass-through for 0.17–0.57× of aiohttp's CPU). The infer request is the one
-that carries the traffic, so it alone takes the short road.
+serves the same pass-through for 0.17–0.57× of aiohttp's CPU). The inference requests are the
+ones that carry the traffic, so they alone take the short road.
 
 What MUST hold:
 
 - **Nothing changes for a client** but the CPU: the same checks in the same order and the same
   answers, byte for byte in status, headers (but ``Date``) and body, as the aiohttp path; both
-  call ``HttpFront.infer_bounds`` and ``HttpFront.serve_infer``.
+  call ``HttpFront.infer_bounds`` and ``HttpFront.serve_infer`` (KServe v2), or
+  ``OpenAIFront.body_bounds`` and ``OpenAIFront.infer`` through an exchange
+  (``proxy.fronts.exchange``; the lane's is ``proxy.process.lane_exchange``: an SSE stream
+  chunked as aiohttp chunks it, a write that waits while the client reads slower).
 - **Only the plain case is taken.** A connection starts on the lane; each request's head is
   parsed by httptools (llhttp). A request the lane does not take whole — any method, path,
-  HTTP version or framing but ``POST /v2/models/<m>[/versions/<v>]/infer`` over HTTP/1.1 with
+  HTTP version or framing but ``POST /v2/models/<m>[/versions/<v>]/infer`` or ``POST`` to an
+  OpenAI inference endpoint over HTTP/1.1 with
   one ``Content-Length`` and no ``Transfer-Encoding`` or upgrade; a head the parser refuses;
   a line or a head over ``max_header_bytes``; a body the headers already refuse (encoding,
   length); ``max_concurrent_requests`` reached — is handed, with every byte read of it, to
@@ -54,13 +59,17 @@ from proxy.errors import ErrorKind, ProxyError
 from proxy.fronts.body import BodyBounds
 from proxy.fronts.http_v2 import HttpFront, InferAnswer, InferRequest, error_parts
 from proxy.process import listeners as guard
+from proxy.process.lane_exchange import LaneExchange
 from proxy.shm.fronts import connection_of
+from proxy.wire import openai
 
 log = logging.getLogger("mmguard.http")
 
 _INFER = re.compile(r"/v2/models/([^/?#%{}]+)(?:/versions/([0-9]+))?/infer(?:\?[^#]*)?")
 """What aiohttp's router sends to the infer handler, less percent-escapes (aiohttp decodes
 them; the lane hands such paths over rather than decode them differently)."""
+_OPENAI = frozenset(openai.INFERENCE)
+"""The OpenAI endpoints whose calls go through the model's chain (chat, completions, ...)."""
 _COMPRESS_INLINE_BYTES = 64 * 1024
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
@@ -97,6 +106,8 @@ class _Taken:
     expect: bool
     bounds: BodyBounds
     json_part: int | None
+    endpoint: str | None = None
+    """The OpenAI endpoint; None for a KServe v2 infer."""
 
 
 @dataclass(slots=True)
@@ -138,6 +149,7 @@ class FastLane(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._body_start = 0.0
         self._task: asyncio.Task[None] | None = None
+        self._drain: asyncio.Future[None] | None = None  # while the transport's buffer is full
 
     # --- asyncio.Protocol --------------------------------------------------------------------
 
@@ -162,6 +174,7 @@ class FastLane(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone = True
+        self.resume_writing()  # a stream waiting for the client to read: it never will
         self._cancel_timer()
         if self.body is not None:  # left while its body came in: nothing of it is served
             self.body = None
@@ -225,9 +238,11 @@ class FastLane(asyncio.Protocol):
         if (not got.complete or parser.get_method() != b"POST"
                 or parser.get_http_version() != "1.1" or parser.should_upgrade()):
             return None
-        match = _INFER.fullmatch(got.url.decode("latin-1"))
+        url = got.url.decode("latin-1")
+        match = _INFER.fullmatch(url)
+        endpoint = url.partition("?")[0] if match is None else None
         limit = self.lane.max_header_bytes
-        if match is None or head.index(b"\r\n") > limit:
+        if (match is None and endpoint not in _OPENAI) or head.index(b"\r\n") > limit:
             return None
         assert got.headers is not None
         headers: CIMultiDict[str] = CIMultiDict()
@@ -249,10 +264,17 @@ class FastLane(asyncio.Protocol):
         view = CIMultiDictProxy(headers)
         length = int(lengths[0])
         try:
-            bounds, json_part = self.lane.front.infer_bounds(view, length)
+            if match is None:
+                bounds, json_part = self.lane.front.openai.body_bounds(view, length), None
+            else:
+                bounds, json_part = self.lane.front.infer_bounds(view, length)
         except ProxyError:
             return None  # aiohttp refuses it the same way, with the body read or not
-        return _Taken(match[1], match[2] or "", view, parser.should_keep_alive(), length,
+        keep_alive = parser.should_keep_alive()
+        if match is None:
+            return _Taken("", "", view, keep_alive, length, expect == "100-continue", bounds,
+                          None, endpoint)
+        return _Taken(match[1], match[2] or "", view, keep_alive, length,
                       expect == "100-continue", bounds, json_part)
 
     def _hand_over(self) -> None:
@@ -325,6 +347,9 @@ class FastLane(asyncio.Protocol):
         keep_alive = taken.keep_alive
         transport = self.transport
         try:
+            if taken.endpoint is not None:
+                await self._serve_openai(taken, raw)
+                return
             try:
                 answer = await self.lane.front.serve_infer(InferRequest(
                     taken.model, taken.version, taken.headers, raw, taken.bounds,
@@ -334,12 +359,61 @@ class FastLane(asyncio.Protocol):
                 answer = InferAnswer({}, error=LocalReply.from_error(err))
             await self._answer(answer, keep_alive)
         except Exception:  # a bug of ours: the client gets a 500, the log says what
-            log.exception("fast lane: an infer request failed")
+            log.exception("fast lane: a request failed")
             _, _, body = error_parts(LocalReply(ErrorKind.INTERNAL, "internal error in mmguard",
                                                 "proxy"))
             self._write(500, {"mmguard-error-origin": "proxy"}, body,
                         "application/json; charset=utf-8", close=True)
             self._done(keep_alive=False)
+
+    async def _serve_openai(self, taken: _Taken, raw: bytes) -> None:
+        assert taken.endpoint is not None
+        ex = LaneExchange(self, taken.headers, raw)
+        try:
+            plain = await self.lane.front.openai.infer(ex, taken.endpoint)
+        except Exception:
+            if not ex.streamed:
+                raise  # answered 500 by the caller
+            log.exception("fast lane: an OpenAI stream failed")  # its head is out: cut it
+            if self.transport is not None:
+                self.transport.abort()
+            self._done(keep_alive=False)
+            return
+        if plain is None:  # streamed: its head said whether the connection ends with it
+            self._done(keep_alive=not ex.closes)
+            return
+        close = not taken.keep_alive or self.closing
+        headers = dict(plain.headers)
+        content_type = headers.pop("Content-Type", "application/json")
+        self._write(plain.status, headers, plain.body, content_type, close)
+        self._done(keep_alive=not close)
+
+    # --- what the OpenAI exchange uses (proxy.process.lane_exchange) -------------------------
+
+    def head(self, status: int, headers: dict[str, str], framing: str, close: bool) -> bytes:
+        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}", framing,
+                 f"Date: {_date()}", "Server: mmguard"]
+        lines += [f"{k}: {v}" for k, v in headers.items() if _safe(k) and _safe(v)]
+        if close:
+            lines.append("Connection: close")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
+
+    def stream_close(self) -> bool:
+        taken = self.request
+        return self.closing or taken is None or not taken.keep_alive
+
+    async def drained(self) -> None:
+        if self._drain is not None:
+            await asyncio.shield(self._drain)
+
+    def pause_writing(self) -> None:
+        if self._drain is None:
+            self._drain = self.loop.create_future()
+
+    def resume_writing(self) -> None:
+        drain, self._drain = self._drain, None
+        if drain is not None and not drain.done():
+            drain.set_result(None)
 
     async def _answer(self, answer: InferAnswer, keep_alive: bool) -> None:
         close = not keep_alive or self.closing
@@ -364,13 +438,8 @@ class FastLane(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return  # the client left: nothing to say (aiohttp drops it the same way)
-        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}",
-                 f"Content-Type: {content_type}", f"Content-Length: {len(body)}",
-                 f"Date: {_date()}", "Server: mmguard"]
-        lines += [f"{k}: {v}" for k, v in headers.items() if _safe(k) and _safe(v)]
-        if close:
-            lines.append("Connection: close")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
+        head = self.head(status, {"Content-Type": content_type, **headers},
+                         f"Content-Length: {len(body)}", close)
         if len(body) < 16384:
             transport.write(head + body)
         else:

@@ -115,8 +115,9 @@ class Server:
             self._refused.labels(listener, limit)
         self._lane_requests = self.telemetry.metric(
             Counter, "mmguard_http_fast_lane_requests_total",
-            "Infer requests the HTTP listener's fast lane served, and connections it handed "
-            "to aiohttp (at a request it does not take whole).",
+            "Requests the HTTP listener's fast lane served (KServe v2 infer, OpenAI "
+            "inference), and connections it handed to aiohttp (at a request it does not take "
+            "whole).",
             ["outcome"])
         self._watch: FileWatch | None = None
         self.pod_reload: Callable[[], Awaitable[str]] | None = None
