@@ -146,6 +146,7 @@ class FastLane(asyncio.Protocol):
         self.gone = False
         self.handed = False
         self.eof = False  # the client sends no more
+        self.refused = False  # a too-slow body was answered 408; the connection is closing
         self._timer: asyncio.TimerHandle | None = None
         self._body_start = 0.0
         self._task: asyncio.Task[None] | None = None
@@ -159,6 +160,8 @@ class FastLane(asyncio.Protocol):
         self._await_head()
 
     def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return  # answered 408 and closing: the rest of its body is dropped unread
         if self.serving or self.pending:
             self.pending += data  # read after the answer: HTTP/1.1 answers in order
             if self.transport is not None:
@@ -328,6 +331,7 @@ class FastLane(asyncio.Protocol):
             return
         limit, message = slow
         self.lane.refused.labels(self.lane.listener, limit).inc()
+        self.refused = True
         self.body = None
         self._release()
         self._write(408, {"mmguard-error-origin": "proxy"},  # as guard's refusals write it

@@ -251,3 +251,24 @@ def test_a_client_that_half_closes_after_its_request_gets_its_answer(
         status, _, body = answers.next()
         assert status == 200 and json.loads(body)["outputs"][0]["data"] == [1.0, 2.5, -4.0]
         assert answers.closed(within_s=3)  # and then the connection ends, at once
+
+
+def test_after_a_408_the_rest_of_the_body_is_dropped_unread(ort_models: Path) -> None:
+    """A body too slow gets one 408 and the connection's end: what the client sends after it
+    is neither parsed as a next request nor answered."""
+    http = {"body_timeout_s": 2.0, "min_body_bytes_per_s": 0}
+    with RunningMmguard(ort_config(ort_models, listeners={"http": http})) as m:
+        m.wait_ready()
+        with _connect(m) as s:
+            s.sendall(b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: a\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
+            answers = Answers(s)
+            status, headers, body = answers.next()
+            assert status == 408 and headers["connection"] == "close"
+            assert "listeners.http.body_timeout_s (2 s;" in json.loads(body)["error"]
+            try:
+                s.sendall(b"x" * 40000)  # the rest of a body, with no head in it
+            except OSError:
+                pass  # already closed: as good
+            assert answers.closed(within_s=5)
+        assert _lane_counts(m).get("handed_over", 0) == 0  # not read as a head for aiohttp
