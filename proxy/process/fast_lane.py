@@ -37,20 +37,14 @@ What MUST hold:
 from __future__ import annotations
 
 import asyncio
-import email.utils
-import functools
-import http
 import json
 import logging
 import re
-import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 import httptools
-from aiohttp.helpers import parse_content_type
 from aiohttp.tcp_helpers import tcp_keepalive
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -60,6 +54,7 @@ from proxy.fronts.body import BodyBounds
 from proxy.fronts.http_v2 import HttpFront, InferAnswer, InferRequest, error_parts
 from proxy.process import listeners as guard
 from proxy.process.lane_exchange import LaneExchange
+from proxy.process.lane_wire import COMPRESS_INLINE_BYTES, answer_head, compress, mime
 from proxy.shm.fronts import connection_of
 from proxy.wire import openai
 
@@ -70,8 +65,6 @@ _INFER = re.compile(r"/v2/models/([^/?#%{}]+)(?:/versions/([0-9]+))?/infer(?:\?[
 them; the lane hands such paths over rather than decode them differently)."""
 _OPENAI = frozenset(openai.INFERENCE)
 """The OpenAI endpoints whose calls go through the model's chain (chat, completions, ...)."""
-_COMPRESS_INLINE_BYTES = 64 * 1024
-_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
 @dataclass(slots=True)
@@ -357,7 +350,7 @@ class FastLane(asyncio.Protocol):
             try:
                 answer = await self.lane.front.serve_infer(InferRequest(
                     taken.model, taken.version, taken.headers, raw, taken.bounds,
-                    taken.json_part, _mime(taken.headers.get("Content-Type")),
+                    taken.json_part, mime(taken.headers.get("Content-Type")),
                     lambda: connection_of(transport)))
             except ProxyError as err:
                 answer = InferAnswer({}, error=LocalReply.from_error(err))
@@ -394,14 +387,6 @@ class FastLane(asyncio.Protocol):
 
     # --- what the OpenAI exchange uses (proxy.process.lane_exchange) -------------------------
 
-    def head(self, status: int, headers: dict[str, str], framing: str, close: bool) -> bytes:
-        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}", framing,
-                 f"Date: {_date()}", "Server: mmguard"]
-        lines += [f"{k}: {v}" for k, v in headers.items() if _safe(k) and _safe(v)]
-        if close:
-            lines.append("Connection: close")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
-
     def stream_close(self) -> bool:
         taken = self.request
         return self.closing or taken is None or not taken.keep_alive
@@ -431,8 +416,8 @@ class FastLane(asyncio.Protocol):
         else:
             headers, body = answer.headers(), answer.body
             if answer.coding is not None:
-                body = (await asyncio.to_thread(_compress, body, answer.coding)
-                        if len(body) > _COMPRESS_INLINE_BYTES else _compress(body, answer.coding))
+                body = (await asyncio.to_thread(compress, body, answer.coding)
+                        if len(body) > COMPRESS_INLINE_BYTES else compress(body, answer.coding))
                 headers["Content-Encoding"] = answer.coding
             self._write(200, headers, body, answer.content_type, close)
         self._done(keep_alive=not close)
@@ -442,7 +427,7 @@ class FastLane(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return  # the client left: nothing to say (aiohttp drops it the same way)
-        head = self.head(status, {"Content-Type": content_type, **headers},
+        head = answer_head(status, {"Content-Type": content_type, **headers},
                          f"Content-Length: {len(body)}", close)
         if len(body) < 16384:
             transport.write(head + body)
@@ -474,31 +459,3 @@ class FastLane(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-
-
-_REASONS = {s.value: s.phrase for s in http.HTTPStatus}
-
-
-@functools.lru_cache(maxsize=64)
-def _mime(raw: str | None) -> str:
-    """The media type as aiohttp's ``request.content_type`` reads it (its default too)."""
-    return "application/octet-stream" if raw is None else parse_content_type(raw)[0]
-
-
-def _safe(text: str) -> bool:
-    return "\r" not in text and "\n" not in text
-
-
-def _compress(body: bytes, coding: str) -> bytes:
-    squeeze = zlib.compressobj(wbits=_WBITS[coding])
-    return squeeze.compress(body) + squeeze.flush()
-
-
-_DATE: list[Any] = [0, ""]
-
-
-def _date() -> str:
-    now = int(time.time())
-    if _DATE[0] != now:
-        _DATE[:] = [now, email.utils.formatdate(now, usegmt=True)]
-    return str(_DATE[1])

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from proxy.errors import ErrorKind, ProxyError
+from proxy.process.lane_wire import answer_head
 
 
 class Lane(Protocol):
@@ -17,9 +18,6 @@ class Lane(Protocol):
 
     transport: asyncio.Transport | None
     gone: bool
-
-    def head(self, status: int, headers: dict[str, str], framing: str, close: bool) -> bytes:
-        """An answer's status line and headers."""
 
     def stream_close(self) -> bool:
         """The stream must end its connection (the client asked, or mmguard is draining)."""
@@ -64,7 +62,7 @@ class LaneExchange:
     async def stream(self, headers: dict[str, str]) -> None:
         self.streamed = True
         self._closes = self.lane.stream_close()
-        self._head = self.lane.head(200, headers, "Transfer-Encoding: chunked", self._closes)
+        self._head = answer_head(200, headers, "Transfer-Encoding: chunked", self._closes)
 
     async def write(self, data: bytes) -> None:
         if not data or self._ended:
