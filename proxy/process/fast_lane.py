@@ -41,7 +41,7 @@ import json
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import httptools
@@ -105,16 +105,16 @@ class _Taken:
 
 @dataclass(slots=True)
 class _Head:
-    method: bytes = b""
+    """What llhttp's callbacks give of a head (its method and version are the parser's)."""
+
     url: bytes = b""
-    headers: list[tuple[bytes, bytes]] | None = None
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     complete: bool = False
 
     def on_url(self, url: bytes) -> None:
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        assert self.headers is not None
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -225,7 +225,7 @@ class FastLane(asyncio.Protocol):
 
     def _take(self, head: bytes) -> _Taken | None:
         """The head of a request the lane serves whole; None: aiohttp's to serve."""
-        got = _Head(headers=[])
+        got = _Head()
         parser = httptools.HttpRequestParser(got)
         try:
             parser.feed_data(head)
@@ -240,7 +240,6 @@ class FastLane(asyncio.Protocol):
         limit = self.lane.max_header_bytes
         if (match is None and endpoint not in _OPENAI) or head.index(b"\r\n") > limit:
             return None
-        assert got.headers is not None
         headers: CIMultiDict[str] = CIMultiDict()
         size = 0
         for name, value in got.headers:
@@ -251,7 +250,8 @@ class FastLane(asyncio.Protocol):
                         value.decode("utf-8", "surrogateescape"))
         lengths = headers.getall("Content-Length", [])
         expect = headers.get("Expect", "").lower()
-        if (size > limit or len(lengths) != 1 or not lengths[0].isdigit()
+        if (size > limit or len(lengths) != 1
+                or not (lengths[0].isascii() and lengths[0].isdigit())
                 or "Transfer-Encoding" in headers or expect not in ("", "100-continue")):
             return None
         in_flight = self.lane.in_flight

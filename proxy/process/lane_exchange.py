@@ -27,7 +27,7 @@ class Lane(Protocol):
 
 
 class LaneExchange:
-    __slots__ = ("_closes", "_ended", "_head", "content_length", "headers", "lane", "raw",
+    __slots__ = ("_ended", "_head", "closes", "content_length", "headers", "lane", "raw",
                  "streamed")
 
     def __init__(self, lane: Lane, headers: Mapping[str, str], raw: bytes) -> None:
@@ -38,12 +38,8 @@ class LaneExchange:
         self.streamed = False
         self._head: bytes | None = None
         self._ended = False
-        self._closes = False
-
-    @property
-    def closes(self) -> bool:
+        self.closes = False
         """The stream's head said ``Connection: close``."""
-        return self._closes
 
     async def raw_body(self, limit: int, setting: str) -> bytes:
         if len(self.raw) > limit:  # the lane checked the declared length already
@@ -61,8 +57,8 @@ class LaneExchange:
 
     async def stream(self, headers: dict[str, str]) -> None:
         self.streamed = True
-        self._closes = self.lane.stream_close()
-        self._head = answer_head(200, headers, "Transfer-Encoding: chunked", self._closes)
+        self.closes = self.lane.stream_close()
+        self._head = answer_head(200, headers, "Transfer-Encoding: chunked", self.closes)
 
     async def write(self, data: bytes) -> None:
         if not data or self._ended:
