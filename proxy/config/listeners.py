@@ -65,6 +65,10 @@ class HttpListener(ClientTrust):
     the new one gets 503 and is closed. Each refusal or eviction is counted. Absent: derived
     from the process's open-files limit (``RLIMIT_NOFILE``, raised to the hard limit at start),
     at most 1000 (docs/security.md, "Budgets")."""
+    backlog: int | None = Field(None, gt=0)
+    """Connections the kernel queues for accept (``listen(2)``'s backlog). Absent: the
+    kernel's ``net.core.somaxconn`` (the most it allows), as Envoy and gRPC core do; a burst
+    past a full queue has its connection attempts dropped, and each client's retry waits 1 s."""
     header_timeout_s: float = Field(10.0, gt=0)
     """From a connection's start, or its previous answer, until the next request's headers are
     complete; a connection idle that long is closed (so also the keep-alive idle time). A TLS
@@ -144,6 +148,8 @@ class AdminListener(Strict):
     """As for the HTTP listener."""
     max_connections: int | None = Field(None, gt=0)
     """As for the HTTP listener (Prometheus, probes and an operator need few): at most 64."""
+    backlog: int | None = Field(None, gt=0)
+    """As for the HTTP listener."""
     header_timeout_s: float = Field(10.0, gt=0)
     """As for the HTTP listener."""
     body_timeout_s: float = Field(30.0, gt=0)

@@ -16,12 +16,18 @@ What MUST hold:
   each). With 1024 open files: reserve 256, admin 48, HTTP 360, gRPC 360.
 - A cap the config sets is kept as set; when the caps together pass what the limit leaves,
   a warning names them and the limit (the operator chose; mmguard says what will happen).
+- The HTTP and admin listeners' accept queue (``listen(2)``'s backlog) is the kernel's
+  ``net.core.somaxconn`` unless the config sets ``backlog``, as Envoy and gRPC core do:
+  aiohttp's 128 overflowed when a burst of connections met a busy loop, and the kernel drops a
+  connection attempt at a full queue; the client's retry waits a whole second.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 from proxy.config.listeners import Listeners
 
@@ -54,6 +60,20 @@ def raise_open_files_limit() -> tuple[int, int] | None:
         return resource.getrlimit(resource.RLIMIT_NOFILE)
     except (ImportError, ValueError, OSError):
         return None  # not on this platform, or not allowed: the soft limit stays
+
+
+SOMAXCONN = Path("/proc/sys/net/core/somaxconn")
+
+
+def accept_backlog(configured: int | None = None) -> int:
+    """A listener's ``listen(2)`` backlog: ``configured``, else the kernel's
+    ``net.core.somaxconn`` (the most it allows), else Python's ``socket.SOMAXCONN``."""
+    if configured is not None:
+        return configured
+    try:
+        return max(1, int(SOMAXCONN.read_text().split()[0]))
+    except (OSError, ValueError, IndexError):
+        return socket.SOMAXCONN
 
 
 @dataclass(frozen=True)

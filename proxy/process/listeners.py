@@ -161,8 +161,9 @@ class CappedSite(web.TCPSite):
     def __init__(self, runner: web.BaseRunner, host: str, port: int, *, cap: ConnectionCap,
                  ssl_context: ssl.SSLContext | None, handshake_timeout_s: float,
                  reuse_port: bool = False, lane: Callable[[], asyncio.Protocol] | None = None,
-                 grace_s: float = 0.0) -> None:
-        super().__init__(runner, host, port, ssl_context=ssl_context, reuse_port=reuse_port)
+                 grace_s: float = 0.0, backlog: int = 128) -> None:
+        super().__init__(runner, host, port, ssl_context=ssl_context, reuse_port=reuse_port,
+                         backlog=backlog)
         self._reuse = reuse_port
         self._cap = cap
         self._handshake_timeout_s = handshake_timeout_s

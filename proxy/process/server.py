@@ -47,7 +47,7 @@ from proxy.pod.link import SOCKET_ENV, WorkerLink
 from proxy.pod.state import POD, Role
 from proxy.process import listeners as guard
 from proxy.process.admin import admin_app
-from proxy.process.descriptors import connection_caps
+from proxy.process.descriptors import accept_backlog, connection_caps
 from proxy.process.fast_lane import FastLane, LaneSettings
 from proxy.process.watch import FileWatch, watched_files
 from proxy.registry import filter_factories
@@ -139,8 +139,10 @@ class Server:
         if not POD.is_worker:  # a pod's supervisor says it for every worker
             log_membership(runtime.share_hash)
         lc = self._listeners = self.config.listeners
-        log.info("connection caps: http %d, grpc %d, admin %d (open-files limit %d)",
-                 self._caps.http, self._caps.grpc, self._caps.admin, self._caps.nofile)
+        log.info("connection caps: http %d, grpc %d, admin %d (open-files limit %d); accept "
+                 "queues: http %d, admin %d", self._caps.http, self._caps.grpc,
+                 self._caps.admin, self._caps.nofile, accept_backlog(lc.http.backlog),
+                 accept_backlog(lc.admin.backlog))
         self._tls = {name: ListenerTls(cfg.tls) for name, cfg in _by_name(lc)
                      if cfg.tls is not None}
         if POD.role is Role.SUPERVISOR:
@@ -262,6 +264,7 @@ class Server:
         site = guard.CappedSite(runner, cfg.host, port, cap=cap,
                                 ssl_context=None if tls is None else tls.ssl_context,
                                 handshake_timeout_s=cfg.header_timeout_s,
+                                backlog=accept_backlog(cfg.backlog),
                                 reuse_port=POD.is_worker and name != "admin", lane=lane,
                                 grace_s=self.config.shutdown_grace_s)
         await site.start()

@@ -8,9 +8,12 @@ against a cap of 100."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import resource
 import select
+import selectors
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy.process.descriptors import accept_backlog
 from tests.conftest import ort_config
 from tests.support.adversary import PROBE_BODY, PROBE_PATH, Prober, http_call, serve
 from tests.support.process import MmguardProcess
@@ -159,6 +163,45 @@ def test_drippers_are_cut_and_probes_are_served(guarded: MmguardProcess) -> None
     assert evicted >= 200 - CAP - 5, after  # over the cap, the oldest header drippers gave way
     print(f"header drippers held at most {held:.1f} s, body drippers {body_held:.1f} s; "
           f"{evicted:.0f} evicted for new connections; {len(probes.records)} probes served")
+
+
+@pytest.mark.parametrize("listener", ["http", "grpc", "admin"])
+def test_a_burst_while_the_proxy_cannot_accept_waits_in_the_kernels_queue(
+        guarded: MmguardProcess, listener: str) -> None:
+    """The accept queue is the kernel's most (``net.core.somaxconn``), not aiohttp's 128: a
+    burst of connections that meets a busy event loop waits to be accepted instead of having
+    its connection attempts dropped (each client's retry then waits a whole second; CI once saw
+    a probe wait 1.03 s during the drippers' burst). The process is stopped while the burst
+    connects, so nothing is accepted: every connection the kernel completes was queued."""
+    burst = min(400, accept_backlog())
+    sockets: list[socket.socket] = []
+    connected = 0
+    with selectors.DefaultSelector() as sel:
+        os.kill(guarded.proc.pid, signal.SIGSTOP)
+        try:
+            for _ in range(burst):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.setblocking(False)
+                s.connect_ex(("127.0.0.1", guarded.ports[listener]))
+                sockets.append(s)
+                sel.register(s, selectors.EVENT_WRITE)
+            deadline = time.monotonic() + 0.8  # under the 1 s of a dropped attempt's retry
+            while connected < burst and (left := deadline - time.monotonic()) > 0:
+                for key, _ in sel.select(left):
+                    sel.unregister(key.fileobj)
+                    sock = key.fileobj
+                    assert isinstance(sock, socket.socket)
+                    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                        connected += 1
+        finally:
+            os.kill(guarded.proc.pid, signal.SIGCONT)
+            for s in sockets:
+                s.close()
+    assert connected == burst, (f"{connected} of {burst} connections to the {listener} listener "
+                                f"completed while the proxy accepted none: its accept queue is "
+                                f"shorter than the burst")
+    status, _, _ = http_call(guarded.ports["http"], "POST", PROBE_PATH, PROBE_BODY)
+    assert status == 200
 
 
 def test_at_the_cap_with_every_connection_busy_a_new_one_gets_503(
