@@ -8,7 +8,8 @@ proto3 keeps the last value of a scalar field, so no re-encoding of the tensors 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError
 
@@ -33,6 +34,10 @@ _RAW_OUTPUTS = 6  # ModelInferResponse.raw_output_contents
 def decode_request(body: bytes, shared_memory: bool = False) -> Call:
     """``shared_memory``: an input in a region becomes an empty placeholder that
     ``proxy.shm.regions`` fills (otherwise it is refused)."""
+    parsed = _parse_whole(body, pb.ModelInferRequest, _request_fits)
+    if parsed is not None:
+        req, raws = parsed
+        return _call_from(req, raws, {}, body, shared_memory)
     req = pb.ModelInferRequest()
     try:
         head, raws, contents = _split_request(body)
@@ -43,6 +48,11 @@ def decode_request(body: bytes, shared_memory: bool = False) -> Call:
     except (DecodeError, pbwire.WireError) as exc:
         raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                          f"malformed ModelInferRequest: {exc}") from None
+    return _call_from(req, raws, contents, body, shared_memory)
+
+
+def _call_from(req: pb.ModelInferRequest, raws: list[memoryview],
+               contents: dict[int, list[memoryview]], body: bytes, shared_memory: bool) -> Call:
     in_regions = sum(1 for inp in req.inputs if "shared_memory_region" in inp.parameters)
     if raws and len(raws) != len(req.inputs) - in_regions:
         raise ProxyError(ErrorKind.INVALID_ARGUMENT,
@@ -84,6 +94,59 @@ def decode_request(body: bytes, shared_memory: bool = False) -> Call:
         outputs=[RequestedOutput(o.name, params_from_pb(o.parameters)) for o in req.outputs],
         parameters=params_from_pb(req.parameters), front="grpc", wire=Wire("grpc", body),
     )
+
+
+WHOLE_PARSE_BYTES = 2048
+"""A message up to this size (a small request or answer) is first parsed whole by protobuf
+(~2 µs with its checks, against ~8 µs for the walk below). Its parse is kept only when it is
+provably what the walk would give: the message re-serialised (deterministically, unknown fields
+dropped) is the body byte for byte, so nothing was merged, dropped or left unknown and each
+repeated field holds exactly what the wire holds; no shape has more than ``MAX_RANK`` dims; no
+input has typed contents. Anything else (any error included) takes the walk, so refusals and
+their texts are the walk's. Each repeated element takes at least two bytes on the wire, so at
+this size no other count can pass its bound (``MAX_PARAMETERS``, ``MAX_TENSORS``,
+``MAX_FIELDS``)."""
+
+M = TypeVar("M", pb.ModelInferRequest, pb.ModelInferResponse)
+
+
+def _parse_whole(body: bytes, kind: type[M], fits: Callable[[M], bool]
+                 ) -> tuple[M, list[memoryview]] | None:
+    """``body`` parsed whole, and its raw tensor contents (the message's last field) as slices
+    of it; None where the walk must decide (see ``WHOLE_PARSE_BYTES``)."""
+    if len(body) > WHOLE_PARSE_BYTES:
+        return None
+    msg = kind()
+    try:
+        msg.ParseFromString(body)
+    except DecodeError:
+        return None
+    if not fits(msg):
+        return None
+    msg.DiscardUnknownFields()
+    if msg.SerializeToString(deterministic=True) != body:
+        return None
+    raw = msg.raw_input_contents if isinstance(msg, pb.ModelInferRequest) else (
+        msg.raw_output_contents)
+    view = memoryview(body)
+    slices: list[memoryview] = []
+    end = len(body)
+    for payload in reversed(raw):  # the highest field number: serialised last, in order
+        start = end - len(payload)
+        slices.append(view[start:end])
+        end = start - len(pbwire.encode_varint(len(payload))) - 1  # and its one-byte tag
+    slices.reverse()
+    return msg, slices
+
+
+def _request_fits(req: pb.ModelInferRequest) -> bool:
+    """No shape over ``MAX_RANK`` dims and no typed contents (the walk takes those apart)."""
+    return all(len(inp.shape) <= MAX_RANK and not inp.HasField("contents")
+               for inp in req.inputs)
+
+
+def _response_fits(resp: pb.ModelInferResponse) -> bool:
+    return True  # the walk of an answer holds no counts
 
 
 # ModelInferRequest fields, and those of its InferInputTensor / InferRequestedOutputTensor.
@@ -199,6 +262,11 @@ def decode_response(body: bytes, source: str = "backend") -> Result:
     the answer goes anywhere (``proxy.wire.answers``); the tensor bytes are neither parsed nor
     copied.
     ``source`` names the sender in errors (``backend 'triton' for model 'clip'``)."""
+    parsed = _parse_whole(body, pb.ModelInferResponse, _response_fits)
+    if parsed is not None:
+        resp, raws = parsed
+        _check_response(resp, raws, source)
+        return Result(wire=Wire("grpc", body), decode=lambda: _decoded(resp, raws))
     resp = pb.ModelInferResponse()
     try:
         head, raws = pbwire.split(body, _RAW_OUTPUTS)
@@ -272,6 +340,8 @@ def stream_error(message: str) -> bytes:
 
 
 def params_from_pb(params: Any) -> dict[str, Any]:
+    if not params:
+        return {}
     out: dict[str, Any] = {}
     for key, p in params.items():
         which = p.WhichOneof("parameter_choice")

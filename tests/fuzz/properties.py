@@ -7,19 +7,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from hypothesis import strategies as st
 
-from proxy.call import Call
+from proxy.call import Call, Result
 from proxy.config.model import Config, ConfigError, parse_config
-from proxy.tensor import decode_bytes_elements, encode_bytes_elements
+from proxy.errors import ProxyError
+from proxy.tensor import Tensor, decode_bytes_elements, encode_bytes_elements
 from proxy.wire import kserve_grpc, kserve_http, openai, pbwire
 from tests.fuzz.config_inputs import config_docs
 from tests.fuzz.openai_inputs import ALLOWED_HOSTS, data_urls, openai_bodies
 from tests.fuzz.oracle import check_call_usable, decodes_or_refuses
-from tests.fuzz.v2_inputs import bytes_payloads, grpc_bodies, http_bodies
+from tests.fuzz.v2_inputs import bytes_payloads, grpc_answers, grpc_bodies, http_bodies
+
+T = TypeVar("T")
 
 
 def check_pbwire(body: bytes) -> None:
@@ -53,9 +56,48 @@ def _reencodes(call: Call) -> None:
 
 def check_grpc(body: bytes) -> None:
     call = decodes_or_refuses(kserve_grpc.decode_request, body)
+    assert grpc_outcome(kserve_grpc.decode_request, body) == walk_only(
+        grpc_outcome, kserve_grpc.decode_request, body), "the whole parse and the walk differ"
     if call is not None:
         check_call_usable(call)
         _reencodes(call)
+
+
+def check_grpc_answer(body: bytes) -> None:
+    """A backend's ModelInferResponse: a checked ``Result`` or a BAD_GATEWAY refusal, the same
+    whether the small answer is parsed whole or walked."""
+    assert grpc_outcome(kserve_grpc.decode_response, body) == walk_only(
+        grpc_outcome, kserve_grpc.decode_response, body), "the whole parse and the walk differ"
+
+
+def walk_only(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` with ``kserve_grpc``'s whole parse of small messages off: the walk alone."""
+    saved = kserve_grpc.WHOLE_PARSE_BYTES
+    kserve_grpc.WHOLE_PARSE_BYTES = -1
+    try:
+        return fn(*args)
+    finally:
+        kserve_grpc.WHOLE_PARSE_BYTES = saved
+
+
+def _tensor_view(t: Tensor) -> tuple[Any, ...]:
+    return (t.name, t.datatype, t.shape, repr(t.parameters),
+            None if t.raw is None else (type(t.raw).__name__, bytes(t.raw)))
+
+
+def grpc_outcome(decode: Callable[[bytes], Call | Result], body: bytes) -> tuple[Any, ...]:
+    """What a gRPC decoder made of ``body``, comparable across its two parses: its refusal
+    (kind and text), or every field of the call or answer it built."""
+    try:
+        got = decode(body)
+    except ProxyError as err:
+        return ("refused", err.kind, err.message)
+    if isinstance(got, Call):
+        return ("call", got.model, got.version, got.id, repr(got.parameters),
+                [(o.name, repr(o.parameters)) for o in got.outputs],
+                [_tensor_view(t) for t in got.inputs], got.wire)
+    return ("answer", got.model, got.version, got.id, repr(got.parameters),
+            [_tensor_view(t) for t in got.outputs], got.wire)
 
 
 def check_http(case: tuple[bytes, str | None]) -> None:
@@ -119,6 +161,7 @@ DECODERS = {d.name: d for d in [
     Decoder("pbwire", lambda: st.binary(max_size=256) | grpc_bodies(), check_pbwire),
     Decoder("bytes_framing", bytes_payloads, check_bytes_framing),
     Decoder("grpc_v2", grpc_bodies, check_grpc),
+    Decoder("grpc_v2_answer", grpc_answers, check_grpc_answer),
     Decoder("http_v2", http_bodies, check_http),
     Decoder("openai", openai_bodies, check_openai),
     Decoder("data_url", data_urls, check_image),

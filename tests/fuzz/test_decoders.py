@@ -14,6 +14,7 @@ from tests.fuzz.properties import (
     check_bytes_framing,
     check_config,
     check_grpc,
+    check_grpc_answer,
     check_http,
     check_image,
     check_openai,
@@ -37,6 +38,12 @@ def test_bytes_element_framing(case: tuple[bytes, int]) -> None:
 @given(DECODERS["grpc_v2"].inputs())
 def test_grpc_model_infer_request(body: bytes) -> None:
     check_grpc(body)
+
+
+@FUZZ
+@given(DECODERS["grpc_v2_answer"].inputs())
+def test_grpc_model_infer_response(body: bytes) -> None:
+    check_grpc_answer(body)
 
 
 @FUZZ

@@ -181,6 +181,26 @@ def grpc_bodies(models: st.SearchStrategy[str] | None = None) -> st.SearchStrate
     )
 
 
+@st.composite
+def grpc_responses(draw: st.DrawFn) -> pb.ModelInferResponse:
+    """A backend's answer: the drawn request's tensors as outputs, sometimes with parameters or
+    an output whose raw contents are missing, extra or wrong."""
+    req = draw(grpc_requests())
+    resp = pb.ModelInferResponse(model_name=req.model_name, model_version=draw(
+        st.sampled_from(["", "1"])), id=req.id)
+    for key, value in req.parameters.items():
+        resp.parameters[key].CopyFrom(value)
+    for inp in req.inputs:
+        resp.outputs.add(name=inp.name, datatype=inp.datatype, shape=inp.shape)
+    resp.raw_output_contents.extend(req.raw_input_contents)
+    return resp
+
+
+def grpc_answers() -> st.SearchStrategy[bytes]:
+    structured = grpc_responses().map(lambda r: bytes(r.SerializeToString()))
+    return st.one_of(st.binary(max_size=256), structured, structured.flatmap(mutated_bytes))
+
+
 # --- HTTP ---------------------------------------------------------------------------------------
 
 
