@@ -60,6 +60,7 @@ def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, mid - half), min(1.0, mid + half)
 
 
+INTENTS = ("photos", "recall", "screens")
 RULED = ("range", "sharpness", "exposure", "noise", "blockiness", "perspective", "tone", "shake",
          "ghosting", "moire", "washout")
 GRID = tuple(round(0.05 * i, 2) for i in range(1, 20))
@@ -89,10 +90,11 @@ def roc(clean: Sequence[float], degraded: Sequence[float]) -> list[tuple[float, 
     return [(0.0, 0.0)] + [(float((c < t).mean()), float((d < t).mean())) for t in cuts]
 
 
-def default_thresholds() -> dict[str, float]:
-    """Image signal → the highest 'below' of the shipped default rules on it."""
+def default_thresholds(intent: str = "photos") -> dict[str, float]:
+    """Image signal → the highest 'below' of ``intent``'s rules on it (the shipped default
+    rules: 'photos')."""
     out: dict[str, float] = {}
-    for rule in QualityConfig().rules:
+    for rule in QualityConfig.model_validate({"intent": intent}).rules:
         if rule.signal in IMAGE_SIGNALS:
             out[rule.signal] = max(out.get(rule.signal, 0.0), rule.below)
     return out
@@ -174,7 +176,11 @@ def evaluate(only: Sequence[str] = ()) -> dict[str, Any]:
     crops = [s for c, s in scored["random crops"]]
     faces = [score(f) for f in photos.faces()]
     shaken = [(n, score(x)) for n, x in photos.camera_shake()]
+    intents = {name: default_thresholds(name) for name in INTENTS}
     out: dict[str, Any] = {"thresholds": thresholds, "false_positives": fp, "degradations": {},
+                           "intents": {name: {"thresholds": t, "false_positives":
+                                              _false_positives_by_set(scored, t)}
+                                       for name, t in intents.items()},
                            "opt_in_thresholds": opt_in, "opt_in_false_positives": fp_opt,
                            "operating_points": operating_points(photo + crops),
                            "operating_points_none": operating_points(photo + crops, 0.0),
@@ -200,6 +206,8 @@ def evaluate(only: Sequence[str] = ()) -> dict[str, Any]:
                 "auc": {k: auc([s[k].score for s in photo], [s[k].score for s in got])
                         for k in IMAGE_SIGNALS},
                 "detected": float(np.mean([bool(flagged(s, thresholds)) for s in got])),
+                "detected_by_intent": {name: float(np.mean([bool(flagged(s, t)) for s in got]))
+                                       for name, t in intents.items()},
                 "detected_by_signal": float(np.mean(
                     [s[d.signal].score < {**opt_in, **thresholds}[d.signal] for s in got]))
                 if d.signal in {**opt_in, **thresholds} else None,
@@ -251,6 +259,7 @@ def table(result: dict[str, Any], all_severities: bool) -> str:
     lines.append("false positives of the opt-in rules alone, "
                  + ", ".join(f"{k} < {v:g}" for k, v in result["opt_in_thresholds"].items()))
     lines += _false_positive_rows(result["opt_in_false_positives"])
+    lines += _intent_rows(result)
     for key, what in (("operating_points", "<= 1 %"), ("operating_points_none", "none")):
         lines.append(f"operating points (highest 'below' flagging {what} of the clean photos, "
                      "eval framing + random crops): " + ", ".join(
@@ -292,6 +301,24 @@ def plot(result: dict[str, Any], path: Path) -> None:
                       fill=colour)
         draw.text((x0, y0 + size + 2), "false-positive rate ->", fill=(90, 90, 90))
     img.save(path)
+
+
+def _intent_rows(result: dict[str, Any]) -> list[str]:
+    """Per deployment intent: its false positives on every set, and what it catches of each
+    degradation at the severity the source documents name."""
+    rows = ["deployment intents (quality.intent): false positives per set, then the share of "
+            "each degradation caught (at its named severity)"]
+    for name, it in result["intents"].items():
+        rows.append(f"intent {name}: " + ", ".join(f"{k} < {v:g}"
+                                                  for k, v in it["thresholds"].items()))
+        rows += _false_positive_rows(it["false_positives"])
+        caught = []
+        for d_name, d in result["degradations"].items():
+            r = d["severities"].get(f"{d['source']:g}")
+            if r is not None:
+                caught.append(f"{d_name} {r['detected_by_intent'][name]:.0%}")
+        rows.append("  caught: " + ", ".join(caught))
+    return rows
 
 
 def _false_positive_rows(by_kind: dict[str, Any]) -> list[str]:

@@ -52,14 +52,14 @@ from filters.quality.align import AlignmentConfig, AlignmentUnavailable, Encoder
 from filters.quality.drift import DriftConfig, DriftMonitor, drift_gauges
 from filters.quality.graded import GradedActions, GradedConfig, trust_detail
 from filters.quality.report import MODALITY_OF, Finding, Item, Report
+from filters.quality.rules import DEFAULT_RULES, Intent, Rule, rules_of
 from filters.quality.scenes import OPTIONAL_SIGNALS
 from filters.quality.signals import (
-    IMAGE_SIGNALS,
     REF_SIDE,
     ImageSpec,
     image_signals,
 )
-from filters.quality.text import TEXT_SIGNALS, char_tables, text_signals
+from filters.quality.text import char_tables, text_signals
 from proxy.call import Api, Call, LocalReply, Reply, publish_scores
 from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind
@@ -71,7 +71,6 @@ from proxy.wire.openai import ChatView
 
 log = logging.getLogger("mmguard.quality")
 NAME = "quality"
-_SCORES = ("image", "text", "alignment", "trust")
 _INLINE_BYTES = 1 << 20  # above this, v2 images are measured in a worker thread
 _HWC_RGB = ImageSpec("HWC", (0.0,), (255.0,))  # decoded OpenAI images
 _IMAGE_TYPES = ("FP32", "FP16", "FP64", "BF16", "UINT8")
@@ -120,41 +119,6 @@ class Weights(Strict):
     alignment: float = Field(0.3, ge=0)
 
 
-class Rule(Strict):
-    signal: str
-    """An image or text signal, a modality score ('image', 'text'), 'alignment' or 'trust'."""
-    below: float = Field(ge=0.0, le=1.0)
-    """The rule fires when the score is below this."""
-    action: Literal["annotate", "reject", "drop-modality"]
-
-    @model_validator(mode="after")
-    def _check(self) -> Rule:
-        known = (*IMAGE_SIGNALS, *TEXT_SIGNALS, *_SCORES)
-        if self.signal not in known:
-            raise ValueError(f"unknown signal '{self.signal}' (known: {', '.join(known)})")
-        if self.action == "drop-modality" and self.signal in ("alignment", "trust"):
-            raise ValueError(f"drop-modality needs an image or text signal, not '{self.signal}'")
-        return self
-
-
-# Each threshold from the ROC on real photographs (bench/quality_eval.py; docs/quality.md,
-# "Operating points"): the highest on a 0.05 grid that flags none of the 267 clean photographs
-# (the evaluation framing and random crops), so that all rules together stay within 1 % on
-# crops; capped at 0.5 where the ROC leaves more room (fewer alarms on screenshots and
-# illustrations, which that budget does not cover), except exposure: 0.6, the highest that
-# flags none of the documents, screenshots and illustrations either (a dark-mode UI reads
-# 0.69, a levelled page 0.70; photographs 0.99 and up).
-DEFAULT_RULES = (Rule(signal="finite", below=1.0, action="reject"),
-                 Rule(signal="range", below=0.5, action="annotate"),
-                 Rule(signal="sharpness", below=0.55, action="annotate"),
-                 Rule(signal="exposure", below=0.6, action="annotate"),
-                 Rule(signal="noise", below=0.3, action="annotate"),
-                 Rule(signal="blockiness", below=0.5, action="annotate"),
-                 Rule(signal="perspective", below=0.5, action="annotate"),
-                 Rule(signal="tone", below=0.1, action="annotate"),
-                 Rule(signal="shake", below=0.5, action="annotate"))
-
-
 class QualityConfig(Strict):
     images: dict[str, ImageInput] = Field(default_factory=dict)
     """v2: the inputs that are images, and how to read them."""
@@ -162,11 +126,17 @@ class QualityConfig(Strict):
     """v2: the BYTES inputs that are text."""
     chat: TextInput = TextInput()
     """OpenAI requests: limits for their texts (images are decoded and always scored)."""
+    intent: Intent = "photos"
+    """Which rule set a route gets when it lists no ``rules``, each read off the ROC of every
+    signal on real photographs (docs/quality.md, "Deployment intents", has what each catches
+    and flags): 'photos' (the default): NaN/Inf refused and every image signal annotating at
+    the highest threshold that flags none of the clean photographs and random crops; 'recall':
+    each signal at the threshold that flags at most 1 % of them on its own (more caught, more
+    alarms: documents and dark-mode screenshots among them); 'screens': the defaults plus
+    moiré and ghosting (users who send phone pictures of screens, and OCR residue)."""
     rules: tuple[Rule, ...] = DEFAULT_RULES
-    """Default: NaN/Inf is refused; the signals measured on real photographs annotate, each at
-    the operating point its ROC gives for at most 1 % false positives on clean photographs and
-    random crops of them (docs/quality.md has the figures); 'ghosting' (the dearest signal) is
-    measured only when a rule names it."""
+    """The rules in full, instead of the intent's (give one or the other). 'ghosting',
+    'moire' and 'washout' (the dearest signals) are measured only when a rule names them."""
     annotate: bool = True
     """Send mmguard-quality-scores (trust, modalities, signals) on every scored request."""
     sample: float = Field(1.0, ge=0.0, le=1.0)
@@ -177,6 +147,8 @@ class QualityConfig(Strict):
     """Drift of every signal against a baseline; null turns it off."""
     graded: GradedConfig | None = None
     """Confidence-graded actions on the trust score (refuse / shed / observe); off when unset."""
+
+    _intent = model_validator(mode="before")(rules_of)
 
     @model_validator(mode="after")
     def _check(self) -> QualityConfig:

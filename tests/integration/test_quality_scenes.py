@@ -65,6 +65,8 @@ def proxy(triton: TritonServer, tmp_path_factory: pytest.TempPathFactory
              "filters": [quality(rules=rules)]},
             {"name": "defaults", "backend": "triton", "backend_model": "clip_demo",
              "filters": [quality()]},  # the shipped default rules
+            {"name": "screens", "backend": "triton", "backend_model": "clip_demo",
+             "filters": [quality(intent="screens")]},  # the defaults, moiré and ghosting
             {"name": "gray", "backend": "triton", "backend_model": "clip_demo",
              "filters": [aligned, {"fault": {"experiments": [abort]}}]},
             {"name": "mirrored", "backend": "triton", "backend_model": "clip_demo",
@@ -118,9 +120,7 @@ def test_a_screen_photo_is_annotated_and_its_clean_source_is_not(
 def test_a_ghosted_frame_is_annotated_and_its_clean_source_is_not(
         proxy: RunningMmguard, name: str, opacity: float) -> None:
     source = photo(name)
-    h, w = source.shape[:2]
-    shifted = source[np.clip(np.arange(h) - 9, 0, h - 1)][:, np.clip(np.arange(w) - 5, 0, w - 1)]
-    ghosted = np.asarray((1 - opacity) * source + opacity * shifted).round().astype(np.uint8)
+    ghosted = _ghosted(source, opacity)
     _, clean = answer(proxy.grpc_url, "scenes", clip_inputs(source))
     assert "ghosting" not in quality_notes(clean), clean
     resp, bad = answer(proxy.grpc_url, "scenes", clip_inputs(ghosted))
@@ -139,6 +139,36 @@ def test_moire_of_a_screen_is_annotated_and_its_clean_source_is_not(
     screen = photos.moire(source, 0.7, np.random.default_rng(4))
     note = annotated(proxy, "scenes", "moire", source, screen)
     assert "twin spectral peaks (period" in note and note.endswith("threshold 0.5"), note
+
+
+def _ghosted(source: NDArray[np.uint8], opacity: float) -> NDArray[np.uint8]:
+    h, w = source.shape[:2]
+    shifted = source[np.clip(np.arange(h) - 9, 0, h - 1)][:, np.clip(np.arange(w) - 5, 0, w - 1)]
+    return np.asarray((1 - opacity) * source + opacity * shifted).round().astype(np.uint8)
+
+
+@pytest.mark.parametrize("name", ["astronaut", "coffee", "chelsea"])
+def test_the_screens_intent_annotates_moire_and_ghosting_and_the_default_intent_does_not(
+        proxy: RunningMmguard, name: str) -> None:
+    """``quality: {intent: screens}`` (no rules listed) turns on the two scene signals of phone
+    pictures of screens and OCR residue at their documented points; the clean source passes
+    with no note at all. The default intent ('photos') does not measure either."""
+    source = photo(name)
+    resp, clean = answer(proxy.grpc_url, "screens", clip_inputs(source))
+    assert resp.outputs and quality_notes(clean) == {}, clean
+    measured = scores(clean["mmguard-quality-scores"])
+    assert measured["moire"] >= 0.5 and measured["ghosting"] >= 0.5, measured  # measured
+    screen = photos.moire(source, 0.7, np.random.default_rng(4))
+    ghosted = _ghosted(source, 0.25)
+    for bad, signal in ((screen, "moire"), (ghosted, "ghosting")):
+        resp, notes = answer(proxy.grpc_url, "screens", clip_inputs(bad))
+        assert resp.outputs  # annotated, not refused
+        note = quality_notes(notes)[signal]
+        assert note.startswith(f"annotate; input 'pixel_values' image 0: signal '{signal}' is "
+                               ) and note.endswith("threshold 0.5"), note
+        _, default = answer(proxy.grpc_url, "defaults", clip_inputs(bad))
+        assert signal not in quality_notes(default), default
+        assert signal not in scores(default["mmguard-quality-scores"]), default
 
 
 @pytest.mark.parametrize("name", ["chelsea", "grass", "brick"])
