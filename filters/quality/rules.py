@@ -51,17 +51,10 @@ DEFAULT_RULES = (Rule(signal="finite", below=1.0, action="reject"),
                  Rule(signal="perspective", below=0.5, action="annotate"),
                  Rule(signal="tone", below=0.1, action="annotate"),
                  Rule(signal="shake", below=0.5, action="annotate"))
-
-
-RECALL_RULES = (Rule(signal="finite", below=1.0, action="reject"),
-                Rule(signal="range", below=0.95, action="annotate"),
-                Rule(signal="sharpness", below=0.6, action="annotate"),
-                Rule(signal="exposure", below=0.6, action="annotate"),
-                Rule(signal="noise", below=0.35, action="annotate"),
-                Rule(signal="blockiness", below=0.95, action="annotate"),
-                Rule(signal="perspective", below=0.95, action="annotate"),
-                Rule(signal="tone", below=0.3, action="annotate"),
-                Rule(signal="shake", below=0.95, action="annotate"))
+RECALL_POINTS = {"range": 0.95, "sharpness": 0.6, "noise": 0.35, "blockiness": 0.95,
+                 "perspective": 0.95, "tone": 0.3, "shake": 0.95}
+RECALL_RULES = tuple(r.model_copy(update={"below": RECALL_POINTS[r.signal]})
+                     if r.signal in RECALL_POINTS else r for r in DEFAULT_RULES)
 """Each signal at the highest threshold that flags at most 1 % of the clean photographs and
 random crops on its own (docs/quality.md, "Operating points"): more caught, more alarms (3.6 %
 of the random crops together). Exposure keeps the default's 0.6: its 1 % point (0.95) also
