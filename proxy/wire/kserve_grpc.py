@@ -99,13 +99,14 @@ def _call_from(req: pb.ModelInferRequest, raws: list[memoryview],
 WHOLE_PARSE_BYTES = 2048
 """A message up to this size (a small request or answer) is first parsed whole by protobuf
 (~2 µs with its checks, against ~8 µs for the walk below). Its parse is kept only when it is
-provably what the walk would give: the message re-serialised (deterministically, unknown fields
-dropped) is the body byte for byte, so nothing was merged, dropped or left unknown and each
-repeated field holds exactly what the wire holds; no shape has more than ``MAX_RANK`` dims; no
-input has typed contents. Anything else (any error included) takes the walk, so refusals and
-their texts are the walk's. Each repeated element takes at least two bytes on the wire, so at
-this size no other count can pass its bound (``MAX_PARAMETERS``, ``MAX_TENSORS``,
-``MAX_FIELDS``)."""
+provably what the walk would give. The walk refuses what protobuf refuses and, besides, a group
+or a field number 0 (protobuf keeps a group as an unknown field), and hands everything else but
+the payloads to protobuf, so duplicates merge alike. Hence the conditions: no unknown field
+anywhere (dropping them leaves the size as it was), no shape over ``MAX_RANK`` dims, no input
+with typed contents, and every raw payload found, in order, at the message's end (where protobuf
+writes its last field). Anything else (any error included) takes the walk, so refusals and their
+texts are the walk's. Each repeated element takes at least two bytes on the wire, so at this
+size no other count can pass its bound (``MAX_PARAMETERS``, ``MAX_TENSORS``, ``MAX_FIELDS``)."""
 
 M = TypeVar("M", pb.ModelInferRequest, pb.ModelInferResponse)
 
@@ -123,18 +124,25 @@ def _parse_whole(body: bytes, kind: type[M], fits: Callable[[M], bool]
         return None
     if not fits(msg):
         return None
-    msg.DiscardUnknownFields()
-    if msg.SerializeToString(deterministic=True) != body:
+    size = msg.ByteSize()
+    msg.DiscardUnknownFields()  # recursive: a group, or a known field of another wire type
+    if msg.ByteSize() != size:
         return None
-    raw = msg.raw_input_contents if isinstance(msg, pb.ModelInferRequest) else (
-        msg.raw_output_contents)
+    if isinstance(msg, pb.ModelInferRequest):
+        raw, tag = msg.raw_input_contents, _RAW_INPUTS << 3 | pbwire.LEN
+    else:
+        raw, tag = msg.raw_output_contents, _RAW_OUTPUTS << 3 | pbwire.LEN
     view = memoryview(body)
     slices: list[memoryview] = []
     end = len(body)
-    for payload in reversed(raw):  # the highest field number: serialised last, in order
+    for payload in reversed(raw):
         start = end - len(payload)
+        head = bytes((tag,)) + pbwire.encode_varint(len(payload))
+        if start < len(head) or body[start - len(head):start] != head or (
+                view[start:end] != payload):
+            return None  # not at the end in order: the walk finds them
         slices.append(view[start:end])
-        end = start - len(pbwire.encode_varint(len(payload))) - 1  # and its one-byte tag
+        end = start - len(head)
     slices.reverse()
     return msg, slices
 

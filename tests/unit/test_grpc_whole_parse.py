@@ -1,7 +1,8 @@
 """A small ModelInferRequest / ModelInferResponse is parsed whole by protobuf, and that parse is
 kept only where it is exactly what the zero-copy walk gives (``kserve_grpc.WHOLE_PARSE_BYTES``).
-Each case here is one way a body can differ from its parse: the fast path must step aside, and
-the decoder's answer (the call, the answer, or the refusal and its text) must be the walk's."""
+Each case here is one way a body can differ from its canonical form: the fast path either reads
+it as the walk does or steps aside, and the decoder's answer (the call, the answer, or the
+refusal and its text) is the walk's either way."""
 
 from __future__ import annotations
 
@@ -61,11 +62,33 @@ def test_the_size_bound_is_inclusive() -> None:
     _same_as_walk(_request(sizes[over]).SerializeToString(), whole=False)
 
 
-def test_a_parameter_key_sent_twice_takes_the_walk() -> None:
+def test_a_parameter_key_sent_twice_merges_as_the_walk_merges_it() -> None:
     req = _request()
     req.parameters["k"].int64_param = 2
     first = pb.ModelInferRequest(parameters={"k": pb.InferParameter(int64_param=1)})
     body = first.SerializeToString() + req.SerializeToString()  # protobuf keeps the last
+    _same_as_walk(body, whole=True)
+    assert kserve_grpc.decode_request(body).parameters == {"k": 2}
+
+
+def test_a_sequence_request_in_the_clients_parameter_order_is_parsed_whole() -> None:
+    """tritonclient's sequence parameters, in its own order (not protobuf's sorted one)."""
+    req = pb.ModelInferRequest(model_name="seq", id="r1")
+    for key, value in (("sequence_id", 5), ("sequence_start", True), ("sequence_end", False),
+                       ("priority", 2)):
+        if isinstance(value, bool):
+            req.parameters[key].bool_param = value
+        else:
+            req.parameters[key].int64_param = value
+    req.inputs.add(name="x", datatype="INT32", shape=[1, 1])
+    req.raw_input_contents.append(b"\x01\x00\x00\x00")
+    body = req.SerializeToString()
+    assert body != pb.ModelInferRequest.FromString(body).SerializeToString(deterministic=True)
+    _same_as_walk(body, whole=True)
+
+
+def test_a_known_field_sent_with_another_wire_type_takes_the_walk() -> None:
+    body = _tag(1, 0) + b"\x07" + _request().SerializeToString()  # model_name as a varint
     _same_as_walk(body, whole=False)
 
 
@@ -81,7 +104,7 @@ def test_an_unknown_field_takes_the_walk() -> None:
     _same_as_walk(_request().SerializeToString() + _tag(30, 0) + b"\x05", whole=False)
 
 
-def test_an_unpacked_shape_takes_the_walk() -> None:
+def test_an_unpacked_shape_is_read_as_the_walk_reads_it() -> None:
     req = _request()
     inp = req.inputs[0]
     unpacked = (_tag(1, 2) + bytes([len(inp.name)]) + inp.name.encode()
@@ -91,7 +114,7 @@ def test_an_unpacked_shape_takes_the_walk() -> None:
             + pbwire.len_field(5, unpacked)
             + pbwire.len_field(6, req.outputs[0].SerializeToString())
             + pbwire.len_field(7, req.raw_input_contents[0]))
-    _same_as_walk(body, whole=False)
+    _same_as_walk(body, whole=True)
     assert kserve_grpc.decode_request(body).inputs[0].shape == (1, 64)
 
 
@@ -101,6 +124,19 @@ def test_fields_out_of_order_take_the_walk() -> None:
     raw = pbwire.len_field(7, req.raw_input_contents[0])
     assert body.endswith(raw)
     _same_as_walk(raw + body[:-len(raw)], whole=False)
+
+
+def test_bytes_that_look_like_a_payload_at_the_end_take_the_walk() -> None:
+    """The payload first, and an output name that ends like a raw field of the same length:
+    the tail is not the payload, so the walk finds it."""
+    raw = b"\x01\x02\x03\x04"
+    req = pb.ModelInferRequest(model_name="m")
+    req.inputs.add(name="x", datatype="UINT8", shape=[4])
+    req.outputs.add(name="y:\x04wxyz")  # ':' is 0x3a, raw_input_contents' tag
+    body = pbwire.len_field(7, raw) + req.SerializeToString()
+    assert body.endswith(b"\x3a\x04wxyz")
+    _same_as_walk(body, whole=False)
+    assert bytes(kserve_grpc.decode_request(body).inputs[0].raw or b"") == raw
 
 
 def test_a_length_written_long_takes_the_walk() -> None:
