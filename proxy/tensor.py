@@ -65,6 +65,10 @@ def element_count(shape: tuple[int, ...]) -> int:
 
 MAX_DIM = 2**31 - 1
 """The largest dimension mmguard passes on."""
+MAX_SPAN = 2**60 - 1
+"""The most elements the non-zero dims of a shape with a zero dim may multiply to: one more, in
+8-byte items, passes numpy's 2**63 - 1 byte bound, and numpy refuses such a shape even with 0
+elements (a shape without a zero dim is held to its payload's size instead)."""
 
 # Bounds on the repeated parts of one request, checked before anything is built from them: each
 # costs Python time and memory per entry, and a 7 MiB body holds millions of tiny entries.
@@ -185,6 +189,11 @@ class Tensor:
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                              f"input '{self.name}': shape {list(self.shape)} has a dim above "
                              f"{MAX_DIM}")
+        if 0 in self.shape and element_count(tuple(d for d in self.shape if d)) > MAX_SPAN:
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             f"input '{self.name}': shape {list(self.shape)} has a zero dim, "
+                             f"but its other dims multiply past {MAX_SPAN}: no array takes "
+                             f"that shape, even with 0 elements")
 
     @classmethod
     def from_numpy(cls, name: str, arr: NDArray[Any], datatype: str | None = None) -> Tensor:

@@ -18,7 +18,8 @@ import pytest
 
 from proxy.call import Call
 from proxy.errors import ErrorKind, ProxyError
-from proxy.wire import kserve_http, openai
+from proxy.tensor import MAX_SPAN
+from proxy.wire import kserve_grpc, kserve_http, openai
 from tests.fuzz.fronts import Client, refused_over_grpc, refused_over_http
 from tests.fuzz.openai_inputs import bombs
 from tests.fuzz.oracle import decodes_or_refuses, refuses
@@ -101,6 +102,27 @@ def test_shape_with_a_zero_and_a_huge_dim_is_refused_or_usable(shape: list[int])
     # socket test below); [0, 10**30] does not even fit the int64 of a v2 gRPC shape.
     _http_refuses(_v2(input={"shape": shape, "data": []}),
                   f"input 'INPUT0': shape {shape} has a dim above 2147483647")
+
+
+@pytest.mark.parametrize("shape", [[0, 115, 12484608, 1606057984], [2**30, 0, 2**30, 2],
+                                   [0, 2**30, 2**30]])
+def test_shape_with_a_zero_and_dims_that_multiply_past_any_array_is_refused(
+        shape: list[int]) -> None:
+    # Each dim is within MAX_DIM, yet their product (the zero aside) passes what numpy takes:
+    # Tensor.numpy() raised ValueError("array is too big") for an accepted call (found by the
+    # long fuzz run on the gRPC decoder, 7 December 2026).
+    message = (f"input 'INPUT0': shape {shape} has a zero dim, but its other dims multiply "
+               f"past {MAX_SPAN}: no array takes that shape, even with 0 elements")
+    _http_refuses(_v2(input={"shape": shape, "data": []}), message)
+    refuses(kserve_grpc.decode_request, grpc_request("m", [("INPUT0", "FP32", shape, b"")]),
+            says=[message])
+
+
+def test_shape_with_a_zero_and_dims_just_within_the_span_bound_is_usable() -> None:
+    shape = [0, 2**30, 2**30 - 1]  # 2**60 - 2**30 elements without the zero: within MAX_SPAN
+    for datatype in ("FP64", "BYTES"):
+        call = kserve_grpc.decode_request(grpc_request("m", [("INPUT0", datatype, shape, b"")]))
+        assert call.inputs[0].numpy().shape == tuple(shape)
 
 
 # --- proxy/wire/openai.py ------------------------------------------------------------------------
