@@ -1,8 +1,9 @@
 /* The quality signals' passes over the image and its luminance plane, in C: what numpy does in
  * a few dozen passes of 50-150 k values, each read here once and kept in cache.
  *
- * What it does for whom: the image's extrema and luminance and channel_clipped's count
- * (signals.py), float16 widened to float32; the plane's differences, their energies, the
+ * What it does for whom: channel_clipped's count (signals.py; the image's luminance, extrema,
+ * that count and the levels together are _pass.c's one pass, luma.py), float16 widened to
+ * float32; the plane's differences, their energies, the
  * sharpest region's tiles and noise's blocks in one pass (differences.py); the levels exposure
  * and tone count (measure.py); shake's tile energies (scenes.py); and the small choices made
  * from those (the sharpest region, shake's tile, blockiness's medians, perspective's border
@@ -323,13 +324,14 @@ done:
     return result;
 }
 
-/* levels' pass: returns the sum; counts: under lo, over hi, >= nw, >= cl, >= bl. */
-VEC static double count_levels(const float *p, Py_ssize_t n, float lo, float hi, float nw,
-                               float cl, float bl, Py_ssize_t *counts) {
-    double total = 0.0;
+/* levels' pass over whole blocks of 64 values, added to acc (see _kernels.h): float partial
+ * sums, a double total per 64 values. image_pass (_pass.c) feeds it the plane's blocks as it
+ * writes them, so both sum the same blocks in the same order. */
+VEC void levels_blocks(const float *p, Py_ssize_t blocks, const LevelCuts *cut, LevelAcc *acc) {
+    double total = acc->total;
     Py_ssize_t ink = 0, high = 0, white = 0, clip = 0, blown = 0;
-    Py_ssize_t i = 0;
-    for (; i + 64 <= n; i += 64) {  /* float partial sums, a double total per 64 values */
+    const float lo = cut->lo, hi = cut->hi, nw = cut->nw, cl = cut->cl, bl = cut->bl;
+    for (Py_ssize_t i = 0; i < 64 * blocks; i += 64) {
         const float *restrict q = p + i;
         float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         for (Py_ssize_t k = 0; k < 64; k += 8)
@@ -353,21 +355,25 @@ VEC static double count_levels(const float *p, Py_ssize_t n, float lo, float hi,
             }
         }
     }
-    for (; i < n; i++) {
+    acc->total = total;
+    acc->counts[0] += ink;
+    acc->counts[1] += high;
+    acc->counts[2] += white;
+    acc->counts[3] += clip;
+    acc->counts[4] += blown;
+}
+
+/* The last n (< 64) values, one at a time. */
+void levels_tail(const float *p, Py_ssize_t n, const LevelCuts *cut, LevelAcc *acc) {
+    for (Py_ssize_t i = 0; i < n; i++) {
         float v = p[i];
-        total += v;
-        ink += v < lo;
-        high += v > hi;
-        white += v >= nw;
-        clip += v >= cl;
-        blown += v >= bl;
+        acc->total += v;
+        acc->counts[0] += v < cut->lo;
+        acc->counts[1] += v > cut->hi;
+        acc->counts[2] += v >= cut->nw;
+        acc->counts[3] += v >= cut->cl;
+        acc->counts[4] += v >= cut->bl;
     }
-    counts[0] = ink;
-    counts[1] = high;
-    counts[2] = white;
-    counts[3] = clip;
-    counts[4] = blown;
-    return total;
 }
 
 /* levels(plane, n, mid_low, mid_high, near_white, clipped, blown)
@@ -382,123 +388,19 @@ static PyObject *levels(PyObject *self, PyObject *args) {
     if (get_f32(o_plane, &plane, n, 0, "plane") < 0)
         return NULL;
     const float *p = (const float *)plane.view.buf;
-    double total = 0.0;
-    Py_ssize_t counts[5] = {0, 0, 0, 0, 0};
+    LevelCuts cut = {lo, hi, nw, cl, bl};
+    LevelAcc acc = {0.0, {0, 0, 0, 0, 0}};
     Py_BEGIN_ALLOW_THREADS
-    total = count_levels(p, n, lo, hi, nw, cl, bl, counts);
+    levels_blocks(p, n / 64, &cut, &acc);
+    levels_tail(p + n / 64 * 64, n % 64, &cut, &acc);
     Py_END_ALLOW_THREADS
     release(&plane);
-    return Py_BuildValue("dnnnnn", total, counts[0], counts[1], counts[2], counts[3],
-                         counts[4]);
-}
-
-/* The luminance of n pixels: g0 x0 + g1 x1 + g2 x2 - offset, summed in that order (as numpy's
- * einsum "c,chw->hw" adds them). */
-VEC static void mix_f32(const float *restrict x0, const float *restrict x1,
-                        const float *restrict x2, float *restrict out, Py_ssize_t n, float g0,
-                        float g1, float g2, float offset) {
-    for (Py_ssize_t i = 0; i < n; i++) {
-        float v = g0 * x0[i];
-        v += g1 * x1[i];
-        v += g2 * x2[i];
-        out[i] = v - offset;
-    }
-}
-
-/* The extrema of n values; *bad set when any is NaN or infinite. Compared as integers: a
- * float's bits, its sign folded so that signed integer order is the floats' order (-0 below
- * +0), which the compiler turns into vector min and max without relaxing float semantics. */
-VEC static void extrema_f32(const float *restrict x, Py_ssize_t n, float *lo, float *hi,
-                            int *bad) {
-    const int32_t *restrict b = (const int32_t *)x;
-    int32_t mn = INT32_MAX, mx = INT32_MIN, odd = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int32_t v = b[i];
-        odd |= (v & 0x7f800000) == 0x7f800000;
-        int32_t key = v ^ ((v >> 31) & 0x7fffffff);
-        mn = key < mn ? key : mn;
-        mx = key > mx ? key : mx;
-    }
-    mn ^= (mn >> 31) & 0x7fffffff;
-    mx ^= (mx >> 31) & 0x7fffffff;
-    memcpy(lo, &mn, sizeof mn);
-    memcpy(hi, &mx, sizeof mx);
-    *bad = odd;
-}
-
-VEC static void mix_u8(const unsigned char *restrict x, float *restrict out, Py_ssize_t n,
-                       float g0, float g1, float g2, float offset, int *lo, int *hi) {
-    int mn = *lo, mx = *hi;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int a = x[3 * i], b = x[3 * i + 1], c = x[3 * i + 2];
-        float v = g0 * (float)a;
-        v += g1 * (float)b;
-        v += g2 * (float)c;
-        out[i] = v - offset;
-        mn = a < mn ? a : mn;
-        mn = b < mn ? b : mn;
-        mn = c < mn ? c : mn;
-        mx = a > mx ? a : mx;
-        mx = b > mx ? b : mx;
-        mx = c > mx ? c : mx;
-    }
-    *lo = mn;
-    *hi = mx;
-}
-
-/* luminance(image, n, planar, g0, g1, g2, offset, out) -> (min, max) of every value.
- * image: 3 x n float32 planes (planar) or n x 3 uint8 pixels; out: n float32. A NaN or an
- * infinity anywhere makes both extrema NaN: the caller then reads the image as numpy's min and
- * max of a NaN would have it read (not finite, not inside its range). */
-static PyObject *luminance(PyObject *self, PyObject *args) {
-    PyObject *o_image, *o_out;
-    Py_ssize_t n;
-    int planar;
-    float g0, g1, g2, offset;
-    if (!PyArg_ParseTuple(args, "Onpffff" "O", &o_image, &n, &planar, &g0, &g1, &g2, &offset,
-                          &o_out))
-        return NULL;
-    Buf image, out;
-    image.held = out.held = 0;
-    PyObject *result = NULL;
-    if (get_f32(o_out, &out, n, 1, "out") < 0)
-        goto done;
-    if (planar) {
-        if (get_f32(o_image, &image, 3 * n, 0, "image") < 0)
-            goto done;
-        const float *x = (const float *)image.view.buf;
-        float lo = 0.0f, hi = 0.0f;
-        int nan = 0;
-        Py_BEGIN_ALLOW_THREADS
-        mix_f32(x, x + n, x + 2 * n, (float *)out.view.buf, n, g0, g1, g2, offset);
-        if (n > 0)
-            extrema_f32(x, 3 * n, &lo, &hi, &nan);
-        Py_END_ALLOW_THREADS
-        result = nan ? Py_BuildValue("dd", Py_NAN, Py_NAN) : Py_BuildValue("dd", lo, hi);
-    } else {
-        if (PyObject_GetBuffer(o_image, &image.view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
-            goto done;
-        image.held = 1;
-        if (image.view.itemsize != 1 || !native_format(image.view.format, 'B') ||
-            image.view.len < 3 * n) {
-            PyErr_SetString(PyExc_TypeError, "image: expected n x 3 uint8 values");
-            goto done;
-        }
-        int lo = 255, hi = 0;
-        Py_BEGIN_ALLOW_THREADS
-        mix_u8((const unsigned char *)image.view.buf, (float *)out.view.buf, n, g0, g1, g2,
-               offset, &lo, &hi);
-        Py_END_ALLOW_THREADS
-        result = Py_BuildValue("dd", (double)lo, (double)hi);
-    }
-done:
-    release(&image);
-    release(&out);
-    return result;
+    return Py_BuildValue("dnnnnn", acc.total, acc.counts[0], acc.counts[1], acc.counts[2],
+                         acc.counts[3], acc.counts[4]);
 }
 
 /* The luminance of n interleaved float32 pixels of `stride` channels, their first three mixed:
- * the sums of mix_f32, in its order. */
+ * the sums of _pass.c's planar mix, in its order. */
 VEC static void mix_f32_pixels(const float *restrict x, Py_ssize_t stride, float *restrict out,
                                Py_ssize_t n, float g0, float g1, float g2, float offset) {
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -1009,7 +911,8 @@ static PyMethodDef methods[] = {
     {"shake_pick", shake_pick, METH_VARARGS, "shake's value from its tile sums."},
     {"log_sum", log_sum, METH_VARARGS, "tone's sum of logarithms over every step-th value."},
     {"widen_float16", widen_float16, METH_VARARGS, "float16 to float32, bit for bit."},
-    {"luminance", luminance, METH_VARARGS, "Three channels mixed into one plane, with extrema."},
+    {"image_pass", image_pass, METH_VARARGS,
+     "The luminance, extrema, clipped count and levels of an image in one pass (_pass.c)."},
     {"mix", mix, METH_VARARGS, "HWC float32 pixels' first three channels mixed into a plane."},
     {"block_mean", block_mean, METH_VARARGS, "A large image's k x k block means, float32."},
     {"laplacian", laplacian, METH_VARARGS, "A window's Laplacian, as moire and ghosting take it."},

@@ -76,6 +76,24 @@ static inline int get_f64(PyObject *obj, Buf *b, Py_ssize_t n, int writable, con
     return get_values(obj, b, n, writable, what, 'd', 8, "float64");
 }
 
+/* measure.levels' thresholds and its running totals: the plane's sum, and its counts under
+ * lo, over hi, at nw and up, at cl and up, at bl and up. */
+typedef struct {
+    float lo, hi, nw, cl, bl;
+} LevelCuts;
+
+typedef struct {
+    double total;
+    Py_ssize_t counts[5];
+} LevelAcc;
+
+/* _kernels.c: levels' pass, over whole blocks of 64 values and over the last few. */
+void levels_blocks(const float *p, Py_ssize_t blocks, const LevelCuts *cut, LevelAcc *acc);
+void levels_tail(const float *p, Py_ssize_t n, const LevelCuts *cut, LevelAcc *acc);
+
+/* _pass.c: the image's one pass (luminance, extrema, clipped count, levels). */
+PyObject *image_pass(PyObject *self, PyObject *args);
+
 /* _spectra.c: moire's and ghosting's passes around their FFTs. */
 PyObject *laplacian(PyObject *self, PyObject *args);
 PyObject *windowed(PyObject *self, PyObject *args);

@@ -76,11 +76,18 @@ def levels(plane: F32) -> Levels:
         total, ink_n, high_n, white_n, clip_n, blown_n = kernels.levels(
             np.ascontiguousarray(flat, np.float32), flat.size, MID_LOW, MID_HIGH, NEAR_WHITE,
             CLIPPED, BLOWN)
-        return Levels(total / n, ink_n / n, 1.0 - ink_n / n - high_n / n, white_n / n,
-                      clip_n / n, blown_n / n)
+        return levels_from_counts(total, ink_n, high_n, white_n, clip_n, blown_n, n)
     mean = float(flat.sum(dtype=np.float64)) / n
     ink = np.count_nonzero(flat < MID_LOW) / n
     high = np.count_nonzero(flat > MID_HIGH) / n
     white = flat[flat >= NEAR_WHITE]
     return Levels(mean, ink, 1.0 - ink - high, white.size / n,
                   np.count_nonzero(white >= CLIPPED) / n, np.count_nonzero(white >= BLOWN) / n)
+
+
+def levels_from_counts(total: float, ink: int, high: int, white: int, clipped: int, blown: int,
+                       n: int) -> Levels:
+    """``Levels`` from a C pass's sum and counts over ``n`` values (``levels`` here, and
+    ``luma.image_pass``, which counts them while it writes the plane)."""
+    return Levels(total / n, ink / n, 1.0 - ink / n - high / n, white / n, clipped / n,
+                  blown / n)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -34,24 +33,30 @@ from filters.quality.differences import NOISE_BLOCK as _NOISE_BLOCK
 from filters.quality.differences import TILES as _TILES
 from filters.quality.differences import PlaneDifferences as Differences
 from filters.quality.differences import differences
+from filters.quality.luma import REF_SIDE as REF_SIDE
+from filters.quality.luma import (
+    clip_levels,
+    clipped_to_range,
+    first_at_least,
+    image_pass,
+    inside_range,
+)
+from filters.quality.luma import luminance as luminance
 from filters.quality.measure import F32 as F32
 from filters.quality.measure import Levels, levels
 from filters.quality.measure import Signal as Signal
 from filters.quality.measure import ramp as _ramp
 from filters.quality.values import ImageSpec as ImageSpec
-from filters.quality.values import _bounds, channels_of, extrema, finite, value_range
+from filters.quality.values import channels_of, extrema, finite, value_range
 from filters.quality.values import fmt_value as fmt_value
 from filters.quality.values import widen_float16 as widen_float16
 from filters.quality.washout import washout
 
 IMAGE_SIGNALS = ("finite", "range", "constant", "sharpness", "exposure", "noise", "blockiness",
                  *scenes.SCENE_SIGNALS)
-REF_SIDE = 224  # the short side a vision encoder reads; planes are measured at this scale
-_LUMA = (0.299, 0.587, 0.114)  # ITU-R BT.601
 SHARPNESS_BLURRED, SHARPNESS_SHARP = 0.3, 1.1  # second/first difference energy; sharpness()
 EXPOSURE_DARK, EXPOSURE_LIT = 0.03, 0.2  # mean luminance
 HIGHLIGHTS_DIM, HIGHLIGHTS_LIT = 0.35, 0.6  # 99th-percentile luminance; see exposure()
-_CLIPPED_LEVEL = 0.75  # mean of the channels, of the range; see channel_clipped()
 EXPOSURE_BLOWN, EXPOSURE_BRIGHT = 0.25, 0.05  # weighted blown-white share; see exposure()
 BLOCKY, NOT_BLOCKY = 1.75, 1.25  # gradient energy on / beside the 8-px grid; blockiness()
 _FLAT_ENERGY = 1e-5  # per pixel: below ~1 grey level of steps, a line counts as flat
@@ -60,126 +65,6 @@ _NOISE_P25_GAIN = 1.135  # the 25th percentile of block means under pure noise, 
 
 
 # --- images -------------------------------------------------------------------------------------
-
-
-def _block_mean(image: NDArray[Any], layout: str) -> NDArray[Any]:
-    """Block-mean down-sampling so the short side is ~REF_SIDE, done before the luminance mix
-    (both are linear, so the order does not matter) so a large photo is never copied whole
-    into float32."""
-    hw = image.shape[1:3] if layout == "CHW" else image.shape[:2]
-    k = min(hw) // REF_SIDE if image.size else 0
-    if k < 2:
-        return image
-    h, w = (hw[0] // k) * k, (hw[1] // k) * k
-    inv = np.float32(1.0 / (k * k))
-    kernels = native.kernels
-    if (kernels is not None and image.ndim == 3 and image.flags.c_contiguous
-            and image.dtype in (np.uint8, np.float32)
-            and (k < 8 or (layout == "HWC" and image.shape[2] > 1))):
-        # The same sums in C, one read of the image (13 -> ~1 ms for 1920 x 1080 x 3 uint8)
-        hwc = layout == "HWC"
-        c = image.shape[2] if hwc else image.shape[0]
-        shape = (h // k, w // k, c) if hwc else (c, h // k, w // k)
-        out_c: F32 = np.empty(shape, np.float32)
-        kernels.block_mean(image, hwc, hw[0], hw[1], c, k, float(inv), out_c)
-        return out_c
-    # Rows first, then columns: two single-axis sums are ~7x faster than one over (k, k) blocks.
-    if layout == "CHW":
-        rows = image[:, :h, :w].reshape(image.shape[0], h // k, k, w).sum(axis=2,
-                                                                            dtype=np.float32)
-        out = rows.reshape(image.shape[0], h // k, w // k, k).sum(axis=3)
-    else:
-        rows = image[:h, :w].reshape(h // k, k, w, *image.shape[2:]).sum(axis=1,
-                                                                          dtype=np.float32)
-        out = rows.reshape(h // k, w // k, k, *image.shape[2:]).sum(axis=2)
-    mean: F32 = np.multiply(out, inv, dtype=np.float32)
-    return mean
-
-
-@cache
-def _luma_gain(low: tuple[float, ...], high: tuple[float, ...], channels: int
-               ) -> tuple[F32, np.float32]:
-    """Per-channel weights that mix the channels into a luminance in [0, 1], and the offset
-    to take off; shared, read-only."""
-    lo, hi = _bounds(low, high, channels)
-    weights = np.asarray(_LUMA if channels == 3 else (1.0,) * channels, np.float32)
-    gain: F32 = weights / weights.sum() / (hi - lo)
-    gain.flags.writeable = False
-    return gain, np.float32(np.sum(gain * lo))
-
-
-def _inside(spec: ImageSpec, channels: int, mins: F32, maxs: F32) -> bool:
-    """Whether every channel's values are finite and within the range the model expects."""
-    lo, hi = (x.tolist() for x in spec.bounds(channels))  # NaN compares False below
-    return all(a >= b for a, b in zip(mins.tolist(), lo, strict=True)) and all(
-        a <= b for a, b in zip(maxs.tolist(), hi, strict=True))
-
-
-def luminance(image: NDArray[Any], spec: ImageSpec, inside: bool = False) -> F32:
-    """Luminance in [0, 1] (NaN read as 0, Inf clipped) at ~REF_SIDE on the short side.
-    ``inside``: every value is known finite and in range, so the plane is in [0, 1] but for
-    its sum's rounding (an ulp or two): not scanned for NaN nor clipped."""
-    image = _block_mean(image, spec.layout)
-    chans = channels_of(image, spec.layout)
-    gain, offset = _luma_gain(spec.low, spec.high, len(chans))
-    # Never ``image @ gain`` for HWC: that is OpenBLAS's sgemv, whose sums round differently by
-    # CPU (seen on AVX-512). The C pass or the multiply-adds below sum as the fused pass does,
-    # bit for bit, on every machine.
-    kernels = native.kernels
-    if (spec.layout == "HWC" and kernels is not None and image.dtype == np.float32
-            and image.ndim == 3 and len(chans) == 3 and image.flags.c_contiguous):
-        plane = np.empty(image.shape[:2], np.float32)
-        kernels.mix(image, plane.size, image.shape[2], *gain.tolist(), float(offset), plane)
-        return _clipped_to_range(plane, inside)
-    if spec.layout == "CHW" and image.dtype == np.float32 and image.ndim == 3:
-        # One pass over the channels (measured 2.4x cheaper than a multiply-add per channel;
-        # the same sum in the same order). Not a BLAS product: OpenBLAS spreads a matrix-vector
-        # product this size over its threads, whose spinning cost 2.5x the CPU it saved.
-        plane = np.einsum("c,chw->hw", gain, image[: len(chans)])
-    else:
-        plane = np.multiply(chans[0], gain[0], dtype=np.float32)
-        for c in range(1, len(chans)):
-            plane += np.multiply(chans[c], gain[c], dtype=np.float32)
-    if offset:
-        plane -= offset
-    return _clipped_to_range(plane, inside)
-
-
-def _clipped_to_range(plane: F32, inside: bool) -> F32:
-    """The plane with NaN read as 0 and values clipped to [0, 1], unless ``inside``."""
-    if plane.size and not inside:
-        low, high = float(plane.min()), float(plane.max())
-        if not (math.isfinite(low) and math.isfinite(high)):
-            plane = np.nan_to_num(plane, nan=0.0, posinf=1.0, neginf=0.0)
-            low, high = float(plane.min()), float(plane.max())  # NaN compared as in range
-        if low < 0.0 or high > 1.0:
-            np.minimum(plane, 1.0, out=plane)
-            np.maximum(plane, 0.0, out=plane)
-    return plane
-
-
-def _fused_luminance(image: NDArray[Any], spec: ImageSpec) -> tuple[float, float, F32] | None:
-    """The whole image's extrema and its luminance (not yet clipped) in one C pass, for the
-    inputs most models take: three channels, one range for all, FP32 planes (CHW) or UINT8
-    pixels (HWC), at a size read without down-sampling. None for every other input (numpy's
-    ``extrema`` and ``luminance`` read those)."""
-    kernels = native.kernels
-    if kernels is None or image.ndim != 3 or not image.flags.c_contiguous:
-        return None
-    if len(set(spec.low)) != 1 or len(set(spec.high)) != 1:
-        return None
-    if spec.layout == "CHW" and image.dtype == np.float32 and image.shape[0] == 3:
-        hw, planar = image.shape[1:], True
-    elif spec.layout == "HWC" and image.dtype == np.uint8 and image.shape[2] == 3:
-        hw, planar = image.shape[:2], False
-    else:
-        return None
-    if min(hw) // REF_SIDE >= 2 or 0 in hw:  # block-mean down-sampled first: numpy's path
-        return None
-    gain, offset = _luma_gain(spec.low, spec.high, 3)
-    plane = np.empty(hw, np.float32)
-    low, high = kernels.luminance(image, hw[0] * hw[1], planar, *gain.tolist(), offset, plane)
-    return low, high, plane
 
 
 def _mean_var(x: F32, mean: float | None = None) -> tuple[float, float]:
@@ -325,7 +210,7 @@ def channel_clipped(image: NDArray[Any], spec: ImageSpec) -> float:
         sub.shape[0] if spec.layout == "CHW" else sub.shape[-1], 3)
     if sub.size == 0 or count < 3:
         return 0.0
-    tops, light = _clip_levels(spec.low, spec.high, count)
+    tops, light = clip_levels(spec.low, spec.high, count)
     kernels = native.kernels
     if kernels is not None and len(set(tops)) == 1 and image.ndim == 3 \
             and image.flags.c_contiguous and (
@@ -335,7 +220,7 @@ def channel_clipped(image: NDArray[Any], spec: ImageSpec) -> float:
         planar = spec.layout == "CHW"
         h, w = image.shape[1:] if planar else image.shape[:2]
         top, ceiling = ((tops[0], float(light)) if planar
-                        else (_first_at_least(tops[0]), math.ceil(float(light))))
+                        else (first_at_least(tops[0]), math.ceil(float(light))))
         hits, looked = kernels.clipped(image, h, w, planar, top, ceiling)
         share: float = hits / looked
         return share
@@ -350,7 +235,7 @@ def channel_clipped(image: NDArray[Any], spec: ImageSpec) -> float:
         np.maximum(top, three[2], out=top)
         if three.dtype == np.uint8:
             # Integers: the first value the float comparisons accept, compared in integers.
-            hit: NDArray[np.bool_] = top >= _first_at_least(tops[0])
+            hit: NDArray[np.bool_] = top >= first_at_least(tops[0])
             level = np.add(three[0], three[1], dtype=np.uint16)
             level += three[2]
             hit &= level >= math.ceil(float(light))  # every sum is exact in float32 too
@@ -367,24 +252,6 @@ def channel_clipped(image: NDArray[Any], spec: ImageSpec) -> float:
             level += c  # in the input's own units: compared once, below
     hit &= level >= light
     return np.count_nonzero(hit) / hit.size
-
-
-@cache
-def _clip_levels(low: tuple[float, ...], high: tuple[float, ...], channels: int
-                 ) -> tuple[tuple[float, ...], np.float32]:
-    """channel_clipped's per-channel top (within 1.5/255 of the range's top) and the channels'
-    sum from which a pixel is light; per spec, computed once."""
-    lows, highs = _bounds(low, high, channels)
-    tops = tuple(hi - (hi - lo) * (1.5 / 255) for lo, hi in zip(lows.tolist(), highs.tolist(),
-                                                                strict=True))
-    return tops, np.float32(float((lows + _CLIPPED_LEVEL * (highs - lows)).sum()))
-
-
-@cache
-def _first_at_least(top: float) -> int:
-    """The lowest uint8 value that compares ``>= top`` as numpy compares a uint8 array with
-    this float (256 when none does)."""
-    return int(np.argmax(np.append(np.arange(256, dtype=np.uint8) >= top, True)))
 
 
 def exposure(plane: F32, lv: Levels | None = None, clipped: float | None = None) -> Signal:
@@ -448,22 +315,26 @@ def image_signals(image: NDArray[Any], spec: ImageSpec,
     with np.errstate(all="ignore"):  # NaN/Inf are measured, not warned about
         channels = 1 if spec.layout == "HW" else min(
             image.shape[0] if spec.layout == "CHW" else image.shape[-1], 3)
-        fused = _fused_luminance(image, spec)
-        if fused is not None:
-            low, high, mixed = fused
-            mins = np.full(channels, low, np.float32)
-            maxs = np.full(channels, high, np.float32)
-            plane = _clipped_to_range(mixed, _inside(spec, channels, mins, maxs))
+        one = image_pass(image, spec)
+        lv: Levels | None
+        if one is not None:  # the input read once (luma.py): the plane, extrema, clipped, levels
+            mins = np.full(channels, one.low, np.float32)
+            maxs = np.full(channels, one.high, np.float32)
+            inside = inside_range(spec, channels, mins, maxs)
+            plane = clipped_to_range(one.plane, inside)
+            lv = one.levels if inside else levels(plane)  # not inside: the plane may be clipped
+            clipped = one.clipped
         else:
             mins, maxs = extrema(image, spec, channels)
-            plane = luminance(image, spec, _inside(spec, channels, mins, maxs))
+            plane = luminance(image, spec, inside_range(spec, channels, mins, maxs))
+            lv = levels(plane) if plane.size else None
+            clipped = channel_clipped(image, spec)
         d = differences(plane) if min(plane.shape, default=0) >= 3 else None
-        lv = levels(plane) if plane.size else None
         return {"finite": finite(image, mins, maxs),
                 "range": value_range(image, spec, mins, maxs),
                 "constant": constant(plane, lv.mean if lv else None),
                 "sharpness": sharpness(plane, d),
-                "exposure": exposure(plane, lv, channel_clipped(image, spec)),
+                "exposure": exposure(plane, lv, clipped),
                 "noise": (nz := noise(plane, d)), "blockiness": blockiness(plane, d),
                 "perspective": scenes.perspective(plane), "tone": scenes.tone(plane, lv),
                 "shake": scenes.shake(plane, nz.value),

@@ -8,6 +8,7 @@ pass on the numpy code alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import random
@@ -19,7 +20,7 @@ import pytest
 from numpy.typing import NDArray
 
 from filters.quality import differences as diffs
-from filters.quality import measure, native, scenes
+from filters.quality import luma, measure, native, scenes
 from filters.quality.filter import QualityConfig, QualityFactory
 from filters.quality.signals import ImageSpec, image_signals
 from proxy.chain import FilterContext
@@ -216,9 +217,7 @@ def test_the_fused_luminance_reads_edge_values_as_numpy(name: str, image: NDArra
                                                         spec: ImageSpec) -> None:
     """NaN, ±Inf (the fused pass reports either as NaN extrema: the same signals follow),
     -0, values out of range: every signal as the numpy code reads it."""
-    from filters.quality import signals
-    fused = signals._fused_luminance(image, spec)
-    assert fused is not None, "the fused pass should read this input"
+    assert luma.image_pass(image, spec) is not None, "the one pass should read this input"
     got, want = both(image_signals, image, spec)
     for key, signal in got.items():
         assert signal.score == pytest.approx(want[key].score, abs=1e-6), (key, signal, want[key])
@@ -237,11 +236,10 @@ def test_the_luminance_plane_is_the_c_passes_bit_for_bit(name: str, image: NDArr
     """The plane itself, not only the signals read off it: numpy's code is the C pass's sums
     in their order on every machine. (An HWC product through OpenBLAS rounded differently on
     an AVX-512 machine, and ghosting, reading a log spectrum, moved 1.2e-4.)"""
-    from filters.quality import signals
-    fused = signals._fused_luminance(image, spec)
+    fused = luma.image_pass(image, spec)
     assert fused is not None
-    plane = fused[2].reshape(signals.luminance(image, spec).shape)
-    want = signals.luminance(image, spec, inside=True)
+    plane = fused.plane.reshape(luma.luminance(image, spec).shape)
+    want = luma.luminance(image, spec, inside=True)
     assert plane.dtype == want.dtype == np.float32
     assert np.array_equal(plane.view(np.uint32), want.view(np.uint32)), name
 
@@ -271,12 +269,11 @@ def test_a_large_image_is_down_sampled_as_numpy_does_it(layout: str,
                                                        shape: tuple[int, ...]) -> None:
     """``_block_mean``'s block means in C, bit for bit: uint8 (whose sums are exact in any
     order) and float32 (whose are not; -0.0 included), every layout and factor it takes."""
-    from filters.quality import signals
     rng = np.random.default_rng(13)
     floats = rng.random(shape, np.float32) * 3 - 1
     floats.flat[::97] = -0.0
     for image in (rng.integers(0, 256, shape).astype(np.uint8), floats):
-        got, want = both(signals._block_mean, image, layout)
+        got, want = both(luma.block_mean, image, layout)
         assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (layout, image.dtype)
 
@@ -308,10 +305,9 @@ def test_the_mix_refuses_what_it_cannot_read() -> None:
 
 
 def test_the_fused_luminance_leaves_other_inputs_to_numpy() -> None:
-    from filters.quality import signals
     chw = ImageSpec("CHW", (0.0,), (1.0,))
     x = np.zeros((3, 40, 40), np.float32)
-    assert signals._fused_luminance(x, chw) is not None
+    assert luma.image_pass(x, chw) is not None
     for image, spec in ((x.astype(np.float64), chw),  # another dtype
                         (np.zeros((4, 40, 40), np.float32), chw),  # an alpha plane
                         (x[:, ::2, ::2], chw),  # not contiguous
@@ -319,7 +315,7 @@ def test_the_fused_luminance_leaves_other_inputs_to_numpy() -> None:
                         (x, ImageSpec("CHW", (0.0, 0.1, 0.0), (1.0,))),  # ranges per channel
                         (np.zeros((40, 40, 3), np.float32), ImageSpec("HWC", (0.0,), (1.0,))),
                         (x.astype(">f4"), chw)):  # byte-swapped
-        assert signals._fused_luminance(image, spec) is None
+        assert luma.image_pass(image, spec) is None
 
 
 @pytest.mark.parametrize("dtype", [">f4", "<f4", ">f2", "<f2"])
@@ -343,18 +339,80 @@ def test_either_byte_order_reads_as_numpy_reads_it(dtype: str) -> None:
 def test_channel_clipped_counts_exactly_as_numpy(name: str, image: NDArray[Any],
                                                  spec: ImageSpec) -> None:
     from filters.quality.signals import channel_clipped
+    bright = _brightened(image, spec)
+    for x in (image, bright, bright[..., :-1].copy() if bright.dtype == np.uint8
+              else bright[:, :-1].copy()):  # an odd width
+        got, want = both(channel_clipped, x, spec)
+        assert got == want, (name, got, want)
+
+
+def _brightened(image: NDArray[Any], spec: ImageSpec) -> NDArray[Any]:
+    """A third of the pixels at the range's top, a third just under channel_clipped's top."""
     bright = image.copy()
-    if bright.dtype == np.uint8:  # a third of the pixels at the top, a third just under it
+    if bright.dtype == np.uint8:
         bright[::3] = 255
         bright[1::3, :, 0] = 253
     else:
         bright[:, ::3] = spec.high[0]
         bright[0, 1::3] = np.nextafter(np.float32(spec.high[0] - (spec.high[0] - spec.low[0])
                                                   * 1.5 / 255), np.float32(-1e9))
-    for x in (image, bright, bright[..., :-1].copy() if bright.dtype == np.uint8
-              else bright[:, :-1].copy()):  # an odd width
-        got, want = both(channel_clipped, x, spec)
-        assert got == want, (name, got, want)
+    return bright
+
+
+_ONE_PASS = odd_images() + [(c.name, c.image, HWC) for c in photos.clean_set()[::9]]
+
+
+@pytest.mark.parametrize(("name", "image", "spec"), _ONE_PASS, ids=[c[0] for c in _ONE_PASS])
+def test_the_one_pass_reads_what_the_separate_passes_read(name: str, image: NDArray[Any],
+                                                          spec: ImageSpec) -> None:
+    """luma.image_pass against the functions it stands in for, on the image, a brightened copy
+    and copies whose sides are odd and not multiples of 64 (the levels' blocks then straddle
+    rows, and a tail is left): the plane bit for bit, the extrema as numpy's, channel_clipped's
+    share and the levels' counts exactly, the levels' sum as measure.levels' C pass sums it
+    (the same blocks, the same order: bit for bit) and within rounding of numpy's."""
+    from filters.quality.signals import channel_clipped
+    from filters.quality.values import extrema
+    bright = _brightened(image, spec)
+    hwc = image.dtype == np.uint8
+    for x in (image, bright, np.ascontiguousarray(bright[:-1, :-1] if hwc
+                                                  else bright[:, :-1, :-1])):
+        one = luma.image_pass(x, spec)
+        assert one is not None, name
+        lows, highs = extrema(x, spec, 3)
+        if np.isnan(one.low):  # NaN or ±Inf anywhere: reported as NaN extrema
+            assert not (np.isfinite(lows).all() and np.isfinite(highs).all()), name
+        else:
+            assert (one.low, one.high) == (float(lows.min()), float(highs.max())), name
+        plane = luma.luminance(x, spec, inside=True)
+        assert np.array_equal(one.plane.view(np.uint32), plane.view(np.uint32)), name
+        clipped, reference = both(channel_clipped, x, spec)
+        assert one.clipped == clipped == reference, (name, one.clipped, reference)
+        counted, numpy_counted = both(measure.levels, one.plane)
+        same = [a == b or (a != a and b != b) for a, b in  # NaN (a NaN pixel) is NaN's match
+                zip(dataclasses.astuple(one.levels), dataclasses.astuple(counted), strict=True)]
+        assert all(same), (name, one.levels, counted)
+        assert one.levels.mean == pytest.approx(numpy_counted.mean, rel=1e-6, abs=1e-9,
+                                                nan_ok=True)
+        assert (one.levels.ink, one.levels.mid, one.levels.near_white, one.levels.clipped,
+                one.levels.blown) == (numpy_counted.ink, numpy_counted.mid,
+                                      numpy_counted.near_white, numpy_counted.clipped,
+                                      numpy_counted.blown), name
+
+
+def test_the_one_pass_refuses_what_it_cannot_read() -> None:
+    kernels = native.kernels
+    assert kernels is not None
+    plane = np.empty((4, 4), np.float32)
+    args = (1.0, 1.0, 1.0, 0.0, plane, 1.0, 1.0, 0.25, 0.75, 0.9, 0.98, 0.98)
+    with pytest.raises(ValueError, match="at least 48 values"):
+        kernels.image_pass(np.zeros(47, np.float32), 4, 4, True, *args)
+    with pytest.raises(TypeError, match="uint8"):
+        kernels.image_pass(np.zeros(48, np.float32), 4, 4, False, *args)
+    with pytest.raises(ValueError, match="h >= 1"):
+        kernels.image_pass(np.zeros(48, np.float32), 0, 4, True, *args)
+    with pytest.raises(ValueError, match="out: expected at least 16"):
+        kernels.image_pass(np.zeros(48, np.float32), 4, 4, True, 1.0, 1.0, 1.0, 0.0,
+                           np.empty(15, np.float32), *args[5:])
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["c", "numpy"])
