@@ -6,6 +6,12 @@ machine (CPU time of this process, ``time.process_time``).
     python -m bench.chain_profile [--calls 300] [--repeats 5] [--chains default,full]
     python -m bench.chain_profile --profile full      # cProfile of one chain, top functions
     python -m bench.chain_profile --breakdown --reuse-signals   # the chain around the signals
+    python -m bench.chain_profile --breakdown --cold 16   # each call after 16 MB of other reads
+
+``--cold MB`` reads MB of other memory before each call (its CPU is not counted), as a request
+through the process arrives after the sockets, the codecs and the last request have passed
+through the same caches: it reproduces most of the gap between this harness's figures and the
+process's (``bench/README.md``, "tenth pass").
 
 What it does not see: the codecs and sockets (the same for every chain: ``python -m bench.proxy``'s
 chain rows measure the whole process), and a real Triton's answer buffers (the in-memory backend
@@ -150,10 +156,12 @@ def harness_doc(chains: list[str]) -> dict[str, Any]:
 
 
 async def _run(chains: list[str], calls: int, repeats: int, profile: str | None,
-               breakdown: Breakdown | None = None
+               breakdown: Breakdown | None = None, cold_mb: int = 0
                ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     import numpy as np
 
+    other = np.ones(cold_mb << 18, np.float32)  # MB of float32: read before each call
+    evicting = [0.0]  # the CPU those reads took, taken off the chain's figure
     doc = harness_doc(chains)
     contract = contract_for(study.TRITON_MODEL, {study.TRITON_IN: ("FP32", (-1, 3, 224, 224))},
                             {study.TRITON_OUT: ("FP32", (-1, 3, 224, 224))}, max_batch_size=8)
@@ -177,6 +185,10 @@ async def _run(chains: list[str], calls: int, repeats: int, profile: str | None,
                           "api")
 
         async def one(route: str, i: int) -> None:
+            if other.size:
+                t = time.process_time()
+                other.sum()
+                evicting[0] += time.process_time() - t
             reply = await h.infer(route, [Tensor(study.TRITON_IN, "FP32", SHAPE,
                                                  raw=memoryview(x.tobytes()))],
                                   headers={study.CANARY_HEADER: "1"}, request_id=f"r{i}")
@@ -196,6 +208,7 @@ async def _run(chains: list[str], calls: int, repeats: int, profile: str | None,
                 if breakdown is not None:
                     breakdown.reset()
                 t0, f0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                evicting[0] = 0.0
                 if prof:
                     prof.enable()
                 for i in range(calls):
@@ -204,7 +217,7 @@ async def _run(chains: list[str], calls: int, repeats: int, profile: str | None,
                 if prof:
                     prof.disable()
                     pstats.Stats(prof).sort_stats("tottime").print_stats(30)
-                out[chain].append((time.process_time() - t0) * 1000 / calls)
+                out[chain].append((time.process_time() - t0 - evicting[0]) * 1000 / calls)
                 if breakdown is not None:
                     breakdown.calls = calls
                     per_filter[chain].append(breakdown.per_call_us())
@@ -236,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default=None, help="a chain to cProfile (first repeat)")
     p.add_argument("--breakdown", action="store_true",
                    help="also each filter's own CPU per call (next and backend left out)")
+    p.add_argument("--cold", type=int, default=0, metavar="MB",
+                   help="read MB of other memory before each call (not counted): the caches "
+                   "as a request through the process finds them")
     p.add_argument("--reuse-signals", action="store_true",
                    help="measure quality's image signals once and reuse them (the bench's "
                    "image never changes): what the chain costs around them")
@@ -246,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     restore = reuse_signals() if args.reuse_signals else None
     try:
         found, faults = asyncio.run(_run(chains, args.calls, args.repeats, args.profile,
-                                         breakdown))
+                                         breakdown, args.cold))
     finally:
         if restore is not None:
             restore()
