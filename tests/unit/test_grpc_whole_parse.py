@@ -72,19 +72,26 @@ def test_a_parameter_key_sent_twice_merges_as_the_walk_merges_it() -> None:
 
 
 def test_a_sequence_request_in_the_clients_parameter_order_is_parsed_whole() -> None:
-    """tritonclient's sequence parameters, in its own order (not protobuf's sorted one)."""
-    req = pb.ModelInferRequest(model_name="seq", id="r1")
+    """tritonclient's sequence parameters in an order of their own, not protobuf's sorted one.
+    (The body is put together entry by entry: the order a map serializes in is its hash
+    table's, which can come out sorted by chance.)"""
+    head = pb.ModelInferRequest(model_name="seq", id="r1").SerializeToString()
+    entries = []
     for key, value in (("sequence_id", 5), ("sequence_start", True), ("sequence_end", False),
                        ("priority", 2)):
+        one = pb.ModelInferRequest()
         if isinstance(value, bool):
-            req.parameters[key].bool_param = value
+            one.parameters[key].bool_param = value
         else:
-            req.parameters[key].int64_param = value
-    req.inputs.add(name="x", datatype="INT32", shape=[1, 1])
-    req.raw_input_contents.append(b"\x01\x00\x00\x00")
-    body = req.SerializeToString()
+            one.parameters[key].int64_param = value
+        entries.append(one.SerializeToString())
+    tail = pb.ModelInferRequest(raw_input_contents=[b"\x01\x00\x00\x00"])
+    tail.inputs.add(name="x", datatype="INT32", shape=[1, 1])
+    body = head + b"".join(entries) + tail.SerializeToString()
     assert body != pb.ModelInferRequest.FromString(body).SerializeToString(deterministic=True)
     _same_as_walk(body, whole=True)
+    assert kserve_grpc.decode_request(body).parameters == {
+        "sequence_id": 5, "sequence_start": True, "sequence_end": False, "priority": 2}
 
 
 def test_a_known_field_sent_with_another_wire_type_takes_the_walk() -> None:
