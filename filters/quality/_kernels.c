@@ -453,34 +453,16 @@ VEC static Py_ssize_t clipped_f32(const float *restrict x, Py_ssize_t h, Py_ssiz
                                   float top, float light) {
     const float *c0 = x, *c1 = x + h * w, *c2 = x + 2 * h * w;
     Py_ssize_t hits = 0;
-    for (Py_ssize_t i = 0; i < h; i += 2) {
-        const float *a = c0 + i * w, *b = c1 + i * w, *c = c2 + i * w;
-        int row = 0;
-        for (Py_ssize_t j = 0; j < w; j += 2) {
-            float m = a[j] > b[j] ? a[j] : b[j];
-            m = c[j] > m ? c[j] : m;
-            float level = (a[j] + b[j]) + c[j];
-            row += (m >= top) & (level >= light);
-        }
-        hits += row;
-    }
+    for (Py_ssize_t i = 0; i < h; i += 2)
+        hits += clipped_row_f32(c0 + i * w, c1 + i * w, c2 + i * w, w, top, light);
     return hits;
 }
 
 VEC static Py_ssize_t clipped_u8(const unsigned char *restrict x, Py_ssize_t h, Py_ssize_t w,
                                  int top, int light) {
     Py_ssize_t hits = 0;
-    for (Py_ssize_t i = 0; i < h; i += 2) {
-        const unsigned char *p = x + 3 * i * w;
-        int row = 0;
-        for (Py_ssize_t j = 0; j < w; j += 2) {
-            int a = p[3 * j], b = p[3 * j + 1], c = p[3 * j + 2];
-            int m = a > b ? a : b;
-            m = c > m ? c : m;
-            row += (m >= top) & (a + b + c >= light);
-        }
-        hits += row;
-    }
+    for (Py_ssize_t i = 0; i < h; i += 2)
+        hits += clipped_row_u8(x + 3 * i * w, w, top, light);
     return hits;
 }
 

@@ -87,6 +87,33 @@ typedef struct {
     Py_ssize_t counts[5];
 } LevelAcc;
 
+/* channel_clipped's count on one row, every other column: a pixel counts when its largest
+ * channel is >= top and its channels' sum, added in channel order, is >= light. Float planes
+ * (a, b, c: the row in each channel) or uint8 pixels (p: the row's interleaved RGB). */
+static inline Py_ssize_t clipped_row_f32(const float *a, const float *b, const float *c,
+                                         Py_ssize_t w, float top, float light) {
+    int row = 0;
+    for (Py_ssize_t j = 0; j < w; j += 2) {
+        float m = a[j] > b[j] ? a[j] : b[j];
+        m = c[j] > m ? c[j] : m;
+        float level = (a[j] + b[j]) + c[j];
+        row += (m >= top) & (level >= light);
+    }
+    return row;
+}
+
+static inline Py_ssize_t clipped_row_u8(const unsigned char *p, Py_ssize_t w, int top,
+                                        int light) {
+    int row = 0;
+    for (Py_ssize_t j = 0; j < w; j += 2) {
+        int u = p[3 * j], v = p[3 * j + 1], c = p[3 * j + 2];
+        int m = u > v ? u : v;
+        m = c > m ? c : m;
+        row += (m >= top) & (u + v + c >= light);
+    }
+    return row;
+}
+
 /* _kernels.c: levels' pass, over whole blocks of 64 values and over the last few. */
 void levels_blocks(const float *p, Py_ssize_t blocks, const LevelCuts *cut, LevelAcc *acc);
 void levels_tail(const float *p, Py_ssize_t n, const LevelCuts *cut, LevelAcc *acc);

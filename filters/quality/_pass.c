@@ -67,16 +67,8 @@ VEC static void pass_f32(const float *restrict x, float *restrict plane, const P
                 mx = key > mx ? key : mx;
             }
         }
-        if (r % 2 == 0) {  /* channel_clipped: every other row and column */
-            int row = 0;
-            for (Py_ssize_t j = 0; j < w; j += 2) {
-                float m = x0[j] > x1[j] ? x0[j] : x1[j];
-                m = x2[j] > m ? x2[j] : m;
-                float level = (x0[j] + x1[j]) + x2[j];
-                row += (m >= top) & (level >= light);
-            }
-            hits += row;
-        }
+        if (r % 2 == 0)  /* channel_clipped: every other row and column */
+            hits += clipped_row_f32(x0, x1, x2, w, top, light);
         count_ready(plane, (r + 1) * w, &counted, &a->cut, &o->levels);
     }
     levels_tail(plane + counted, n - counted, &a->cut, &o->levels);
@@ -108,16 +100,8 @@ VEC static void pass_u8(const unsigned char *restrict x, float *restrict plane,
             mx = v > mx ? v : mx;
             mx = c > mx ? c : mx;
         }
-        if (r % 2 == 0) {
-            int row = 0;
-            for (Py_ssize_t j = 0; j < w; j += 2) {
-                int u = p[3 * j], v = p[3 * j + 1], c = p[3 * j + 2];
-                int m = u > v ? u : v;
-                m = c > m ? c : m;
-                row += (m >= top) & (u + v + c >= light);
-            }
-            hits += row;
-        }
+        if (r % 2 == 0)
+            hits += clipped_row_u8(p, w, top, light);
         count_ready(plane, (r + 1) * w, &counted, &a->cut, &o->levels);
     }
     levels_tail(plane + counted, h * w - counted, &a->cut, &o->levels);
