@@ -19,6 +19,7 @@ arithmetic per pixel, the same blocks summed in the same order
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -108,11 +109,13 @@ def first_at_least(top: float) -> int:
     return int(np.argmax(np.append(np.arange(256, dtype=np.uint8) >= top, True)))
 
 
-def inside_range(spec: ImageSpec, channels: int, mins: F32, maxs: F32) -> bool:
-    """Whether every channel's values are finite and within the range the model expects."""
+def inside_range(spec: ImageSpec, channels: int, mins: Sequence[float],
+                 maxs: Sequence[float]) -> bool:
+    """Whether every channel's values (their extrema, per channel) are finite and within the
+    range the model expects."""
     lo, hi = (x.tolist() for x in spec.bounds(channels))  # NaN compares False below
-    return all(a >= b for a, b in zip(mins.tolist(), lo, strict=True)) and all(
-        a <= b for a, b in zip(maxs.tolist(), hi, strict=True))
+    return all(a >= b for a, b in zip(mins, lo, strict=True)) and all(
+        a <= b for a, b in zip(maxs, hi, strict=True))
 
 
 def luminance(image: NDArray[Any], spec: ImageSpec, inside: bool = False) -> F32:

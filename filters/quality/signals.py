@@ -47,7 +47,13 @@ from filters.quality.measure import Levels, levels
 from filters.quality.measure import Signal as Signal
 from filters.quality.measure import ramp as _ramp
 from filters.quality.values import ImageSpec as ImageSpec
-from filters.quality.values import channels_of, extrema, finite, value_range
+from filters.quality.values import (
+    channels_of,
+    extrema,
+    finite,
+    shared_extrema_signals,
+    value_range,
+)
 from filters.quality.values import fmt_value as fmt_value
 from filters.quality.values import widen_float16 as widen_float16
 from filters.quality.washout import washout
@@ -318,20 +324,21 @@ def image_signals(image: NDArray[Any], spec: ImageSpec,
         one = image_pass(image, spec)
         lv: Levels | None
         if one is not None:  # the input read once (luma.py): the plane, extrema, clipped, levels
-            mins = np.full(channels, one.low, np.float32)
-            maxs = np.full(channels, one.high, np.float32)
-            inside = inside_range(spec, channels, mins, maxs)
+            bounds = (one.low,) * channels, (one.high,) * channels
+            inside = inside_range(spec, channels, *bounds)
             plane = clipped_to_range(one.plane, inside)
             lv = one.levels if inside else levels(plane)  # not inside: the plane may be clipped
             clipped = one.clipped
+            nan_inf, in_range = shared_extrema_signals(image, spec, channels, one.low, one.high)
         else:
             mins, maxs = extrema(image, spec, channels)
-            plane = luminance(image, spec, inside_range(spec, channels, mins, maxs))
+            plane = luminance(image, spec, inside_range(spec, channels, mins.tolist(),
+                                                        maxs.tolist()))
             lv = levels(plane) if plane.size else None
             clipped = channel_clipped(image, spec)
+            nan_inf, in_range = finite(image, mins, maxs), value_range(image, spec, mins, maxs)
         d = differences(plane) if min(plane.shape, default=0) >= 3 else None
-        return {"finite": finite(image, mins, maxs),
-                "range": value_range(image, spec, mins, maxs),
+        return {"finite": nan_inf, "range": in_range,
                 "constant": constant(plane, lv.mean if lv else None),
                 "sharpness": sharpness(plane, d),
                 "exposure": exposure(plane, lv, clipped),

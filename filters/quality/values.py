@@ -113,6 +113,29 @@ def value_range(image: NDArray[Any], spec: ImageSpec, mins: F32 | None = None,
     return Signal(_ramp(share, 0.05, 0.0), share, f"share of values outside {where}")
 
 
+_ALL_FINITE = Signal(1.0, 0.0, "NaN/Inf values")
+
+
+def shared_extrema_signals(image: NDArray[Any], spec: ImageSpec, channels: int, low: float,
+                           high: float) -> tuple[Signal, Signal]:
+    """``finite`` and ``value_range`` of an image whose extrema over every channel are ``low``
+    and ``high`` (one pass read them all: ``luma.image_pass``), as those functions give them.
+    A finite image within its range's tolerance, nearly every input, costs a few float
+    comparisons instead of the per-channel arrays (~30 µs with the caches cold); any other is
+    handed to them."""
+    span, _, floor, ceiling, where = _limits(spec.low, spec.high, channels)
+    if not (low >= max(floor) and high <= min(ceiling)):  # NaN and ±Inf compare False
+        mins = np.full(channels, low, np.float32)
+        maxs = np.full(channels, high, np.float32)
+        return finite(image, mins, maxs), value_range(image, spec, mins, maxs)
+    spread = np.float32(high) - np.float32(low)  # float32, as value_range's arrays subtract
+    used = max(float(spread / s) for s in span)
+    if used == 0.0:
+        return _ALL_FINITE, Signal(1.0, 0.0, f"of the expected range {where} spanned")
+    return _ALL_FINITE, Signal(_ramp(used, 0.0, 0.02), used,
+                               f"of the expected range {where} spanned")
+
+
 @cache
 def _limits(low: tuple[float, ...], high: tuple[float, ...], channels: int
             ) -> tuple[F32, F32, list[float], list[float], str]:

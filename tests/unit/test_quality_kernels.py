@@ -399,6 +399,41 @@ def test_the_one_pass_reads_what_the_separate_passes_read(name: str, image: NDAr
                                       numpy_counted.blown), name
 
 
+def _at_the_tolerance(spec: ImageSpec) -> list[tuple[str, NDArray[Any], ImageSpec]]:
+    """Images whose extrema sit exactly at value_range's floor and ceiling, and one float32
+    step past each."""
+    from filters.quality.values import _limits
+    _, _, floor, ceiling, _ = _limits(spec.low, spec.high, 3)
+    out = []
+    for name, low, high in (("at", floor[0], ceiling[0]),
+                            ("under", np.nextafter(np.float32(floor[0]), np.float32(-9)),
+                             ceiling[0]),
+                            ("over", floor[0], np.nextafter(np.float32(ceiling[0]),
+                                                            np.float32(9)))):
+        x = np.full((3, 8, 8), 0.5, np.float32)
+        x[0, 0, 0], x[2, 7, 7] = low, high
+        out.append((f"{name} the tolerance", x, spec))
+    return out
+
+
+@pytest.mark.parametrize(("name", "image", "spec"),
+                         odd_images() + _at_the_tolerance(ImageSpec("CHW", (0.0,), (1.0,)))
+                         + _at_the_tolerance(ImageSpec("CHW", (-2.0,), (2.5,))),
+                         ids=lambda x: str(x)[:24])
+def test_the_shared_extrema_give_finite_and_range_as_their_functions_do(
+        name: str, image: NDArray[Any], spec: ImageSpec) -> None:
+    """values.shared_extrema_signals (two floats for every channel's extrema) against
+    finite and value_range on the per-channel arrays: the same signals exactly, in range, out
+    of it, at its tolerance's edges and with NaN or ±Inf (which it hands to them)."""
+    from filters.quality.values import extrema, finite, shared_extrema_signals, value_range
+    mins, maxs = extrema(image, spec, 3)
+    assert len(set(mins.tolist())) == 1 or np.isnan(mins).all(), name
+    low, high = float(mins[0]), float(maxs[0])
+    got = shared_extrema_signals(image, spec, 3, low, high)
+    want = finite(image, mins, maxs), value_range(image, spec, mins, maxs)
+    assert got == want, (name, got, want)
+
+
 def test_the_one_pass_refuses_what_it_cannot_read() -> None:
     kernels = native.kernels
     assert kernels is not None
