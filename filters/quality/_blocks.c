@@ -1,4 +1,4 @@
-/* The down-sampling of a large image before its luminance is mixed: signals._block_mean's
+/* The down-sampling of a large image before its luminance is mixed: luma.block_mean's
  * k x k block means, in C, bit for bit as numpy computes them. numpy's two axis sums cast a
  * uint8 image to float32 value by value and walk it twice (12.6 ms for a 1920 x 1080 x 3
  * image on the 2-core machine); this reads it once, a band of k rows at a time.

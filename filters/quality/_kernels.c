@@ -413,7 +413,7 @@ VEC static void mix_f32_pixels(const float *restrict x, Py_ssize_t stride, float
 }
 
 /* mix(image, n, stride, g0, g1, g2, offset, out) -> None. image: n x stride float32 (HWC, its
- * first three channels mixed); out: n float32. For the HWC planes signals.luminance mixes
+ * first three channels mixed); out: n float32. For the HWC planes luma.luminance mixes
  * itself (down-sampled, or a float image): numpy's `@` would sum them through BLAS, whose
  * rounding differs by CPU, and a product per channel over strided views costs 3x this. */
 static PyObject *mix(PyObject *self, PyObject *args) {

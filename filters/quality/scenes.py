@@ -6,7 +6,7 @@ Guards against the inputs users really send and the first round's signals could 
 screen photographed at an angle (the seeds' "screenshot distortion": AUC 0.50 before), a faint
 shifted copy of the frame (the seeds' "OCR residue", a previous video frame: AUC 0.50), a
 gamma 2.2-3 curve (AUC 0.51-0.63 on the exposure signal) and an over-exposure by 1.5-2×. Each is
-a ``Signal`` of the luminance plane at ~224 px (``signals.luminance``): score in [0, 1], 1 =
+a ``Signal`` of the luminance plane at ~224 px (``luma.luminance``): score in [0, 1], 1 =
 nothing wrong; what each catches and confuses on real photographs is in docs/quality.md. The
 ghosted frame's signal is read from the cepstrum in its own module (``echo``), imported here so
 every scene signal is found in one place.

@@ -213,9 +213,9 @@ def odd_images() -> list[tuple[str, NDArray[Any], ImageSpec]]:
 
 
 @pytest.mark.parametrize(("name", "image", "spec"), odd_images(), ids=lambda x: str(x)[:20])
-def test_the_fused_luminance_reads_edge_values_as_numpy(name: str, image: NDArray[Any],
-                                                        spec: ImageSpec) -> None:
-    """NaN, ±Inf (the fused pass reports either as NaN extrema: the same signals follow),
+def test_the_one_pass_reads_edge_values_as_numpy(name: str, image: NDArray[Any],
+                                                 spec: ImageSpec) -> None:
+    """NaN, ±Inf (the one pass reports either as NaN extrema: the same signals follow),
     -0, values out of range: every signal as the numpy code reads it."""
     assert luma.image_pass(image, spec) is not None, "the one pass should read this input"
     got, want = both(image_signals, image, spec)
@@ -304,7 +304,7 @@ def test_the_mix_refuses_what_it_cannot_read() -> None:
         kernels.mix(np.zeros((4, 3)), 4, 3, 1.0, 1.0, 1.0, 0.0, out)
 
 
-def test_the_fused_luminance_leaves_other_inputs_to_numpy() -> None:
+def test_the_one_pass_leaves_other_inputs_to_numpy() -> None:
     chw = ImageSpec("CHW", (0.0,), (1.0,))
     x = np.zeros((3, 40, 40), np.float32)
     assert luma.image_pass(x, chw) is not None
