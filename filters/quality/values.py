@@ -69,14 +69,17 @@ def extrema(image: NDArray[Any], spec: ImageSpec, channels: int) -> tuple[F32, F
             np.array([x.max() for x in chans], np.float32))
 
 
+_ALL_FINITE = Signal(1.0, 0.0, "NaN/Inf values")
+
+
 def finite(image: NDArray[Any], mins: F32 | None = None, maxs: F32 | None = None) -> Signal:
     """NaN and ±Inf values: 0 when there is any. Given the extrema, a clean image costs nothing."""
     if image.dtype.kind != "f" or image.size == 0:
-        return Signal(1.0, 0.0, "NaN/Inf values")
+        return _ALL_FINITE
     if mins is None or maxs is None:
         mins, maxs = np.array([image.min()]), np.array([image.max()])
     if np.isfinite(mins).all() and np.isfinite(maxs).all():
-        return Signal(1.0, 0.0, "NaN/Inf values")
+        return _ALL_FINITE
     bad = int(image.size - np.count_nonzero(np.isfinite(image)))
     return Signal(0.0, float(bad), "NaN/Inf values")
 
@@ -99,10 +102,7 @@ def value_range(image: NDArray[Any], spec: ImageSpec, mins: F32 | None = None,
         low, high = mins.tolist(), maxs.tolist()
     span, tol, floor, ceiling, where = _limits(spec.low, spec.high, len(chans))
     if all(map(float.__ge__, low, floor)) and all(map(float.__le__, high, ceiling)):
-        used = float(np.max((maxs - mins) / span))
-        if used == 0.0:  # a constant image: the 'constant' signal speaks for it
-            return Signal(1.0, 0.0, f"of the expected range {where} spanned")
-        return Signal(_ramp(used, 0.0, 0.02), used, f"of the expected range {where} spanned")
+        return _spanned(float(np.max((maxs - mins) / span)), where)
     out = 0
     count = 0
     for x, low, high, t in zip(chans, lo, hi, tol, strict=True):
@@ -111,9 +111,6 @@ def value_range(image: NDArray[Any], spec: ImageSpec, mins: F32 | None = None,
         count += sub.size
     share = out / max(count, 1)
     return Signal(_ramp(share, 0.05, 0.0), share, f"share of values outside {where}")
-
-
-_ALL_FINITE = Signal(1.0, 0.0, "NaN/Inf values")
 
 
 def shared_extrema_signals(image: NDArray[Any], spec: ImageSpec, channels: int, low: float,
@@ -129,11 +126,15 @@ def shared_extrema_signals(image: NDArray[Any], spec: ImageSpec, channels: int, 
         maxs = np.full(channels, high, np.float32)
         return finite(image, mins, maxs), value_range(image, spec, mins, maxs)
     spread = np.float32(high) - np.float32(low)  # float32, as value_range's arrays subtract
-    used = max(float(spread / s) for s in span)
-    if used == 0.0:
-        return _ALL_FINITE, Signal(1.0, 0.0, f"of the expected range {where} spanned")
-    return _ALL_FINITE, Signal(_ramp(used, 0.0, 0.02), used,
-                               f"of the expected range {where} spanned")
+    return _ALL_FINITE, _spanned(max(float(spread / s) for s in span), where)
+
+
+def _spanned(used: float, where: str) -> Signal:
+    """value_range's signal for values within the range: the share of it they span (a tiny
+    share: [0, 1] values sent to a model that reads 0-255)."""
+    if used == 0.0:  # a constant image: the 'constant' signal speaks for it
+        return Signal(1.0, 0.0, f"of the expected range {where} spanned")
+    return Signal(_ramp(used, 0.0, 0.02), used, f"of the expected range {where} spanned")
 
 
 @cache
