@@ -10,8 +10,8 @@ machine (CPU time of this process, ``time.process_time``).
 
 ``--cold MB`` reads MB of other memory before each call (its CPU is not counted), as a request
 through the process arrives after the sockets, the codecs and the last request have passed
-through the same caches: it reproduces most of the gap between this harness's figures and the
-process's (``bench/README.md``, "tenth pass").
+through the same caches: with 16 MB it reproduces about a third of the gap between this
+harness's figures and the process's (``bench/README.md``, "tenth pass").
 
 What it does not see: the codecs and sockets (the same for every chain: ``python -m bench.proxy``'s
 chain rows measure the whole process), and a real Triton's answer buffers (the in-memory backend
