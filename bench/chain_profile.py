@@ -234,8 +234,8 @@ def _breakdown_table(found: dict[str, list[dict[str, float]]]) -> str:
     body = []
     for chain, runs in found.items():
         med = {n: statistics.median(r.get(n, 0.0) for r in runs) for n in names}
-        steps = study.CHAINS[chain][0]
-        body.append([chain, *[f"{med[n]:.0f}" if i < steps else "" for i, n in enumerate(names)],
+        steps = study.steps_of(chain)
+        body.append([chain, *[f"{med[n]:.0f}" if n in steps else "" for n in names],
                      f"{sum(med.values()):.0f}"])
     return render_table(head, body, md=False)
 

@@ -15,7 +15,8 @@ measured against the same Triton, in the same run, by the same load generator:
 The chains are prefixes of :data:`STEPS` (outermost filter first): ``default`` is mmguard's
 default chain (``limits: {}``), each later chain adds the next filter, ``full`` has them all with
 the shadow mirroring 0 %, ``full_shadow10`` is ``full`` with the shadow mirroring 10 %, and
-``full_lean`` is ``full`` with quality scoring 10 % of the calls and no answer cache. Every
+``full_lean`` is ``full`` with quality scoring 10 % of the calls and no answer cache, and
+``full_no_quality`` is ``full`` without the quality filter (what the rest costs). Every
 call is canary traffic (``x-canary: 1``, a trusted header), so the fault filter's running
 experiment is evaluated on each call; its selector (``x-fault-drill``, which the load generator
 never sends) picks none. The experiment is started through the admin API, as an operator would;
@@ -57,14 +58,17 @@ chain), so it is innermost: a filter after it on the same route would never run.
 CHAINS: dict[str, tuple[int, float]] = {
     "default": (1, 0.0), "shape_guard": (2, 0.0), "quality": (3, 0.0), "output_drift": (4, 0.0),
     "shadow0": (5, 0.0), "fallback": (6, 0.0), "fault": (7, 0.0), "full": (8, 0.0),
-    "full_shadow10": (8, 10.0), "full_lean": (8, 0.0),
+    "full_shadow10": (8, 10.0), "full_lean": (8, 0.0), "full_no_quality": (8, 0.0),
 }
 """Chain name → (how many of STEPS it runs, the shadow's mirroring percent)."""
-VARIANTS = {"full_shadow10": "full", "full_lean": "full"}
+VARIANTS = {"full_shadow10": "full", "full_lean": "full", "full_no_quality": "full"}
 """Chains that are ``full`` with one thing changed: their delta is over ``full``."""
 LEAN = ("full_lean",)
 """``full`` with quality scoring 10 % of the calls and fallback without its answer cache (the
 two costs that grow with the tensor: the image signals and the cache key's SHA-256)."""
+WITHOUT = {"full_no_quality": "quality"}
+"""Chains that are ``full`` less one filter: ``full_no_quality`` is what the rest of the full
+chain costs, an upper bound on what any quality filter can leave to spend."""
 STUDY = tuple(CHAINS)
 DEFAULT_CHAINS = ("default", "full", "full_shadow10")
 CANARY_HEADER = "x-canary"
@@ -106,9 +110,14 @@ def experiment_name(chain: str, proto: str) -> str:
     return f"drill-{chain}-{proto}"
 
 
+def steps_of(chain: str) -> tuple[str, ...]:
+    """The filters of ``chain``'s front route, outermost first."""
+    return tuple(s for s in STEPS[:CHAINS[chain][0]] if s != WITHOUT.get(chain))
+
+
 def chain_filters(chain: str, proto: str) -> list[dict[str, Any]]:
     """The filter list of one chain's front route (outermost first)."""
-    steps, shadow_percent = CHAINS[chain]
+    shadow_percent = CHAINS[chain][1]
     configs: dict[str, dict[str, Any]] = {
         "limits": {},  # exactly the default chain
         # The token limit is declared on input_ids; the bench's image-only request has no token
@@ -130,20 +139,20 @@ def chain_filters(chain: str, proto: str) -> list[dict[str, Any]]:
             {"route": route(chain, proto, "path-a"), "modalities": ["image"]},
             {"route": route(chain, proto, "path-b"), "modalities": ["image"]}]},
     }
-    return [{name: configs[name]} for name in STEPS[:steps]]
+    return [{name: configs[name]} for name in steps_of(chain)]
 
 
 def chain_routes(chains: Sequence[str]) -> list[dict[str, Any]]:
     """Every route the chains need, for both protocols."""
     routes: list[dict[str, Any]] = []
     for chain in chains:
-        steps, _ = CHAINS[chain]
+        steps = steps_of(chain)
         for proto in PROTOCOLS:
             backend = f"triton_{proto}"
             routes.append({"name": route(chain, proto), "backend": backend,
                            "backend_model": TRITON_MODEL, "filters": chain_filters(chain, proto)})
-            roles = [*(["canary"] if steps > STEPS.index("shadow") else []),
-                     *(["path-a", "path-b"] if steps > STEPS.index("modality_router") else [])]
+            roles = [*(["canary"] if "shadow" in steps else []),
+                     *(["path-a", "path-b"] if "modality_router" in steps else [])]
             routes += [{"name": route(chain, proto, r), "backend": backend,
                         "backend_model": TRITON_MODEL, "filters": []} for r in roles]
     return routes
@@ -166,7 +175,7 @@ def chain_config(chains: Sequence[str], triton_grpc: str, triton_http: str, admi
 
 
 def has_fault(chain: str) -> bool:
-    return CHAINS[chain][0] > STEPS.index("fault")
+    return "fault" in steps_of(chain)
 
 
 def drill(chain: str, proto: str) -> dict[str, Any]:
@@ -223,7 +232,7 @@ def summarize(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 base = cpu
             rows.append({
                 "chain": chain, "protocol": proto, "rounds": len(mine),
-                "filters": "+".join(STEPS[:CHAINS[chain][0]]),
+                "filters": "+".join(steps_of(chain)),
                 "shadow_percent": CHAINS[chain][1],
                 "mmguard_cpu_ms_per_req": cpu,
                 "cpu_min": min(cpus) if cpus else None, "cpu_max": max(cpus) if cpus else None,
@@ -252,7 +261,8 @@ def summarize(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 ADDED = {"default": "(limits: the default chain)", "full": "+ modality_router = full",
          "shadow0": "+ shadow (0 %)", "full_shadow10": "full, shadow at 10 %",
-         "full_lean": "full, quality on 10 %, no answer cache"}
+         "full_lean": "full, quality on 10 %, no answer cache",
+         "full_no_quality": "full less quality"}
 
 
 def chain_table(rows: list[dict[str, Any]], md: bool) -> str:
@@ -369,7 +379,7 @@ class ChainStudy:
             cell["experiment"] = {k: exp.get(k) for k in ("state", "matched", "injected")}
             if exp.get("state") != "running" or exp.get("matched") or exp.get("injected"):
                 cell["failed"] = f"the fault experiment is not running unmatched: {exp}"
-        if CHAINS[chain][0] > STEPS.index("shadow"):
+        if "shadow" in steps_of(chain):
             status, doc = admin(port, "GET", "/admin/shadows")
             snap = (doc or {}).get(route(chain, proto)) if status == 200 else None
             cell["shadow"] = {k: (snap or {}).get(k) for k in ("mirrored", "compared", "dropped")}

@@ -50,7 +50,7 @@ from bench.loadgen import LoadGen
 from bench.proxy.cases import CASES, TensorCase
 from bench.proxy.cells import loadgen_main
 from bench.proxy.servers import start_triton
-from bench.transports import GRPC_VARIANTS, HTTP_VARIANTS
+from bench.transports import GRPC_ALL, GRPC_VARIANTS, HTTP_VARIANTS
 
 FLOOR = {"http": "aiohttp", "grpc": "grpc-aio"}
 MMGUARD = "mmguard (uvloop)"
@@ -64,7 +64,7 @@ class Variant:
 
     def __init__(self, name: str, root: Path, triton_grpc: str, triton_http: str) -> None:
         self.name = name
-        self.protocol = "grpc" if name in GRPC_VARIANTS else "http"
+        self.protocol = "grpc" if name in GRPC_ALL else "http"
         self.log_path = root / f"{name}.log"
         self.triton = (triton_grpc, triton_http)
         self.proc: subprocess.Popen[bytes] | None = None

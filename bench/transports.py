@@ -18,7 +18,10 @@ Triton, its bytes back; no parsing, filters, metrics or tracing) on another stac
   (a Rust HTTP server, hyper + tokio, calling the Python app; aiohttp client upstream, uvloop);
 * ``grpc-aio`` / ``grpc-aio-uvloop``: grpc.aio server + one grpc.aio channel, raw bytes (no
   (de)serializers), on the default loop / on uvloop (mmguard's gRPC stack today);
-* ``grpc-sync``: grpc's thread-pool server (16 threads) + a blocking channel.
+* ``grpc-sync``: grpc's thread-pool server (16 threads) + a blocking channel;
+* ``grpc-aio-<tuning>`` (only when named): ``grpc-aio`` with the channel arguments of
+  ``GRPC_TUNINGS`` on its server and its channel (optimisation target, TCP read sizes, HTTP/2
+  frame size and window, BDP probing, the minimal stack).
 
 HTTP variants forward ``/v2/models/<model without a trailing _h>/infer``; gRPC variants
 ``ModelInfer``. Prints ``ready`` once the port listens.
@@ -39,7 +42,26 @@ GRPC_OPTS = [("grpc.max_receive_message_length", LIMIT), ("grpc.max_send_message
 GRPC_SERVICE = "inference.GRPCInferenceService"
 HTTP_VARIANTS = ("aiohttp", "aiohttp-uvloop", "httptools-uvloop", "aiohttp-rawclient-uvloop",
                  "httptools-aioclient-uvloop", "granian-rsgi")
+_Args = list[tuple[str, int | str]]
+_TARGET_THROUGHPUT: _Args = [("grpc.optimization_target", "throughput")]
+_BIG_READS: _Args = [("grpc.experimental.tcp_min_read_chunk_size", 256 << 10),
+              ("grpc.experimental.tcp_read_chunk_size", 1 << 20),
+              ("grpc.experimental.tcp_max_read_chunk_size", 4 << 20)]
+GRPC_TUNINGS: dict[str, _Args] = {
+    "grpc-aio-throughput": _TARGET_THROUGHPUT,
+    "grpc-aio-latency": [("grpc.optimization_target", "latency")],
+    "grpc-aio-nobdp": [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 8 << 20)],
+    "grpc-aio-chunks": _BIG_READS,
+    "grpc-aio-minimal": [("grpc.minimal_stack", 1)],
+    "grpc-aio-frames": [("grpc.http2.max_frame_size", 4 << 20)],
+    "grpc-aio-frames-window": [("grpc.http2.max_frame_size", 4 << 20),
+                               ("grpc.http2.lookahead_bytes", 8 << 20)],
+    "grpc-aio-both": _TARGET_THROUGHPUT + _BIG_READS,
+}
+"""grpc.aio with channel arguments (server and channel alike), run only when named: none took
+the CPU per request past the noise (bench/README.md, "eleventh pass")."""
 GRPC_VARIANTS = ("grpc-aio", "grpc-aio-uvloop", "grpc-sync")
+GRPC_ALL = (*GRPC_VARIANTS, *GRPC_TUNINGS)
 
 
 def _upstream_path(path: bytes) -> bytes:
@@ -335,10 +357,12 @@ async def rsgi_app(scope: Any, protocol: Any) -> None:
 
 # --- gRPC ------------------------------------------------------------------------------------
 
-async def serve_grpc_aio(port: int, triton_grpc: str) -> None:
+async def serve_grpc_aio(port: int, triton_grpc: str,
+                         extra: tuple[tuple[str, int | str], ...] = ()) -> None:
     import grpc
 
-    channel = grpc.aio.insecure_channel(triton_grpc, options=GRPC_OPTS)
+    opts = [*GRPC_OPTS, *extra]
+    channel = grpc.aio.insecure_channel(triton_grpc, options=opts)
     upstream = channel.unary_unary(f"/{GRPC_SERVICE}/ModelInfer")
 
     async def model_infer(body: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -350,7 +374,7 @@ async def serve_grpc_aio(port: int, triton_grpc: str) -> None:
 
     handler = grpc.method_handlers_generic_handler(
         GRPC_SERVICE, {"ModelInfer": grpc.unary_unary_rpc_method_handler(model_infer)})
-    server = grpc.aio.server(options=GRPC_OPTS)
+    server = grpc.aio.server(options=opts)
     server.add_generic_rpc_handlers((handler,))
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
@@ -392,6 +416,9 @@ def main(argv: list[str]) -> None:
     variant, port, triton_grpc, triton_http = argv[0], int(argv[1]), argv[2], argv[3]
     if variant == "grpc-sync":
         serve_grpc_sync(port, triton_grpc)
+        return
+    if variant in GRPC_TUNINGS:
+        asyncio.run(serve_grpc_aio(port, triton_grpc, tuple(GRPC_TUNINGS[variant])))
         return
     coro = {"aiohttp": lambda: serve_aiohttp(port, triton_http),
             "aiohttp-uvloop": lambda: serve_aiohttp(port, triton_http),

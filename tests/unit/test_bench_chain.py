@@ -27,13 +27,13 @@ def test_every_chain_is_a_config_mmguard_accepts(tmp_path: Path) -> None:
     cfg = load_config(_write(tmp_path, list(study.STUDY)), check_files=True)
     routes = {r.name: r for r in cfg.models}
     for chain in study.STUDY:
-        steps, percent = study.CHAINS[chain]
+        percent = study.CHAINS[chain][1]
         for proto in study.PROTOCOLS:
             front = routes[study.route(chain, proto)]
             assert front.backend == f"triton_{proto}"
             assert front.backend_model == "pixel_identity"
             names = [spec.name for spec in cfg.chain(front)]
-            assert names == list(study.STEPS[:steps])
+            assert names == list(study.steps_of(chain))
             if "shadow" in names:
                 shadow = next(s.config for s in cfg.chain(front) if s.name == "shadow")
                 assert shadow.percent == percent  # type: ignore[attr-defined]
@@ -55,6 +55,10 @@ def test_every_chain_is_a_config_mmguard_accepts(tmp_path: Path) -> None:
     assert lean["quality"].sample == 0.1  # type: ignore[attr-defined]
     assert lean["fallback"].cache is None  # type: ignore[attr-defined]
     assert lean["fallback"].breaker == specs["fallback"].breaker  # type: ignore[attr-defined]
+    # full less quality: every other filter, configured as in full
+    rest = {s.name: s.config for s in cfg.chain(routes[study.route("full_no_quality", "grpc")])}
+    assert set(rest) == set(specs) - {"quality"}
+    assert all(rest[n] == specs[n] for n in rest if n not in ("shadow", "modality_router"))
 
 
 def test_the_default_chain_is_mmguards_default(tmp_path: Path) -> None:
