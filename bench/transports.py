@@ -45,8 +45,8 @@ HTTP_VARIANTS = ("aiohttp", "aiohttp-uvloop", "httptools-uvloop", "aiohttp-rawcl
 _Args = list[tuple[str, int | str]]
 _TARGET_THROUGHPUT: _Args = [("grpc.optimization_target", "throughput")]
 _BIG_READS: _Args = [("grpc.experimental.tcp_min_read_chunk_size", 256 << 10),
-              ("grpc.experimental.tcp_read_chunk_size", 1 << 20),
-              ("grpc.experimental.tcp_max_read_chunk_size", 4 << 20)]
+                     ("grpc.experimental.tcp_read_chunk_size", 1 << 20),
+                     ("grpc.experimental.tcp_max_read_chunk_size", 4 << 20)]
 GRPC_TUNINGS: dict[str, _Args] = {
     "grpc-aio-throughput": _TARGET_THROUGHPUT,
     "grpc-aio-latency": [("grpc.optimization_target", "latency")],
@@ -357,11 +357,10 @@ async def rsgi_app(scope: Any, protocol: Any) -> None:
 
 # --- gRPC ------------------------------------------------------------------------------------
 
-async def serve_grpc_aio(port: int, triton_grpc: str,
-                         extra: tuple[tuple[str, int | str], ...] = ()) -> None:
+async def serve_grpc_aio(port: int, triton_grpc: str, extra: _Args | None = None) -> None:
     import grpc
 
-    opts = [*GRPC_OPTS, *extra]
+    opts = [*GRPC_OPTS, *(extra or [])]
     channel = grpc.aio.insecure_channel(triton_grpc, options=opts)
     upstream = channel.unary_unary(f"/{GRPC_SERVICE}/ModelInfer")
 
@@ -418,7 +417,7 @@ def main(argv: list[str]) -> None:
         serve_grpc_sync(port, triton_grpc)
         return
     if variant in GRPC_TUNINGS:
-        asyncio.run(serve_grpc_aio(port, triton_grpc, tuple(GRPC_TUNINGS[variant])))
+        asyncio.run(serve_grpc_aio(port, triton_grpc, GRPC_TUNINGS[variant]))
         return
     coro = {"aiohttp": lambda: serve_aiohttp(port, triton_http),
             "aiohttp-uvloop": lambda: serve_aiohttp(port, triton_http),
