@@ -53,6 +53,8 @@ from filters.quality import values as qv  # noqa: E402
 from filters.quality.differences import differences  # noqa: E402
 from filters.quality.filter import Quality, QualityConfig  # noqa: E402
 from filters.quality.measure import levels  # noqa: E402
+from filters.quality.residue import overlap, trace  # noqa: E402
+from filters.quality.rules import DEFAULT_RULES, SCREEN_RULES  # noqa: E402
 from filters.quality.washout import washout  # noqa: E402
 from proxy.call import Call, Reply, Result, Target  # noqa: E402
 from proxy.chain import FilterContext  # noqa: E402
@@ -100,6 +102,8 @@ def image_timings(arr: NDArray[Any], spec: qs.ImageSpec, n: int) -> list[tuple[s
     plane = qs.luminance(img, spec)
     d = differences(plane)
     lv = levels(plane)
+    traced = trace(plane)
+    assert traced is not None
     timings: list[tuple[str, Callable[[], object]]] = [
         ("float16 -> float32 (FP16 only)", lambda: qs.widen_float16(arr)),
         ("extrema (min/max per channel)", lambda: qv.extrema(img, spec, 3)),
@@ -126,6 +130,10 @@ def image_timings(arr: NDArray[Any], spec: qs.ImageSpec, n: int) -> list[tuple[s
          lambda: scenes.ghosting(plane)),
         ("moire (224^2 real FFT, box sums; only when a rule names it)",
          lambda: scenes.moire(plane)),
+        ("residue: the image's trace (signs, regions; when a rule names it)",
+         lambda: trace(plane)),
+        ("residue: one pair of traces compared (per earlier image, up to 4)",
+         lambda: overlap(traced, traced)),
         ("ALL image signals (image_signals)", lambda: qs.image_signals(arr, spec)),
         ("ALL + ghosting", lambda: qs.image_signals(arr, spec, ("ghosting",))),
         ("ALL + moire", lambda: qs.image_signals(arr, spec, ("moire",))),
@@ -163,6 +171,9 @@ def text_rows(n: int) -> list[tuple[str, float]]:
     ]
 
 
+RESIDUE_RULE = next(r for r in SCREEN_RULES if r.signal == "residue")
+
+
 def filter_rows(n: int) -> list[tuple[str, float]]:
     async def ok(call: Call) -> Reply:
         return Result(call.model)
@@ -185,6 +196,11 @@ def filter_rows(n: int) -> list[tuple[str, float]]:
     def v2_image() -> Call:
         return Call("m", "", [Tensor.from_numpy("pixel_values", px)], target=Target("b", "m"))
 
+    pair = np.ascontiguousarray(np.concatenate([px, px[:, :, ::-1]]))
+
+    def v2_pair() -> Call:
+        return Call("m", "", [Tensor.from_numpy("pixel_values", pair)], target=Target("b", "m"))
+
     def v2_text() -> Call:
         return Call("m", "", [Tensor("text", "BYTES", (1,), raw=text)], target=Target("b", "m"))
 
@@ -196,6 +212,9 @@ def filter_rows(n: int) -> list[tuple[str, float]]:
     cases: list[tuple[str, dict[str, Any], Callable[[], Call]]] = [
         ("v2 FP32 [1,3,224,224], drift off", {**images, "drift": None}, v2_image),
         ("v2 FP32 [1,3,224,224], drift on", images, v2_image),
+        ("v2 FP32 [2,3,224,224], drift off", {**images, "drift": None}, v2_pair),
+        ("v2 FP32 [2,3,224,224], drift off, + a residue rule",
+         {**images, "drift": None, "rules": [*DEFAULT_RULES, RESIDUE_RULE]}, v2_pair),
         ("v2 BYTES 1 KB text, drift on", {"texts": {"text": {}}}, v2_text),
         ("OpenAI chat, 224 PNG + text (decode, thread)", {}, chat)]
     loop = asyncio.new_event_loop()

@@ -20,7 +20,8 @@ input, the share that a default rule flags, with its 95 % Wilson interval; and t
 points: per signal, the highest threshold that flags at most 1 % (and none) of the clean
 photographs of the evaluation framing and the random crops together, where the defaults come
 from. Writes ``roc.png`` (one panel per degradation: the ROC of the signal meant for it, one
-curve per severity) and ``quality_eval.json`` to ``--out``.
+curve per severity) and ``quality_eval.json`` to ``--out``. Without ``--only``, the pairs of
+``bench/residue_eval.py`` follow (``residue`` compares a request's images with each other).
 """
 
 from __future__ import annotations
@@ -348,6 +349,10 @@ def main() -> None:
                      f"{', '.join(photos.BY_NAME)})")
     result = evaluate(only)
     print(table(result, args.all_severities))
+    if not only:  # residue reads pairs of images: its own sets (bench/residue_eval.py)
+        from bench import residue_eval
+        result["residue"] = residue_eval.evaluate()
+        print("\n" + residue_eval.table(result["residue"]))
     args.out.mkdir(parents=True, exist_ok=True)
     plot(result, args.out / "roc.png")
     for d in result["degradations"].values():

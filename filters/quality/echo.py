@@ -22,8 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from filters.quality import native
-from filters.quality.measure import F32, Signal
+from filters.quality.measure import F32, Signal, laplacian
 from filters.quality.measure import ramp as _ramp
 
 GHOST_BAD, GHOST_GOOD = 12.0, 1.0  # echo's height over the cepstrum's spread; see ghosting()
@@ -70,17 +69,7 @@ def cepstrum(plane: F32, rows: NDArray[np.intp] | None = None) -> NDArray[np.flo
     at the frame's border for the padding to smear. The inverse runs down the columns, then
     along the rows asked for only: numpy's ``irfft2`` is those two passes, so the rows are its
     rows bit for bit, at a quarter of the second pass for ``echo``'s 61."""
-    h, w = plane.shape
-    kernels = native.kernels
-    if kernels is not None and plane.dtype == np.float32 and plane.flags.c_contiguous:
-        lap = np.empty((h - 2, w - 2), np.float32)  # the same values, in one pass
-        kernels.laplacian(plane, h, w, 0, 0, h, w, lap, w - 2, 0)
-    else:
-        lap = plane[1:-1, 1:-1] * np.float32(4)
-        lap -= plane[:-2, 1:-1]
-        lap -= plane[2:, 1:-1]
-        lap -= plane[1:-1, :-2]
-        lap -= plane[1:-1, 2:]
+    lap = laplacian(plane)
     lap -= lap.mean()
     size = (_N, _N)
     spectrum = np.fft.rfft2(lap[:_N, :_N], s=size)

@@ -52,12 +52,14 @@ from filters.quality.align import AlignmentConfig, AlignmentUnavailable, Encoder
 from filters.quality.drift import DriftConfig, DriftMonitor, drift_gauges
 from filters.quality.graded import GradedActions, GradedConfig, trust_detail
 from filters.quality.report import MODALITY_OF, Finding, Item, Report
+from filters.quality.residue import Trace, residues, trace
 from filters.quality.rules import DEFAULT_RULES, Intent, Rule, rules_of
 from filters.quality.scenes import OPTIONAL_SIGNALS
 from filters.quality.signals import (
     REF_SIDE,
     ImageSpec,
-    image_signals,
+    Signal,
+    measure_image,
 )
 from filters.quality.text import char_tables, text_signals
 from proxy.call import Api, Call, LocalReply, Reply, publish_scores
@@ -256,21 +258,38 @@ class Quality:
 
     def measure(self, call: Call, align: bool) -> Report:
         report = Report()
+        traces: list[tuple[Item, Trace | None]] | None = (
+            [] if "residue" in self.optional else None)
         if call.api is Api.OPENAI:
-            rgbs = self._measure_chat(call, report)
+            rgbs = self._measure_chat(call, report, traces)
             if align and rgbs:
                 self._align_chat(report, rgbs, ChatView(call).texts())
-            return report
-        for t in call.inputs:
-            if t.name in self.cfg.images:
-                self._measure_images(t, self.cfg.images[t.name], report)
-            elif t.name in self.cfg.texts:
-                self._measure_texts(t, self.cfg.texts[t.name], report)
-        if align:
-            self._align_v2(call, report)
+        else:
+            for t in call.inputs:
+                if t.name in self.cfg.images:
+                    self._measure_images(t, self.cfg.images[t.name], report, traces)
+                elif t.name in self.cfg.texts:
+                    self._measure_texts(t, self.cfg.texts[t.name], report)
+            if align:
+                self._align_v2(call, report)
+        if traces is not None and len(traces) > 1:
+            found = residues([t for _, t in traces], [item.where for item, _ in traces])
+            for (item, _), signal in zip(traces, found, strict=True):
+                if signal is not None:
+                    report.add_signal(item, "residue", signal)
         return report
 
-    def _measure_images(self, t: Tensor, cfg: ImageInput, report: Report) -> None:
+    def _image_item(self, where: str, measured: tuple[dict[str, Signal], Any],
+                    traces: list[tuple[Item, Trace | None]] | None,
+                    param: str | None = None) -> Item:
+        signals, plane = measured
+        item = Item("image", where, signals, param)
+        if traces is not None:
+            traces.append((item, trace(plane)))
+        return item
+
+    def _measure_images(self, t: Tensor, cfg: ImageInput, report: Report,
+                        traces: list[tuple[Item, Trace | None]] | None) -> None:
         if t.datatype not in _IMAGE_TYPES:
             report.unscored.append(f"input '{t.name}' is {t.datatype}, not an image datatype")
             return
@@ -288,7 +307,8 @@ class Quality:
         images = list(pixels) if batched else [pixels]
         for i, image in enumerate(images):
             where = f"input '{t.name}' image {i}" if batched else f"input '{t.name}'"
-            report.add(Item("image", where, image_signals(image, spec, self.optional)))
+            report.add(self._image_item(where, measure_image(image, spec, self.optional),
+                                        traces))
 
     def _measure_texts(self, t: Tensor, cfg: TextInput, report: Report) -> None:
         if t.datatype != "BYTES":
@@ -300,7 +320,9 @@ class Quality:
             where = f"input '{t.name}' text {i}" if len(items) > 1 else f"input '{t.name}'"
             report.add(Item("text", where, text_signals(text, cfg.min_chars, cfg.max_chars)))
 
-    def _measure_chat(self, call: Call, report: Report) -> list[NDArray[np.uint8]]:
+    def _measure_chat(self, call: Call, report: Report,
+                      traces: list[tuple[Item, Trace | None]] | None
+                      ) -> list[NDArray[np.uint8]]:
         view = ChatView(call)
         for i, text in enumerate(view.texts()):
             report.add(Item("text", f"text {i}", text_signals(
@@ -311,8 +333,8 @@ class Quality:
                 report.unscored.append(f"{image.param} is a remote URL")
                 continue
             rgb = image.array(max_side=REF_SIDE)  # reduced while decoding: never full size
-            report.add(Item("image", image.param, image_signals(rgb, _HWC_RGB, self.optional),
-                            image.param))
+            report.add(self._image_item(
+                image.param, measure_image(rgb, _HWC_RGB, self.optional), traces, image.param))
             rgbs.append(rgb)
         return rgbs
 

@@ -15,6 +15,7 @@ from numpy.typing import NDArray
 
 from filters.quality.signals import (
     IMAGE_SIGNALS,
+    REQUEST_SIGNALS,
     Signal,
     fmt_value,
     modality_score,
@@ -22,14 +23,15 @@ from filters.quality.signals import (
 )
 from filters.quality.text import TEXT_SIGNALS
 
-_HEADER_ORDER = (*(("image", n) for n in IMAGE_SIGNALS), *(("text", n) for n in TEXT_SIGNALS))
+_IMAGE = (*IMAGE_SIGNALS, *REQUEST_SIGNALS)
+_HEADER_ORDER = (*(("image", n) for n in _IMAGE), *(("text", n) for n in TEXT_SIGNALS))
 """The signals in the order the scores' header lists them."""
 _AT_ONE = {key: f"{key[1]}={1.0:.3f}" for key in _HEADER_ORDER}
 """A signal at 1.0 in the header, written once: most signals of a clean input read 1.0, and
 formatting each of them on every request was most of the header's cost."""
-_PUBLISHED = {name: f"quality.{name}" for name in (*IMAGE_SIGNALS, *TEXT_SIGNALS)}
+_PUBLISHED = {name: f"quality.{name}" for name in (*_IMAGE, *TEXT_SIGNALS)}
 """A signal's name among the published scores."""
-MODALITY_OF = {**dict.fromkeys(IMAGE_SIGNALS, "image"), **dict.fromkeys(TEXT_SIGNALS, "text")}
+MODALITY_OF = {**dict.fromkeys(_IMAGE, "image"), **dict.fromkeys(TEXT_SIGNALS, "text")}
 """A signal's modality (a signal name belongs to one)."""
 
 
@@ -75,6 +77,13 @@ class Report:
 
     def add(self, item: Item) -> None:
         self.items.append(item)
+        self._parts = self._lows = self._trust = None
+
+    def add_signal(self, item: Item, name: str, signal: Signal) -> None:
+        """One more signal of an item already added (``residue``, read once every image of the
+        request is measured); the item's score follows."""
+        item.signals[name] = signal
+        item.score, item.weakest = modality_score(item.signals)
         self._parts = self._lows = self._trust = None
 
     def lows(self) -> dict[tuple[str, str], float]:
@@ -143,8 +152,8 @@ class Report:
 
     def find(self, signal: str, weights: Mapping[str, float]) -> Finding | None:
         """The score a rule on ``signal`` reads (the worst item's), or None when absent."""
-        if signal in IMAGE_SIGNALS or signal in TEXT_SIGNALS:
-            modality = "image" if signal in IMAGE_SIGNALS else "text"
+        modality = MODALITY_OF.get(signal)
+        if modality is not None:
             item = self.worst(modality, signal)
             if item is None:
                 return None

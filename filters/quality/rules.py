@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from filters.quality.signals import IMAGE_SIGNALS
+from filters.quality.signals import IMAGE_SIGNALS, REQUEST_SIGNALS
 from filters.quality.text import TEXT_SIGNALS
 from proxy.strict import Strict
 
@@ -27,7 +27,7 @@ class Rule(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> Rule:
-        known = (*IMAGE_SIGNALS, *TEXT_SIGNALS, *SCORES)
+        known = (*IMAGE_SIGNALS, *REQUEST_SIGNALS, *TEXT_SIGNALS, *SCORES)
         if self.signal not in known:
             raise ValueError(f"unknown signal '{self.signal}' (known: {', '.join(known)})")
         if self.action == "drop-modality" and self.signal in ("alignment", "trust"):
@@ -61,10 +61,13 @@ of the random crops together). Exposure keeps the default's 0.6: its 1 % point (
 flags levelled pages, dark-mode screenshots and half the high-key scenes."""
 SCREEN_RULES = (*DEFAULT_RULES,
                 Rule(signal="moire", below=0.5, action="annotate"),
-                Rule(signal="ghosting", below=0.5, action="annotate"))
-"""The defaults, and the two scene signals of phone pictures of screens and OCR residue at the
+                Rule(signal="ghosting", below=0.5, action="annotate"),
+                Rule(signal="residue", below=0.5, action="annotate"))
+"""The defaults, and the scene signals of phone pictures of screens and OCR residue at the
 point that flags no clean photograph, crop, document or screenshot (moiré: only a checkerboard;
-ghosting: one rendered UI of eight). Their FFTs cost more than every default signal together."""
+ghosting: one rendered UI of eight; residue, on requests of several images: no pair of
+unrelated pictures, 0.4 % of pairs of frames of one scene). The FFTs of moiré and ghosting
+cost more than every default signal together."""
 INTENT_RULES = {"photos": DEFAULT_RULES, "recall": RECALL_RULES, "screens": SCREEN_RULES}
 
 

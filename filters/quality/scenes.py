@@ -34,8 +34,9 @@ from filters.quality.measure import ramp as _ramp
 SCENE_SIGNALS = ("perspective", "tone", "shake", "ghosting", "moire", "washout")
 # Measured only when a rule names it: ghosting and moire for their cost; washout because no
 # default rule holds on every kind of clean input (a stained slide reads washed out); its code
-# is filters/quality/washout.py.
-OPTIONAL_SIGNALS = frozenset({"ghosting", "moire", "washout"})
+# is filters/quality/washout.py; residue (filters/quality/residue.py, a request's images
+# compared with each other) because two frames of one scene that changed can read as a copy.
+OPTIONAL_SIGNALS = frozenset({"ghosting", "moire", "washout", "residue"})
 _EDGE_TOL = 0.03  # luminance: a margin pixel is within this of the border's own colour
 _EDGE_FLAT = 0.015  # luminance: half the border's IQR, at most, for a flat surround
 _SURROUND_DARKER = 0.05  # the surround is darker than the picture's median by at least this

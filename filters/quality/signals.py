@@ -60,6 +60,9 @@ from filters.quality.washout import washout
 
 IMAGE_SIGNALS = ("finite", "range", "constant", "sharpness", "exposure", "noise", "blockiness",
                  *scenes.SCENE_SIGNALS)
+REQUEST_SIGNALS = ("residue",)
+"""Image signals read across a request's images, not of one image alone (``residue``: a faint
+copy of an earlier image of the request); the quality filter measures them."""
 SHARPNESS_BLURRED, SHARPNESS_SHARP = 0.3, 1.1  # second/first difference energy; sharpness()
 EXPOSURE_DARK, EXPOSURE_LIT = 0.03, 0.2  # mean luminance
 HIGHLIGHTS_DIM, HIGHLIGHTS_LIT = 0.35, 0.6  # 99th-percentile luminance; see exposure()
@@ -316,6 +319,13 @@ def image_signals(image: NDArray[Any], spec: ImageSpec,
                   optional: Collection[str] = ()) -> dict[str, Signal]:
     """Every image signal of one image (CHW, HWC or HW, any float or integer dtype); of the
     dear ones (``scenes.OPTIONAL_SIGNALS``), only those named in ``optional``."""
+    return measure_image(image, spec, optional)[0]
+
+
+def measure_image(image: NDArray[Any], spec: ImageSpec,
+                  optional: Collection[str] = ()) -> tuple[dict[str, Signal], F32]:
+    """``image_signals``, and the luminance plane they were read from (``residue`` compares
+    the planes of a request's images)."""
     if image.dtype == np.float16:  # numpy keeps float16 math in float16 (slow): measure in
         image = widen_float16(image)  # float32 (measured: native float16 was 2.7x dearer)
     with np.errstate(all="ignore"):  # NaN/Inf are measured, not warned about
@@ -347,7 +357,7 @@ def image_signals(image: NDArray[Any], spec: ImageSpec,
                 "shake": scenes.shake(plane, nz.value),
                 **({"ghosting": scenes.ghosting(plane)} if "ghosting" in optional else {}),
                 **({"moire": scenes.moire(plane)} if "moire" in optional else {}),
-                **({"washout": washout(plane)} if "washout" in optional else {})}
+                **({"washout": washout(plane)} if "washout" in optional else {})}, plane
 
 
 # --- scores -------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The edge scenes and canary eligibility through a real front and a real Triton (clip_demo over
 Triton's gRPC): a phone photo of a screen (at an angle, or square on with moiré), a ghosted
-frame, a washed-out photograph (a bright tone curve, opt-in) and a shaken photograph (at the
+frame, a frame carrying a faint copy of the frame before it in the same batch (residue), a
+washed-out photograph (a bright tone curve, opt-in) and a shaken photograph (at the
 default rules; and the real shaken clock) made from
 real photographs are annotated, their clean sources are not; with
 ``canary.eligible`` on the quality filter's alignment, only well-aligned calls become canary
@@ -25,7 +26,9 @@ from tests.integration.test_quality import (
     answer,
     clip_inputs,
     ids,
+    pixels,
     scores,
+    t,
     tinted,
     write_encoder_pair,
 )
@@ -169,6 +172,39 @@ def test_the_screens_intent_annotates_moire_and_ghosting_and_the_default_intent_
         _, default = answer(proxy.grpc_url, "defaults", clip_inputs(bad))
         assert signal not in quality_notes(default), default
         assert signal not in scores(default["mmguard-quality-scores"]), default
+
+
+def _batch(*images: NDArray[np.uint8]) -> list[Any]:
+    """clip_demo inputs for a batch of pictures (one token row each)."""
+    return [t("pixel_values", np.concatenate([pixels(x) for x in images])),
+            t("input_ids", np.concatenate([ids(1) for _ in images]))]
+
+
+@pytest.mark.parametrize(("earlier", "later"), [("astronaut", "coffee"), ("chelsea", "rocket"),
+                                                ("coffee", "camera")])
+def test_a_frame_carrying_a_faint_copy_of_the_frame_before_it_is_annotated(
+        proxy: RunningMmguard, earlier: str, later: str) -> None:
+    """The screens intent compares the images of one request: a batch whose second picture
+    carries 10 % of the first (a page left on the scanner, OCR residue) is annotated on that
+    picture, naming the one it carries; the same two clean pictures pass with a full score;
+    the default intent does not measure it. Triton answers the whole batch each time."""
+    first, second = photo(earlier), photo(later)
+    resp, clean = answer(proxy.grpc_url, "screens", _batch(first, second))
+    assert resp.outputs and resp.outputs[0].shape[0] == 2, resp
+    assert quality_notes(clean) == {}, clean
+    assert scores(clean["mmguard-quality-scores"])["residue"] == 1.0
+    mixed = np.clip(0.9 * second + 0.1 * first.astype(np.float64) + 0.5, 0, 255)
+    carrying = mixed.astype(np.uint8)
+    resp, bad = answer(proxy.grpc_url, "screens", _batch(first, carrying))
+    # annotated, not refused
+    assert resp.outputs and resp.outputs[0].shape[0] == 2, resp
+    note = quality_notes(bad)["residue"]
+    assert note.startswith("annotate; input 'pixel_values' image 1: signal 'residue' is 0."), note
+    assert "edge-sign correlation with input 'pixel_values' image 0," in note, note
+    assert note.endswith("threshold 0.5"), note
+    _, default = answer(proxy.grpc_url, "defaults", _batch(first, carrying))
+    assert "residue" not in quality_notes(default), default
+    assert "residue" not in scores(default["mmguard-quality-scores"]), default
 
 
 @pytest.mark.parametrize("name", ["chelsea", "grass", "brick"])

@@ -42,11 +42,13 @@ def test_each_intent_gets_its_rules_and_listed_rules_are_kept_as_listed() -> Non
     assert QualityConfig.model_validate({"rules": []}).rules == ()
 
 
-def test_screens_is_the_defaults_plus_moire_and_ghosting_at_their_documented_point() -> None:
+def test_screens_is_the_defaults_plus_moire_ghosting_and_residue_at_their_documented_point(
+        ) -> None:
     assert SCREEN_RULES[:len(DEFAULT_RULES)] == DEFAULT_RULES
     extra = SCREEN_RULES[len(DEFAULT_RULES):]
     assert {(r.signal, r.below, r.action) for r in extra} == {
-        ("moire", 0.5, "annotate"), ("ghosting", 0.5, "annotate")}
+        ("moire", 0.5, "annotate"), ("ghosting", 0.5, "annotate"),
+        ("residue", 0.5, "annotate")}
 
 
 def test_recall_lowers_no_bar_and_refuses_only_what_the_defaults_refuse() -> None:
@@ -77,7 +79,8 @@ def test_the_intent_decides_which_costly_scene_signals_are_measured() -> None:
     """What the filter measures follows its rules: the screens intent's moiré and ghosting
     are measured (and flag a ghosted photograph); the default intent measures neither."""
     for name, wanted in (("photos", set()), ("recall", set()), ("screens",
-                                                                 {"moire", "ghosting"})):
+                                                                 {"moire", "ghosting",
+                                                                  "residue"})):
         rules = QualityConfig.model_validate({"intent": name}).rules
         assert {r.signal for r in rules} & OPTIONAL_SIGNALS == wanted, name
     source = next(c.image for c in photos.clean_set() if c.name == "astronaut")
