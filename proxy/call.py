@@ -89,6 +89,51 @@ def document_copy(value: Any) -> Any:
     return value
 
 
+class StreamMemory:
+    """What filters keep from the requests of one client stream (gRPC ``ModelStreamInfer``) for
+    the stream's later requests: a video's previous frames, for ``quality``'s residue.
+
+    A stream is one client's: a mesh or a gateway proxies it as one stream, where a keep-alive
+    connection may carry many clients' requests one after another. So what a stream keeps can
+    only ever be compared with that client's own requests. Each entry may come with a
+    ``release`` (giving back what a process-wide budget lent it); the front closes the memory
+    when the stream ends, and every release runs then."""
+
+    __slots__ = ("_closed", "_kept")
+
+    def __init__(self) -> None:
+        self._kept: dict[str, tuple[Any, Callable[[], None] | None]] = {}
+        self._closed = False
+
+    def get(self, key: str) -> Any:
+        found = self._kept.get(key)
+        return None if found is None else found[0]
+
+    def put(self, key: str, value: Any, release: Callable[[], None] | None = None) -> None:
+        """Keep ``value`` under ``key``, releasing what it replaces (once the stream ended,
+        nothing is kept: ``value`` is released at once)."""
+        old = self._kept.pop(key, None)
+        if old is not None and old[1] is not None:
+            old[1]()
+        if not self._closed:
+            self._kept[key] = (value, release)
+        elif release is not None:
+            release()
+
+    def close(self) -> None:
+        """Forget everything, releasing each entry (the stream ended); idempotent."""
+        self._closed = True
+        kept, self._kept = self._kept, {}
+        for _, release in kept.values():
+            if release is not None:
+                release()
+
+
+STREAM_MEMORY: CallKey[StreamMemory] = CallKey("stream_memory")
+"""Set by the gRPC front on every request of a ``ModelStreamInfer`` stream: that stream's
+memory (absent on unary calls, whose client mmguard cannot tell from the next one's)."""
+
+
 TREATMENT: CallKey[set[str]] = CallKey("treatment")
 """The names of the call's decision headers that reveal its treatment (mirrored to a canary, a
 fault injected): ``Telemetry.decide(..., treatment=True)`` records them. A client must not learn

@@ -61,8 +61,16 @@ from filters.quality.signals import (
     Signal,
     measure_image,
 )
+from filters.quality.stream_frames import Earlier, remember
 from filters.quality.text import char_tables, text_signals
-from proxy.call import Api, Call, LocalReply, Reply, publish_scores
+from proxy.call import (
+    STREAM_MEMORY,
+    Api,
+    Call,
+    LocalReply,
+    Reply,
+    publish_scores,
+)
 from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind
 from proxy.lifecycle import FilterFactoryBase
@@ -195,6 +203,7 @@ class Quality:
     def __init__(self, cfg: QualityConfig, ctx: FilterContext) -> None:
         self.cfg = cfg
         self.ctx = ctx
+        self._stream_key = f"quality/residue/{ctx.route}"
         self.pair = EncoderPair(cfg.alignment) if cfg.alignment is not None else None
         self.drift = (DriftMonitor(ctx.route, cfg.drift, drift_gauges(ctx.telemetry.registry))
                       if cfg.drift is not None else None)
@@ -230,10 +239,14 @@ class Quality:
             return await next(call)
         align = self.pair is not None and (self.pair.cfg.sample >= 1.0
                                            or rng.random() < self.pair.cfg.sample)
+        memory = call.state.get(STREAM_MEMORY) if "residue" in self.optional else None
+        earlier: Earlier | None = memory.get(self._stream_key) if memory is not None else None
         if self._heavy(call, align):
-            report = await asyncio.to_thread(self.measure, call, align)
+            report = await asyncio.to_thread(self.measure, call, align, earlier)
         else:
-            report = self.measure(call, align)
+            report = self.measure(call, align, earlier)
+        if memory is not None:
+            remember(memory, self._stream_key, earlier, report)
         self._announce(call, report)
         publish_scores(call, report.published(self.weights))
         await self._observe(report)
@@ -256,7 +269,9 @@ class Quality:
 
     # --- measuring (pure: may run in a worker thread) ---------------------------------------
 
-    def measure(self, call: Call, align: bool) -> Report:
+    def measure(self, call: Call, align: bool, earlier: Earlier | None = None) -> Report:
+        """The request's scores; ``earlier``: the images a stream's requests before this one
+        left for residue to compare with."""
         report = Report()
         traces: list[tuple[Item, Trace | None]] | None = (
             [] if "residue" in self.optional else None)
@@ -272,11 +287,15 @@ class Quality:
                     self._measure_texts(t, self.cfg.texts[t.name], report)
             if align:
                 self._align_v2(call, report)
-        if traces is not None and len(traces) > 1:
-            found = residues([t for _, t in traces], [item.where for item, _ in traces])
-            for (item, _), signal in zip(traces, found, strict=True):
-                if signal is not None:
-                    report.add_signal(item, "residue", signal)
+        if traces is not None:
+            before = earlier.traces if earlier is not None else ()
+            if len(before) + len(traces) > 1:
+                found = residues([t for _, t in before] + [t for _, t in traces],
+                                 [n for n, _ in before] + [item.where for item, _ in traces])
+                for (item, _), signal in zip(traces, found[len(before):], strict=True):
+                    if signal is not None:
+                        report.add_signal(item, "residue", signal)
+            report.traces = [(item.where, t) for item, t in traces]
         return report
 
     def _image_item(self, where: str, measured: tuple[dict[str, Signal], Any],

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from filters.quality.residue import Trace
 from filters.quality.signals import (
     IMAGE_SIGNALS,
     REQUEST_SIGNALS,
@@ -70,6 +71,9 @@ class Report:
     alignment: NDArray[np.float32] | None = None
     alignment_where: str = ""
     alignment_error: str = ""
+    traces: list[tuple[str, Trace | None]] = field(default_factory=list)
+    """Where residue is measured: each image's trace, by its place in the request (what a
+    stream keeps for its next requests)."""
     _parts: dict[str, float | None] | None = field(default=None, init=False, repr=False)
     _lows: dict[tuple[str, str], float] | None = field(default=None, init=False, repr=False)
     _trust: tuple[Mapping[str, float], float | None] | None = field(default=None, init=False,

@@ -23,8 +23,9 @@ pairs; two unrelated pictures, and two frames of one scene, score 1.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -41,6 +42,10 @@ _REGIONS = 3  # a 3 × 3 grid
 _BLOCK = 8  # px: the coarse luminance's blocks
 _MIN_SIDE = 32
 _FLAT = np.float32(1e-5)  # luminance: a Laplacian smaller than this is flat (1/255 is 4e-3)
+STREAM_BYTES = 64 << 20
+"""What one mmguard process keeps at most of streams' earlier frames (~55 KB an image at
+224 px, the last ``WINDOW`` of a stream: ~220 KB a stream; 64 MiB is ~300 streams). A stream
+that finds it spent keeps nothing and says so (``unscored``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +56,7 @@ class Trace:
     and its coarse luminance (8 × 8 block means), centred and scaled to unit energy."""
 
     shape: tuple[int, int]
-    signs: F32  # (9, region's pixels): -1, 0 or 1
+    signs: NDArray[np.float32] | NDArray[np.int8]  # (9, region's pixels): -1, 0 or 1
     sums: NDArray[np.float64]  # per region: the sum of its signs
     counts: NDArray[np.float64]  # per region: its non-zero signs (the sum of their squares)
     coarse: NDArray[np.float64]
@@ -118,12 +123,51 @@ def overlap(a: Trace, b: Trace) -> Overlap | None:
     the other pixel for pixel)."""
     if a.shape != b.shape:
         return None
-    dots = np.einsum("ij,ij->i", a.signs, b.signs).tolist()
+    sa_, sb_ = a.signs, b.signs  # a stream's kept traces hold int8 signs
+    if sa_.dtype != np.float32:
+        sa_ = sa_.astype(np.float32)
+    if sb_.dtype != np.float32:
+        sb_ = sb_.astype(np.float32)
+    dots = np.einsum("ij,ij->i", sa_, sb_).tolist()
     n = float(a.signs.shape[1])
     sa, qa, sb, qb = a.sums.tolist(), a.counts.tolist(), b.sums.tolist(), b.counts.tolist()
     regions = [_correlation(dots[k], n, sa[k], qa[k], sb[k], qb[k]) for k in range(len(dots))]
     whole = _correlation(sum(dots), n * len(dots), sum(sa), sum(qa), sum(sb), sum(qb))
     return Overlap(whole, min(regions), max(regions), float(np.dot(a.coarse, b.coarse)))
+
+
+def compact(t: Trace) -> Trace:
+    """The trace as a stream keeps it: the same values, its signs in int8 (a quarter of the
+    bytes)."""
+    return replace(t, signs=t.signs.astype(np.int8))
+
+
+def nbytes(t: Trace) -> int:
+    return t.signs.nbytes + t.sums.nbytes + t.counts.nbytes + t.coarse.nbytes
+
+
+class Budget:
+    """Bytes lent to streams' kept traces, process-wide; ``take`` refuses past the limit."""
+
+    def __init__(self, limit: int = STREAM_BYTES) -> None:
+        self.limit = limit
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        with self._lock:
+            if self.used + n > self.limit:
+                return False
+            self.used += n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.used -= n
+
+
+STREAMS = Budget()
+"""The process's one budget for every route's kept frames."""
 
 
 def residues(traces: Sequence[Trace | None], names: Sequence[str]) -> list[Signal | None]:

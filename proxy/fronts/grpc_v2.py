@@ -20,7 +20,15 @@ from google.protobuf.message import Message
 
 from proxy import __version__
 from proxy.backends.base import RepositoryParameter
-from proxy.call import Call, Finish, LocalReply, Result, StreamItem
+from proxy.call import (
+    STREAM_MEMORY,
+    Call,
+    Finish,
+    LocalReply,
+    Result,
+    StreamItem,
+    StreamMemory,
+)
 from proxy.config.listeners import GrpcListener
 from proxy.engine.dataplane import DataPlane, refused_extension
 from proxy.errors import STATUS, ProxyError, retry_after
@@ -248,6 +256,7 @@ class _OrderedStream:
         self.shm = shm
         self.slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
         self.running: set[asyncio.Task[None]] = set()
+        self.memory = StreamMemory()  # what filters keep for the stream's later requests
 
     async def run(self, requests: AsyncIterator[bytes]) -> None:
         try:
@@ -258,6 +267,7 @@ class _OrderedStream:
                     await self.out.put(kserve_grpc.stream_error(err.message))
                     continue
                 call.headers = self.headers
+                call.state[STREAM_MEMORY] = self.memory
                 await self.slots.acquire()
                 reached = asyncio.Event()
                 task = asyncio.create_task(self._answer(call, reached))
@@ -274,6 +284,7 @@ class _OrderedStream:
             for task in self.running:
                 task.cancel()
             await asyncio.gather(*self.running, return_exceptions=True)
+            self.memory.close()
         await self.out.put(None)
 
     async def _answer(self, call: Call, reached: asyncio.Event) -> None:

@@ -11,6 +11,7 @@ only them, and its snapshot names the population its verdict judges."""
 from __future__ import annotations
 
 import json
+import queue
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from numpy.typing import NDArray
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -205,6 +207,48 @@ def test_a_frame_carrying_a_faint_copy_of_the_frame_before_it_is_annotated(
     _, default = answer(proxy.grpc_url, "defaults", _batch(first, carrying))
     assert "residue" not in quality_notes(default), default
     assert "residue" not in scores(default["mmguard-quality-scores"]), default
+
+
+def _stream(proxy: RunningMmguard, frames: list[NDArray[np.uint8]]) -> int:
+    """Sends ``frames`` one request each over one gRPC stream (tritonclient's), as a video
+    client does, to the screens route; every frame must be answered. Returns how many residue
+    annotations the route made meanwhile (a stream message carries no trailers: the
+    decision is counted, and logged at DEBUG)."""
+    labels = {"filter": "quality", "model": "screens", "decision": "residue:annotate"}
+    before = metric(proxy, "mmguard_filter_decisions_total", **labels)
+    client = grpcclient.InferenceServerClient(proxy.grpc_url)
+    got: queue.Queue[object] = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put(error or result))
+    try:
+        for i, frame in enumerate(frames):
+            px = grpcclient.InferInput("pixel_values", [1, 3, 224, 224], "FP32")
+            px.set_data_from_numpy(pixels(frame))
+            tokens = grpcclient.InferInput("input_ids", [1, 77], "INT64")
+            tokens.set_data_from_numpy(ids(1))
+            client.async_stream_infer("screens", [px, tokens], request_id=f"frame{i}")
+        answers = [got.get(timeout=30) for _ in frames]
+    finally:
+        client.stop_stream()
+        client.close()
+    for item in answers:
+        assert isinstance(item, grpcclient.InferResult), item  # annotated, not refused
+        assert item.as_numpy("image_embeds") is not None
+    return int(metric(proxy, "mmguard_filter_decisions_total", **labels) - before)
+
+
+def test_a_streamed_frame_carrying_the_frame_before_it_is_annotated_in_its_stream_only(
+        proxy: RunningMmguard) -> None:
+    """A video sent frame by frame over one ModelStreamInfer stream: the screens intent
+    compares each frame with the stream's frames before it. A frame carrying 10 % of the one
+    before is annotated once; the same clean frames are not; and the carrying frame sent on a
+    stream of its own is not compared with any other stream's frames (a stream is one
+    client's: nothing crosses between clients)."""
+    a, b, c = photo("astronaut"), photo("coffee"), photo("chelsea")
+    carrying = np.clip(0.9 * b + 0.1 * a.astype(np.float64) + 0.5, 0, 255).astype(np.uint8)
+    assert _stream(proxy, [a, b, c]) == 0
+    assert _stream(proxy, [a, carrying, c]) == 1
+    assert _stream(proxy, [a]) == 0
+    assert _stream(proxy, [carrying]) == 0  # the frame it carries came in another stream
 
 
 @pytest.mark.parametrize("name", ["chelsea", "grass", "brick"])

@@ -13,10 +13,12 @@ import pytest
 from numpy.typing import NDArray
 from PIL import Image
 
+from filters.quality import residue
 from filters.quality.filter import Quality, QualityConfig
 from filters.quality.residue import (
     RESIDUE_BAD,
     WINDOW,
+    Budget,
     Trace,
     overlap,
     residues,
@@ -24,7 +26,7 @@ from filters.quality.residue import (
 )
 from filters.quality.rules import SCREEN_RULES
 from filters.quality.signals import ImageSpec, measure_image
-from proxy.call import Call, Reply, Result, Target
+from proxy.call import STREAM_MEMORY, Call, Reply, Result, StreamMemory, Target
 from proxy.chain import FilterContext
 from proxy.clock import ManualClock
 from proxy.telemetry import Telemetry
@@ -205,3 +207,71 @@ def test_the_pair_evaluation_scores_pairs_as_the_filter_does() -> None:
             "n": 10, "auc": 0.9, "caught": 0.8, "interval": (0.5, 0.9)}}}})
     assert "1 /    4 =  25.0%" in table and "x then y" in table, table
     assert "0.05: AUC 0.900, 80% of 10 [50%, 90%]" in table, table
+
+
+# --- a client stream's earlier requests (gRPC ModelStreamInfer) ---------------------------------
+
+
+def test_a_streams_memory_releases_what_it_replaces_and_everything_when_closed() -> None:
+    released: list[str] = []
+    memory = StreamMemory()
+    memory.put("a", 1, lambda: released.append("a1"))
+    memory.put("a", 2, lambda: released.append("a2"))
+    memory.put("b", 3)
+    assert released == ["a1"] and memory.get("a") == 2 and memory.get("b") == 3
+    memory.close()
+    assert released == ["a1", "a2"] and memory.get("a") is None
+    memory.put("a", 4, lambda: released.append("a4"))  # the stream has ended: nothing is kept
+    assert released == ["a1", "a2", "a4"] and memory.get("a") is None
+
+
+def streamed(image: NDArray[np.uint8], memory: StreamMemory | None) -> Call:
+    call = batch_call(image)
+    if memory is not None:
+        call.state[STREAM_MEMORY] = memory
+    return call
+
+
+async def test_a_frame_carrying_the_streams_frame_before_it_is_annotated() -> None:
+    """One image per request, as a video goes frame by frame over a stream: the second frame
+    carries 10 % of the first and is annotated, naming the request the first came in; a clean
+    frame after it is not; the same frame as a unary call has nothing to compare with."""
+    quality = make_filter({"images": {"pixel_values": {}}, "drift": None, "intent": "screens"})
+    a, b, c = photo("astronaut"), photo("coffee"), photo("chelsea")
+    used = residue.STREAMS.used
+    memory = StreamMemory()
+    first = streamed(a, memory)
+    await quality(first, answer)
+    assert "residue" not in header(first)  # nothing before it
+    second = streamed(laid_over(b, a, 0.1), memory)
+    assert isinstance(await quality(second, answer), Result)
+    note = second.decisions["mmguard-quality-residue"]
+    assert note.startswith("annotate; input 'pixel_values' image 0: signal 'residue' is 0."), note
+    assert ("edge-sign correlation with input 'pixel_values' image 0 of the stream's scored "
+            "request 1," in note), note
+    third = streamed(c, memory)
+    await quality(third, answer)
+    assert header(third)["residue"] == "1.000" and "mmguard-quality-residue" not in \
+        third.decisions
+    assert residue.STREAMS.used > used  # three frames kept (at most WINDOW)
+    memory.close()
+    assert residue.STREAMS.used == used  # the stream ended: every byte given back
+    unary = streamed(laid_over(b, a, 0.1), None)
+    await quality(unary, answer)
+    assert "residue" not in header(unary)
+
+
+async def test_past_the_process_budget_a_stream_keeps_nothing_and_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(residue, "STREAMS", Budget(limit=1000))
+    quality = make_filter({"images": {"pixel_values": {}}, "drift": None, "intent": "screens"})
+    memory = StreamMemory()
+    a, b = photo("astronaut"), photo("coffee")
+    first = streamed(a, memory)
+    await quality(first, answer)
+    assert first.decisions["mmguard-quality-unscored"] == (
+        "unscored; residue: this stream's images are not kept for its next requests (the "
+        f"process keeps at most {1000 / 2 ** 20:g} MiB of streams' images)")
+    second = streamed(laid_over(b, a, 0.1), memory)
+    await quality(second, answer)
+    assert "residue" not in header(second) and residue.STREAMS.used == 0

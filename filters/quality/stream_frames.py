@@ -1,0 +1,50 @@
+"""What a client stream keeps of its images for ``residue`` on its next requests: a video sent
+frame by frame over one gRPC ``ModelStreamInfer`` stream, each frame compared with the frames
+before it as the images of one request are.
+
+Only a stream's own requests are compared: a stream is one client's (``proxy.call.StreamMemory``
+says why a keep-alive connection is not), so no client's score can depend on another client's
+images. What is kept is bounded per stream (the last ``residue.WINDOW`` images, their signs in
+int8: ~55 KB an image at 224 px) and per process (``residue.STREAMS``: 64 MiB); it goes when
+the stream ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from filters.quality import residue
+from filters.quality.report import Report
+from filters.quality.residue import WINDOW, Trace, compact, nbytes
+from proxy.call import StreamMemory
+
+
+@dataclass(frozen=True, slots=True)
+class Earlier:
+    """What a stream keeps for residue on one route: the stream's last ``WINDOW`` images as the
+    route scored them (traces with int8 signs, named by the request they came in) and how many
+    of its requests the route scored."""
+
+    count: int
+    traces: tuple[tuple[str, Trace], ...]
+
+
+def remember(memory: StreamMemory, key: str, earlier: Earlier | None, report: Report) -> None:
+    """Keep the stream's last ``WINDOW`` images (this request's after the earlier ones) for its
+    next request, within the process's budget (the previous entry's bytes given back first);
+    past it nothing is kept, and the request says so (``report.unscored``)."""
+    count = (earlier.count if earlier is not None else 0) + 1
+    mine = tuple((f"{where} of the stream's scored request {count}", compact(t))
+                 for where, t in report.traces if t is not None)
+    kept = ((earlier.traces if earlier is not None else ()) + mine)[-WINDOW:]
+    memory.put(key, Earlier(count, ()))  # gives the previous entry's bytes back
+    if not kept:
+        return
+    size = sum(nbytes(t) for _, t in kept)
+    budget = residue.STREAMS  # read here: one budget for the process (a test may swap it)
+    if budget.take(size):
+        memory.put(key, Earlier(count, kept), lambda: budget.give(size))
+    else:
+        report.unscored.append(f"residue: this stream's images are not kept for its next "
+                               f"requests (the process keeps at most {budget.limit / 2 ** 20:g} "
+                               "MiB of streams' images)")
