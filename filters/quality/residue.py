@@ -12,8 +12,9 @@ block means), which two frames of one scene share (0.9 and up) and an image with
 does not share with that layer; and a copy lies over the whole frame, so no region of the
 frame disagrees (a scene that moved agrees in some regions and disagrees in others).
 
-Only images of one request are compared, each with the ``WINDOW`` images before it: nothing is
-kept between requests, so no client's score can depend on another client's images.
+Only images of one request, or of one client's gRPC stream (``stream_frames``: a video sent
+frame by frame), are compared, each with the ``WINDOW`` images before it: nothing links two
+unary requests, so no client's score can depend on another client's images.
 
 Rules that MUST hold: the score is finite and in [0, 1]; an image with a copy of an earlier image
 of the request laid over it never scores above the same image without it, on the evaluation's
@@ -106,7 +107,7 @@ class Overlap:
     def copy(self) -> float:
         """The evidence of a faint copy: the signs' correlation where it spans the frame and the
         two are not one scene; 0 otherwise."""
-        if (self.coarse >= SAME_SCENE or self.most >= IDENTICAL or self.least <= REGION_FLOOR):
+        if self.coarse >= SAME_SCENE or self.most >= IDENTICAL or self.least <= REGION_FLOOR:
             return 0.0
         return max(self.signs, 0.0)
 
@@ -123,12 +124,9 @@ def overlap(a: Trace, b: Trace) -> Overlap | None:
     the other pixel for pixel)."""
     if a.shape != b.shape:
         return None
-    sa_, sb_ = a.signs, b.signs  # a stream's kept traces hold int8 signs
-    if sa_.dtype != np.float32:
-        sa_ = sa_.astype(np.float32)
-    if sb_.dtype != np.float32:
-        sb_ = sb_.astype(np.float32)
-    dots = np.einsum("ij,ij->i", sa_, sb_).tolist()
+    # A stream's kept traces hold their signs in int8: read in float32 as the fresh ones.
+    xa, xb = (x if x.dtype == np.float32 else x.astype(np.float32) for x in (a.signs, b.signs))
+    dots = np.einsum("ij,ij->i", xa, xb).tolist()
     n = float(a.signs.shape[1])
     sa, qa, sb, qb = a.sums.tolist(), a.counts.tolist(), b.sums.tolist(), b.counts.tolist()
     regions = [_correlation(dots[k], n, sa[k], qa[k], sb[k], qb[k]) for k in range(len(dots))]
