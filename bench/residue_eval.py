@@ -6,8 +6,9 @@
 runs this too, after its own tables). Clean pairs, each kind apart:
 
 - unrelated photographs: each clean photograph and random crop of ``tests/support/photos.py``
-  beside three others drawn at random (never a crop of the same source), and the same on a
-  held-out draw (other seeds);
+  beside three others drawn at random (never a crop of the same source), the same on a
+  held-out draw (other seeds), and the first pairs again with both images JPEG-compressed at
+  quality 75 at 224 px (their block grids lie on each other);
 - frames of one scene: two crops of one source photograph, the second moved by 0-32 source px
   and zoomed by 0-5 % (a camera that moved, a burst), at two framings;
 - documents, screenshots and scientific images: every pair of two of them (whole frames and
@@ -15,10 +16,10 @@ runs this too, after its own tables). Clean pairs, each kind apart:
   dark);
 
 and the ladder: each photograph with an unrelated one laid over it at 3, 5, 10 and 15 % (the
-later image of the pair), and each document with another document laid over it (the page
-before it left on the scanner). Prints per set the share the 'screens' intent's rule flags
-(the residue score below 0.5) with its 95 % Wilson interval, and per severity the AUC against
-the unrelated pairs and the share caught.
+later image of the pair; again with both JPEG-compressed at quality 75), and each document
+with another document laid over it (the page before it left on the scanner). Prints per set
+the share the 'screens' intent's rule flags (the residue score below 0.5) with its 95 % Wilson
+interval, and per severity the AUC against the unrelated pairs and the share caught.
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ def blend(x: photos.U8, other: photos.U8, opacity: float) -> photos.U8:
     return np.clip(mixed + 0.5, 0, 255).astype(np.uint8)
 
 
+def _jpeg(x: photos.U8) -> photos.U8:
+    """``x`` as a client sends a JPEG at the model's size: its 8-px block grid on the plane's."""
+    return photos.jpeg(x, 75, np.random.default_rng(0))
+
+
 def _source_of(name: str) -> str:
     return name.split("/")[0]
 
@@ -104,6 +110,8 @@ def pair_sets() -> dict[str, list[tuple[str, photos.U8, photos.U8]]]:
     return {
         "unrelated photographs": list(_unrelated(cleans, 21)),
         "unrelated photographs, held out": list(_unrelated(held, 31)),
+        "unrelated photographs, both JPEG q75": [
+            (f"{label} (JPEG q75)", _jpeg(x), _jpeg(y)) for label, x, y in _unrelated(cleans, 21)],
         "frames of one scene": list(_same_scene()),
         "documents, screenshots, scientific": [
             (f"{a.name} then {b.name}", a.image, b.image)
@@ -123,7 +131,7 @@ def ladders() -> dict[str, dict[float, list[tuple[str, photos.U8, photos.U8]]]]:
     cleans = tuple(c for c in photos.clean_set() if c.kind == "photo") + photos.random_crops()
     docs = [c for c in photos.clean_set() if c.kind == "document"]
     out: dict[str, dict[float, list[tuple[str, photos.U8, photos.U8]]]] = {
-        "photographs": {}, "documents": {}}
+        "photographs": {}, "photographs, both JPEG q75": {}, "documents": {}}
     for a in OPACITIES:
         rows = []
         for i, c in enumerate(cleans):
@@ -132,6 +140,8 @@ def ladders() -> dict[str, dict[float, list[tuple[str, photos.U8, photos.U8]]]]:
             if _source_of(k.name) != _source_of(c.name):
                 rows.append((f"{k.name} over {c.name}", k.image, blend(c.image, k.image, a)))
         out["photographs"][a] = rows
+        out["photographs, both JPEG q75"][a] = [(f"{label} (JPEG q75)", _jpeg(x), _jpeg(y))
+                                                for label, x, y in rows]
         out["documents"][a] = [(f"{k.name} over {c.name}", k.image, blend(c.image, k.image, a))
                                for c, k in itertools.permutations(docs, 2)
                                if _source_of(k.name) != _source_of(c.name)]
