@@ -99,11 +99,13 @@ class StreamMemory:
     ``release`` (giving back what a process-wide budget lent it); the front closes the memory
     when the stream ends, and every release runs then."""
 
-    __slots__ = ("_closed", "_kept")
+    __slots__ = ("_closed", "_kept", "owner")
 
-    def __init__(self) -> None:
+    def __init__(self, owner: str = "the stream") -> None:
         self._kept: dict[str, tuple[Any, Callable[[], None] | None]] = {}
         self._closed = False
+        self.owner = owner
+        """Whose requests these are, in words for messages: "the stream", "the client"."""
 
     def get(self, key: str) -> Any:
         found = self._kept.get(key)
@@ -131,7 +133,9 @@ class StreamMemory:
 
 STREAM_MEMORY: CallKey[StreamMemory] = CallKey("stream_memory")
 """Set by the gRPC front on every request of a ``ModelStreamInfer`` stream: that stream's
-memory (absent on unary calls, whose client mmguard cannot tell from the next one's)."""
+memory; on a unary call, the memory of its client where its listener names a header that says
+who the client is (``listeners.*.client_header``, set by a trusted gateway); absent otherwise
+(mmguard cannot tell one client's unary requests from the next client's)."""
 
 
 TREATMENT: CallKey[set[str]] = CallKey("treatment")

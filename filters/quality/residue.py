@@ -12,9 +12,10 @@ block means), which two frames of one scene share (0.9 and up) and an image with
 does not share with that layer; and a copy lies over the whole frame, so no region of the
 frame disagrees (a scene that moved agrees in some regions and disagrees in others).
 
-Only images of one request, or of one client's gRPC stream (``stream_frames``: a video sent
-frame by frame), are compared, each with the ``WINDOW`` images before it: nothing links two
-unary requests, so no client's score can depend on another client's images.
+Only images of one request, of one client's gRPC stream (``stream_frames``: a video sent
+frame by frame), or of one client a trusted gateway names (``listeners.*.client_header``) are
+compared, each with the ``WINDOW`` images before it: nothing else links two requests, so no
+client's score can depend on another client's images.
 
 Rules that MUST hold: the score is finite and in [0, 1]; an image with a copy of an earlier image
 of the request laid over it never scores above the same image without it, on the evaluation's

@@ -1,12 +1,13 @@
 """What a client stream keeps of its images for ``residue`` on its next requests: a video sent
 frame by frame over one gRPC ``ModelStreamInfer`` stream, each frame compared with the frames
-before it as the images of one request are.
+before it as the images of one request are; and the same for the unary requests of a client a
+trusted gateway names (``proxy/engine/clients.py``).
 
-Only a stream's own requests are compared: a stream is one client's (``proxy.call.StreamMemory``
-says why a keep-alive connection is not), so no client's score can depend on another client's
-images. What is kept is bounded per stream (the last ``residue.WINDOW`` images, their signs in
-int8: ~55 KB an image at 224 px) and per process (``residue.STREAMS``: 64 MiB); it goes when
-the stream ends.
+Only one stream's or one named client's own requests are compared (``proxy.call.StreamMemory``
+says why a keep-alive connection is not one client's), so no client's score can depend on
+another client's images. What is kept is bounded per stream or client (the last
+``residue.WINDOW`` images, their signs in int8: ~55 KB an image at 224 px) and per process
+(``residue.STREAMS``: 64 MiB); it goes when the stream ends or the client is forgotten.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def remember(memory: StreamMemory, key: str, earlier: Earlier | None, report: Re
     next request, within the process's budget (the previous entry's bytes given back first);
     past it nothing is kept, and the request says so (``report.unscored``)."""
     count = (earlier.count if earlier is not None else 0) + 1
-    mine = tuple((f"{where} of the stream's scored request {count}", compact(t))
+    mine = tuple((f"{where} of {memory.owner}'s scored request {count}", compact(t))
                  for where, t in report.traces if t is not None)
     kept = ((earlier.traces if earlier is not None else ()) + mine)[-WINDOW:]
     memory.put(key, Earlier(count, ()))  # gives the previous entry's bytes back

@@ -27,6 +27,16 @@ class ClientTrust(Strict):
     default) follows ``trust_canary_headers``: a trusted mesh sees its treatment, an untrusted
     client never learns whether it was mirrored or faulted (docs/security.md)."""
 
+    client_header: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=64)
+    """A header that says who the client is, set on every request by a gateway in front of this
+    listener that overwrites whatever the client sent (an authenticated user or service id,
+    Envoy's ``x-forwarded-client-cert``); lower-case. With it, mmguard links each client's
+    unary requests for the filters that compare a client's requests (``quality``'s residue:
+    the page a client sent before). mmguard cannot check the header: name it only behind such
+    a gateway, since a client that can set it can probe whether another client's recent
+    images look like one of its own. Absent (the default): no unary request is linked to
+    another (a gRPC stream is one client's and is linked within itself either way)."""
+
     @property
     def shows_treatment(self) -> bool:
         return (self.trust_canary_headers if self.treatment_headers is None

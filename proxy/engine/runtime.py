@@ -24,6 +24,7 @@ from proxy.config.backends import BackendConfig
 from proxy.config.model import Config, ModelRoute
 from proxy.contract import ModelContract
 from proxy.engine.canary import CanaryMatcher, share_hash_for
+from proxy.engine.clients import ClientMemories
 from proxy.engine.terminal import Terminal
 from proxy.errors import ErrorKind, ProxyError, unknown_model
 from proxy.keys import Store
@@ -75,6 +76,11 @@ class Runtime:
         """Seeds each filter's ``rng`` (by route and position) when set: tests replay draws."""
         self.share_hash = share_hash or share_hash_for(config)
         self.canary = CanaryMatcher(config, self.share_hash, telemetry)
+        lc = config.listeners
+        self.clients = ClientMemories({"grpc": lc.grpc.client_header,
+                                       "http": lc.http.client_header,
+                                       "openai": lc.http.client_header}, clock)
+        """Each named client's memory across its unary requests (``listeners.*.client_header``)."""
         self.state = Store() if store is None else store
         """Filter state that outlives a reload (e.g. experiments started through the API)."""
         self.local = Store()
@@ -204,6 +210,7 @@ class Runtime:
         if call.deadline is not None and CLIENT_DEADLINE not in call.state:
             call.state[CLIENT_DEADLINE] = call.deadline  # only a front set it: the client's
         self.canary.mark(call)
+        self.clients.attach(call)
         if route.spec.timeout_s is not None:
             limit = time.monotonic() + route.spec.timeout_s  # same clock as Call.deadline
             call.deadline = limit if call.deadline is None else min(call.deadline, limit)
@@ -360,6 +367,7 @@ class Runtime:
 
     async def close(self, keep: set[str] | None = None) -> None:
         await self.stop_watching()
+        self.clients.close()
         for name, backend in self.backends.items():
             if keep is None or name not in keep:
                 await backend.close()

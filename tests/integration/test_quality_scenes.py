@@ -38,7 +38,7 @@ from tests.support import photos
 from tests.support.images import scene
 from tests.support.mmguard import RunningMmguard
 from tests.support.triton import TritonServer
-from tests.support.wire import grpc_infer_raw, grpc_request
+from tests.support.wire import grpc_infer_raw, grpc_request, http_binary_body, http_post
 
 ELIGIBLE = 0.85  # the source documents' gray release: alignment above 0.85 first
 
@@ -82,7 +82,7 @@ def proxy(triton: TritonServer, tmp_path_factory: pytest.TempPathFactory
         "canary": {"share": 1.0, "eligible": [{"score": "quality.alignment",
                                                "at_least": ELIGIBLE}]},
         # the tests read the mmguard-fault trailer, which only a listener showing treatment sends
-        "listeners": {"grpc": {"treatment_headers": True}},
+        "listeners": {"grpc": {"treatment_headers": True, "client_header": "x-client-id"}},
     }
     with RunningMmguard(cfg) as m:
         m.wait_ready()
@@ -249,6 +249,38 @@ def test_a_streamed_frame_carrying_the_frame_before_it_is_annotated_in_its_strea
     assert _stream(proxy, [a, carrying, c]) == 1
     assert _stream(proxy, [a]) == 0
     assert _stream(proxy, [carrying]) == 0  # the frame it carries came in another stream
+
+
+def test_a_named_clients_next_unary_request_is_compared_with_its_last(
+        proxy: RunningMmguard) -> None:
+    """The gRPC listener names the client header a gateway sets (``client_header``): a
+    client's unary request whose picture carries 10 % of the one it sent before is annotated,
+    naming that request; another client's, or a request without the header, is not compared
+    with it; on the HTTP listener, which names no client header, the header links nothing."""
+    a, b = photo("astronaut"), photo("coffee")
+    mixed = np.clip(0.9 * b + 0.1 * a.astype(np.float64) + 0.5, 0, 255).astype(np.uint8)
+    body = grpc_request("screens", clip_inputs(a))
+    grpc_infer_raw(proxy.grpc_url, body, metadata=(("x-client-id", "page-scanner-1"),))
+    carrying = grpc_request("screens", clip_inputs(mixed))
+    for metadata in ((("x-client-id", "page-scanner-2"),), ()):
+        _, trailers = grpc_infer_raw(proxy.grpc_url, carrying, metadata=metadata)
+        assert "residue" not in quality_notes(dict(trailers)), trailers
+    _, trailers = grpc_infer_raw(proxy.grpc_url, carrying,
+                                 metadata=(("x-client-id", "page-scanner-1"),))
+    note = quality_notes(dict(trailers))["residue"]
+    assert note.startswith("annotate; input 'pixel_values' image 0: signal 'residue' is 0."), note
+    assert ("edge-sign correlation with input 'pixel_values' image 0 of the client's scored "
+            "request 1," in note), note
+    head_and_body = [http_binary_body(clip_inputs(x)) for x in (a, mixed)]
+    for body_bytes, length in head_and_body:
+        status, headers, _ = http_post(
+            proxy.http_url, "/v2/models/screens/infer", body_bytes,
+            {"x-client-id": "page-scanner-3", "Content-Type": "application/octet-stream",
+             "Inference-Header-Content-Length": str(length)})
+        assert status == 200, headers
+    lower = {k.lower(): v for k, v in headers.items()}
+    assert "mmguard-quality-residue" not in lower, headers
+    assert "residue" not in scores(lower["mmguard-quality-scores"]), headers  # not compared
 
 
 @pytest.mark.parametrize("name", ["chelsea", "grass", "brick"])

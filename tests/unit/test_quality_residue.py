@@ -275,3 +275,16 @@ async def test_past_the_process_budget_a_stream_keeps_nothing_and_says_so(
     second = streamed(laid_over(b, a, 0.1), memory)
     await quality(second, answer)
     assert "residue" not in header(second) and residue.STREAMS.used == 0
+
+
+async def test_a_named_clients_unary_requests_are_compared_as_a_streams_are() -> None:
+    quality = make_filter({"images": {"pixel_values": {}}, "drift": None, "intent": "screens"})
+    a, b = photo("astronaut"), photo("coffee")
+    memory = StreamMemory("the client")
+    await quality(streamed(a, memory), answer)
+    second = streamed(laid_over(b, a, 0.1), memory)
+    await quality(second, answer)
+    note = second.decisions["mmguard-quality-residue"]
+    assert ("edge-sign correlation with input 'pixel_values' image 0 of the client's scored "
+            "request 1," in note), note
+    memory.close()
