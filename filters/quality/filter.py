@@ -39,6 +39,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from collections import deque
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import numpy as np
@@ -52,7 +54,7 @@ from filters.quality.align import AlignmentConfig, AlignmentUnavailable, Encoder
 from filters.quality.drift import DriftConfig, DriftMonitor, drift_gauges
 from filters.quality.graded import GradedActions, GradedConfig, trust_detail
 from filters.quality.report import MODALITY_OF, Finding, Item, Report
-from filters.quality.residue import Trace, residues, trace
+from filters.quality.residue import WINDOW, Trace, residue, trace
 from filters.quality.rules import DEFAULT_RULES, Intent, Rule, rules_of
 from filters.quality.scenes import OPTIONAL_SIGNALS
 from filters.quality.signals import (
@@ -127,6 +129,11 @@ class Weights(Strict):
     visual: float = Field(0.4, ge=0)
     text: float = Field(0.3, ge=0)
     alignment: float = Field(0.3, ge=0)
+
+
+Windows = tuple["deque[tuple[str, Trace | None]]", "deque[tuple[str, Trace | None]]"]
+"""With residue on: the images before the next one (a stream's earlier ones first), and this
+request's last ``WINDOW`` (what its stream or client keeps)."""
 
 
 class QualityConfig(Strict):
@@ -273,8 +280,10 @@ class Quality:
         """The request's scores; ``earlier``: the images a stream's requests before this one
         left for residue to compare with."""
         report = Report()
-        traces: list[tuple[Item, Trace | None]] | None = (
-            [] if "residue" in self.optional else None)
+        traces: Windows | None = None
+        if "residue" in self.optional:  # the images before each one, and this request's last
+            before: Iterable[tuple[str, Trace | None]] = earlier.traces if earlier else ()
+            traces = deque(before, maxlen=WINDOW), deque(maxlen=WINDOW)
         if call.api is Api.OPENAI:
             rgbs = self._measure_chat(call, report, traces)
             if align and rgbs:
@@ -288,27 +297,27 @@ class Quality:
             if align:
                 self._align_v2(call, report)
         if traces is not None:
-            before = earlier.traces if earlier is not None else ()
-            if len(before) + len(traces) > 1:
-                found = residues([t for _, t in before] + [t for _, t in traces],
-                                 [n for n, _ in before] + [item.where for item, _ in traces])
-                for (item, _), signal in zip(traces, found[len(before):], strict=True):
-                    if signal is not None:
-                        report.add_signal(item, "residue", signal)
-            report.traces = [(item.where, t) for item, t in traces]
+            report.traces = list(traces[1])
         return report
 
     def _image_item(self, where: str, measured: tuple[dict[str, Signal], Any],
-                    traces: list[tuple[Item, Trace | None]] | None,
-                    param: str | None = None) -> Item:
+                    traces: Windows | None, param: str | None = None) -> Item:
+        """An image's item; with residue on, the image is compared with the ``WINDOW`` images
+        before it, then takes its place among them (only a window is ever held: a batch of
+        thousands of small images keeps four traces, not thousands)."""
         signals, plane = measured
-        item = Item("image", where, signals, param)
         if traces is not None:
-            traces.append((item, trace(plane)))
-        return item
+            window, mine = traces
+            t = trace(plane)
+            found = residue(t, window)
+            if found is not None:
+                signals["residue"] = found
+            window.append((where, t))
+            mine.append((where, t))
+        return Item("image", where, signals, param)
 
     def _measure_images(self, t: Tensor, cfg: ImageInput, report: Report,
-                        traces: list[tuple[Item, Trace | None]] | None) -> None:
+                        traces: Windows | None) -> None:
         if t.datatype not in _IMAGE_TYPES:
             report.unscored.append(f"input '{t.name}' is {t.datatype}, not an image datatype")
             return
@@ -340,8 +349,7 @@ class Quality:
             report.add(Item("text", where, text_signals(text, cfg.min_chars, cfg.max_chars)))
 
     def _measure_chat(self, call: Call, report: Report,
-                      traces: list[tuple[Item, Trace | None]] | None
-                      ) -> list[NDArray[np.uint8]]:
+                      traces: Windows | None) -> list[NDArray[np.uint8]]:
         view = ChatView(call)
         for i, text in enumerate(view.texts()):
             report.add(Item("text", f"text {i}", text_signals(

@@ -72,8 +72,8 @@ class Report:
     alignment_where: str = ""
     alignment_error: str = ""
     traces: list[tuple[str, Trace | None]] = field(default_factory=list)
-    """Where residue is measured: each image's trace, by its place in the request (what a
-    stream keeps for its next requests)."""
+    """Where residue is measured: the request's last ``residue.WINDOW`` images' traces, by
+    their place in the request (what a stream or a named client keeps for its next request)."""
     _parts: dict[str, float | None] | None = field(default=None, init=False, repr=False)
     _lows: dict[tuple[str, str], float] | None = field(default=None, init=False, repr=False)
     _trust: tuple[Mapping[str, float], float | None] | None = field(default=None, init=False,
@@ -81,13 +81,6 @@ class Report:
 
     def add(self, item: Item) -> None:
         self.items.append(item)
-        self._parts = self._lows = self._trust = None
-
-    def add_signal(self, item: Item, name: str, signal: Signal) -> None:
-        """One more signal of an item already added (``residue``, read once every image of the
-        request is measured); the item's score follows."""
-        item.signals[name] = signal
-        item.score, item.weakest = modality_score(item.signals)
         self._parts = self._lows = self._trust = None
 
     def lows(self) -> dict[tuple[str, str], float]:

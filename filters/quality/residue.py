@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -169,9 +169,10 @@ STREAMS = Budget()
 """The process's one budget for every route's kept frames."""
 
 
-def residues(traces: Sequence[Trace | None], names: Sequence[str]) -> list[Signal | None]:
-    """Each image's ``residue`` signal against the ``WINDOW`` images before it (named by
-    ``names``); None for the first image and for one with no earlier image of its shape.
+def residue(t: Trace | None, earlier: Iterable[tuple[str, Trace | None]]) -> Signal | None:
+    """An image's ``residue`` signal against the images before it (``earlier``: at most
+    ``WINDOW`` of them, each with its name for the message); None when none of them has its
+    shape, or it has no trace.
 
     The signs' correlation with the earlier image that agrees most (the ``copy`` of
     ``Overlap``): 0.01 scores 1, 0.03 scores 0 (0.5, the 'screens' intent's rule, at 0.02:
@@ -185,20 +186,21 @@ def residues(traces: Sequence[Trace | None], names: Sequence[str]) -> list[Signa
     edges agree (1 of 741 unrelated pairs at q75); a copy moved by more than a pixel against
     the earlier image is not seen (the ``ghosting`` signal reads a shifted copy of the image
     itself); a copy over a frame with flat regions (a sky) loses its evidence there."""
-    out: list[Signal | None] = []
-    for j, tj in enumerate(traces):
-        best: tuple[float, int] | None = None
-        if tj is not None:
-            for i in range(max(0, j - WINDOW), j):
-                ti = traces[i]
-                found = overlap(tj, ti) if ti is not None else None
-                if found is not None and (best is None or found.copy > best[0]):
-                    best = (found.copy, i)
-        if best is None:
-            out.append(None)
-            continue
-        value, i = best
-        out.append(Signal(_ramp(value, RESIDUE_BAD, RESIDUE_GOOD), value,
-                          f"edge-sign correlation with {names[i]}, the earlier image it "
-                          "agrees with most"))
-    return out
+    if t is None:
+        return None
+    best: tuple[float, str] | None = None
+    for name, e in earlier:
+        found = overlap(t, e) if e is not None else None
+        if found is not None and (best is None or found.copy > best[0]):
+            best = (found.copy, name)
+    if best is None:
+        return None
+    value, name = best
+    return Signal(_ramp(value, RESIDUE_BAD, RESIDUE_GOOD), value,
+                  f"edge-sign correlation with {name}, the earlier image it agrees with most")
+
+
+def residues(traces: Sequence[Trace | None], names: Sequence[str]) -> list[Signal | None]:
+    """Each image's ``residue`` against the ``WINDOW`` images before it in ``traces``."""
+    return [residue(t, [(names[i], traces[i]) for i in range(max(0, j - WINDOW), j)])
+            for j, t in enumerate(traces)]

@@ -15,6 +15,7 @@ with several workers, a client's requests reach the memory of the worker that se
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Mapping
 
@@ -33,7 +34,7 @@ class ClientMemories:
         self.clock = clock
         self.max_clients = max_clients
         self.idle_s = idle_s
-        self._seen: OrderedDict[str, tuple[StreamMemory, float]] = OrderedDict()
+        self._seen: OrderedDict[bytes, tuple[StreamMemory, float]] = OrderedDict()
 
     def attach(self, call: Call) -> None:
         """Give ``call`` its client's memory, where its listener names the client; a stream's
@@ -41,9 +42,11 @@ class ClientMemories:
         header = self.headers.get(call.front)
         if header is None or STREAM_MEMORY in call.state:
             return
-        client = call.headers.get(header)
-        if not client:
+        name = call.headers.get(header)
+        if not name:
             return
+        # Kept by a digest: a name is as long as the listener's header limit lets it be.
+        client = hashlib.blake2b(name.encode("utf-8", "surrogateescape"), digest_size=16).digest()
         now = self.clock.monotonic()
         self._forget(now)
         found = self._seen.pop(client, None)

@@ -288,3 +288,21 @@ async def test_a_named_clients_unary_requests_are_compared_as_a_streams_are() ->
     assert ("edge-sign correlation with input 'pixel_values' image 0 of the client's scored "
             "request 1," in note), note
     memory.close()
+
+
+def test_the_filter_holds_a_window_of_traces_not_one_per_image() -> None:
+    """A batch compares each image with the four before it and keeps only the last four traces
+    for its stream or client (a batch of thousands of small images holds four, not
+    thousands)."""
+    quality = make_filter({"images": {"pixel_values": {}}, "drift": None, "intent": "screens"})
+    frames = [texture(30 + i) for i in range(WINDOW + 1)]
+    near = laid_over(texture(60), frames[2], 0.15)  # frames[2] is within the window of 4
+    far = laid_over(texture(61), frames[0], 0.15)  # frames[0] is not, by then
+    report = quality.measure(batch_call(*frames, near, far), False)
+    scores = [item.signals.get("residue") for item in report.items]
+    assert scores[0] is None and all(s is not None and s.score == 1.0 for s in scores[1:-2])
+    assert scores[-2] is not None and scores[-2].score < 0.5, scores[-2]
+    assert scores[-1] is not None and scores[-1].score == 1.0, scores[-1]
+    assert [where for where, _ in report.traces] == [
+        f"input 'pixel_values' image {i}" for i in range(len(frames) + 2 - WINDOW,
+                                                         len(frames) + 2)]
