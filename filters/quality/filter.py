@@ -63,7 +63,7 @@ from filters.quality.signals import (
     Signal,
     measure_image,
 )
-from filters.quality.stream_frames import Earlier, remember
+from filters.quality.stream_frames import Earlier, remember, watch_kept
 from filters.quality.text import char_tables, text_signals
 from proxy.call import (
     STREAM_MEMORY,
@@ -474,6 +474,8 @@ class QualityFactory(FilterFactoryBase):
     config_model = QualityConfig
 
     def build(self, config: QualityConfig, ctx: FilterContext) -> Quality:
+        if any(r.signal == "residue" for r in config.rules):
+            watch_kept(ctx.telemetry)
         # Once per route at load, never per request: which code measures the images, as a
         # metric (an alert can find the pods that pay ~3x) and, when it is the slower one, a log.
         passes = "c" if native.kernels is not None else "numpy"

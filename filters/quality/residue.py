@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -146,11 +148,15 @@ def nbytes(t: Trace) -> int:
 
 
 class Budget:
-    """Bytes lent to streams' kept traces, process-wide; ``take`` refuses past the limit."""
+    """Bytes lent to streams' and named clients' kept traces, process-wide; ``take`` refuses
+    past the limit. ``watchers`` hear every change (the registries' gauges)."""
 
     def __init__(self, limit: int = STREAM_BYTES) -> None:
         self.limit = limit
         self.used = 0
+        self.watchers: weakref.WeakKeyDictionary[Any, Callable[[int], None]] = (
+            weakref.WeakKeyDictionary())
+        """Registry → its gauge's ``set`` (a registry gone, its watcher goes)."""
         self._lock = threading.Lock()
 
     def take(self, n: int) -> bool:
@@ -158,11 +164,17 @@ class Budget:
             if self.used + n > self.limit:
                 return False
             self.used += n
-            return True
+        self._tell()
+        return True
 
     def give(self, n: int) -> None:
         with self._lock:
             self.used -= n
+        self._tell()
+
+    def _tell(self) -> None:
+        for watch in list(self.watchers.values()):
+            watch(self.used)
 
 
 STREAMS = Budget()

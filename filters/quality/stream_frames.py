@@ -13,6 +13,9 @@ another client's images. What is kept is bounded per stream or client (the last
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import Gauge
 
 from filters.quality import residue
 from filters.quality.report import Report
@@ -49,3 +52,16 @@ def remember(memory: StreamMemory, key: str, earlier: Earlier | None, report: Re
         report.unscored.append(f"residue: this stream's images are not kept for its next "
                                f"requests (the process keeps at most {budget.limit / 2 ** 20:g} "
                                "MiB of streams' images)")
+
+
+def watch_kept(telemetry: Any) -> None:
+    """``mmguard_quality_residue_kept_bytes`` in ``telemetry``'s registry, told of every change
+    of the process's budget (once per registry, however many routes name residue)."""
+    budget = residue.STREAMS
+    if telemetry.registry in budget.watchers:
+        return
+    gauge = telemetry.metric(Gauge, "mmguard_quality_residue_kept_bytes",
+                             "Bytes of earlier images that gRPC streams and named clients keep "
+                             "for quality's residue (at most 64 MiB a process).", [])
+    gauge.set(budget.used)
+    budget.watchers[telemetry.registry] = gauge.set

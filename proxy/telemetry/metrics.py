@@ -107,7 +107,8 @@ class RequestMetrics(NamedTuple):
 
 
 _SUMMED = {"mmguard_requests_in_flight", "mmguard_shm_regions", "mmguard_shm_handoff_slots",
-           "mmguard_shm_handoff_slots_in_use", "mmguard_answer_cache_bytes"}
+           "mmguard_shm_handoff_slots_in_use", "mmguard_answer_cache_bytes",
+           "mmguard_quality_residue_kept_bytes"}
 """Gauges that count something each worker of a pod has: the pod's value is their sum."""
 _WORST = {"mmguard_backend_ready": "livemin", "mmguard_route_ready": "livemin",
           "mmguard_latency_jitter_coefficient": "livemax"}
