@@ -36,7 +36,8 @@ class Earlier:
 def remember(memory: StreamMemory, key: str, earlier: Earlier | None, report: Report) -> None:
     """Keep the stream's last ``WINDOW`` images (this request's after the earlier ones) for its
     next request, within the process's budget (the previous entry's bytes given back first);
-    past it nothing is kept, and the request says so (``report.unscored``)."""
+    past it nothing is kept, and the request says so (``report.unscored``), naming the stream or
+    the client."""
     count = (earlier.count if earlier is not None else 0) + 1
     mine = tuple((f"{where} of {memory.owner}'s scored request {count}", compact(t))
                  for where, t in report.traces if t is not None)
@@ -49,7 +50,8 @@ def remember(memory: StreamMemory, key: str, earlier: Earlier | None, report: Re
     if budget.take(size):
         memory.put(key, Earlier(count, kept), lambda: budget.give(size))
     else:
-        report.unscored.append(f"residue: this stream's images are not kept for its next "
+        whose = memory.owner.removeprefix("the ")  # "stream", or "client" (a named one's)
+        report.unscored.append(f"residue: this {whose}'s images are not kept for its next "
                                f"requests (the process keeps at most {budget.limit / 2 ** 20:g} "
                                "MiB of streams' images)")
 

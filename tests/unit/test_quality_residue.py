@@ -275,6 +275,11 @@ async def test_past_the_process_budget_a_stream_keeps_nothing_and_says_so(
     second = streamed(laid_over(b, a, 0.1), memory)
     await quality(second, answer)
     assert "residue" not in header(second) and residue.STREAMS.used == 0
+    named = streamed(a, StreamMemory("the client"))  # a named client's refusal says so
+    await quality(named, answer)
+    assert named.decisions["mmguard-quality-unscored"].startswith(
+        "unscored; residue: this client's images are not kept for its next requests"), \
+        named.decisions
 
 
 async def test_a_named_clients_unary_requests_are_compared_as_a_streams_are() -> None:
