@@ -161,8 +161,7 @@ class HttpBackend(Backend):
 
     async def close(self) -> None:
         if self.pool is not None:
-            self.pool.close()
-            await asyncio.sleep(0)  # a closed transport lets its socket go on the next turn
+            await self.pool.aclose()
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -24,7 +24,7 @@ import asyncio
 import ssl
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
@@ -187,9 +187,11 @@ class _Conn(asyncio.Protocol):
     """One connection, one request at a time; its answer handed to ``waiter``. A byte that
     comes when no request waits, or after its answer, breaks the connection (closed)."""
 
-    def __init__(self, max_body: int | None = None) -> None:
+    def __init__(self, max_body: int | None = None,
+                 on_lost: Callable[[_Conn], None] | None = None) -> None:
         self.max_body = max_body
         """The most bytes of a whole answer held; None: no bound."""
+        self.on_lost = on_lost  # told once the connection is gone (its pool's count of open)
         self.received = 0
         self.head_bytes = 0  # read while the answer's head is still open
         self.in_head = False
@@ -287,6 +289,8 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self.on_lost is not None:
+            self.on_lost(self)
         if self.to_close and exc is None:  # the end of an answer that runs to the close
             self.to_close = False
             self.keep = False
@@ -350,6 +354,9 @@ class HttpPool:
         self.max_body = max_body
         """The most bytes of one whole answer (or a streamed one's error body) held."""
         self._sweep: asyncio.TimerHandle | None = None
+        self._open: set[_Conn] = set()  # every connection not yet lost, idle or in use
+        self._gone: asyncio.Event | None = None  # set when the last open one is lost
+        self.closed = False
 
     def head(self, method: str, target: str, headers: Mapping[str, str], length: int) -> bytes:
         """The request line and headers, ``Content-Length`` the body's ``length`` (one given
@@ -404,7 +411,7 @@ class HttpPool:
         return Streamed(self, conn, first)
 
     def _done_with(self, conn: _Conn, whole: bool) -> None:
-        if whole and conn.keep and not conn.lost:
+        if whole and conn.keep and not conn.lost and not self.closed:
             conn.idle_since = time.monotonic()
             conn.body = None
             self._idle.append(conn)
@@ -438,18 +445,43 @@ class HttpPool:
         return None
 
     async def _connect(self) -> _Conn:
-        loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(
-            lambda: _Conn(self.max_body), self.host, self.port, ssl=self._ssl,
-            server_hostname=self.host if self._ssl is not None else None)
-        return conn
+        if not self.closed:
+            _, conn = await asyncio.get_running_loop().create_connection(
+                lambda: _Conn(self.max_body, self._lost), self.host, self.port, ssl=self._ssl,
+                server_hostname=self.host if self._ssl is not None else None)
+            if not self.closed:
+                self._open.add(conn)
+                return conn
+            conn.close()  # the pool closed while it connected
+        raise ConnectionResetError(f"the pool of {self.host}:{self.port} is closed")
+
+    def _lost(self, conn: _Conn) -> None:
+        self._open.discard(conn)
+        if not self._open and self._gone is not None:
+            self._gone.set()
 
     def close(self) -> None:
+        """Close every connection, idle or in use (its call fails as a disconnection)."""
+        self.closed = True
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
-        while self._idle:
-            self._idle.pop().close()
+        self._idle.clear()
+        for conn in list(self._open):
+            conn.close()
+
+    async def aclose(self, within_s: float = 1.0) -> None:
+        """``close``, then wait (up to ``within_s``, then abort) until every connection is
+        gone: a TLS one says goodbye first, and a loop ended before it would leak its socket."""
+        self.close()
+        if self._open:
+            self._gone = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._gone.wait(), within_s)
+            except TimeoutError:
+                for conn in list(self._open):  # in _open: connected, so a transport
+                    conn.transport.abort()  # type: ignore[union-attr]
+        await asyncio.sleep(0)  # a lost transport lets its socket go on the next turn
 
 
 class Streamed:

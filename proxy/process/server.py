@@ -104,6 +104,9 @@ class Server:
         self._reload_lock = asyncio.Lock()
         self._health_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._drained = asyncio.Event()
+        """Set by ``stop`` once the fronts have drained: a runtime a reload is retiring closes
+        its backends then, not after its grace (a stop right after a reload left them open)."""
         self._listeners = config.listeners  # what the listeners really run with
         self._tls: dict[str, ListenerTls] = {}
         self._caps = connection_caps(config.listeners)
@@ -379,7 +382,10 @@ class Server:
 
     async def _retire(self, old: Runtime, keep: set[str]) -> None:
         await old.stop_watching()
-        await asyncio.sleep(self.config.shutdown_grace_s)  # let its in-flight calls finish
+        try:  # let its in-flight calls finish (a stop drains them with the fronts)
+            await asyncio.wait_for(self._drained.wait(), self.config.shutdown_grace_s)
+        except TimeoutError:
+            pass
         await old.close(keep=keep)
         # again: a readiness pass of the old runtime that was running at the swap may have
         # written its series back since
@@ -404,6 +410,8 @@ class Server:
             tasks.append(self._grpc.stop(grace))
         await asyncio.gather(*tasks, return_exceptions=True)
         self.shm.close()  # calls have drained: unmap every client region
+        self._drained.set()  # and the runtimes a reload is retiring close their backends now
+        await asyncio.gather(*self._background, return_exceptions=True)
         for factory in filter_factories().values():  # e.g. queued mirror copies are dropped
             await factory.after_drain(self.plane.runtime.state)
         await self.plane.runtime.close()

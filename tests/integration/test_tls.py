@@ -562,6 +562,39 @@ def test_backend_rebuilt_when_its_certificate_files_change_under_the_same_config
             np.testing.assert_array_equal(_infer_outer(outer, name), [1, 2, 3])
 
 
+def test_a_stop_right_after_a_reload_closes_every_backend_connection_tls_included(
+        tls_backend: RunningMmguard, pki: Pki, tmp_path: Path) -> None:
+    """A stop within the grace of a reload also closes the backends of the runtime that reload
+    retired (they waited out their grace on a task the stop never ran), and a TLS backend's
+    connections are gone when ``stop`` returns: their goodbye (close_notify) is waited for, not
+    left to a loop that is about to end with their sockets open."""
+    def config(timeout_s: float) -> dict[str, Any]:
+        cfg = _outer([{"kind": "triton_http", "name": "http-tls", "url": tls_backend.http_url,
+                       "tls": _client_tls(pki), "timeout_s": timeout_s}])
+        return {**cfg, "shutdown_grace_s": 60}
+
+    path = tmp_path / "outer.yaml"
+    path.write_text(yaml.safe_dump(config(30)))
+    with RunningMmguard(config(30), config_path=path) as outer:
+        assert outer.server is not None
+        np.testing.assert_array_equal(_infer_outer(outer, "http-tls"), [1, 2, 3])
+        old = outer.server.plane.runtime.backends["http-tls"]
+        path.write_text(yaml.safe_dump(config(20)))  # a changed backend: built anew
+        assert outer.run(outer.server.reload())
+        new = outer.server.plane.runtime.backends["http-tls"]
+        assert new is not old
+        np.testing.assert_array_equal(_infer_outer(outer, "http-tls"), [1, 2, 3])
+        pools = [b.pool for b in (old, new)]  # type: ignore[attr-defined]
+        conns = [c for pool in pools for c in pool._open]
+        assert len(conns) == 2, "each runtime's backend holds its keep-alive connection"
+        started = time.monotonic()
+        outer.stop()
+        assert time.monotonic() - started < 30, "the stop waited out the retired runtime's grace"
+    assert all(c.lost for c in conns), "a backend connection outlived the stop"
+    assert all(pool.closed and not pool._open for pool in pools)
+    assert old._session is None and new._session is None  # type: ignore[attr-defined]
+
+
 def test_listener_settings_that_need_a_restart_are_named_at_reload(
         pki: Pki, ort_models: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = tls_config(ort_models, pki)

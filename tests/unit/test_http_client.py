@@ -452,3 +452,25 @@ async def test_a_stalled_event_loop_is_not_the_backends_silence() -> None:
     finally:
         pool.close()
         listener.close()
+
+
+async def test_a_pool_closed_with_a_stream_in_flight_closes_it_and_keeps_nothing_handed_back(
+        ) -> None:
+    """A retired backend closes its pool while a long stream may still run: that connection is
+    closed too (the stream fails as a disconnection) and, handed back afterwards, not kept;
+    ``aclose`` returns once every connection is gone, and the closed pool opens none."""
+    async with scripted(["stream-forever"]) as s:
+        pool = HttpPool(s.base, 2, True)
+        streamed = await _stream(pool)
+        assert (await streamed.body.read())[0] == b"event0"
+        conn = next(iter(pool._open))
+        await pool.aclose()
+        assert conn.lost and not pool._open
+        with pytest.raises(BackendDisconnected):
+            while not (await streamed.body.read())[1]:
+                pass
+        streamed.release()
+        assert not pool._idle
+        assert await s.closed_by_client_within(2.0) == 1
+        with pytest.raises(ConnectionResetError, match="is closed"):
+            await post(pool, b"late")
