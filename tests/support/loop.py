@@ -25,6 +25,8 @@ class BackgroundLoop:
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+        if not self._thread.is_alive():  # stopped: close it (a loop left open is a
+            self.loop.close()            # ResourceWarning whenever the collector finds it)
 
 
 class LoopbackApp:
