@@ -156,6 +156,8 @@ class ImageFetcher:
             allow.literal_endpoints(),
             tuple(ipaddress.ip_network(n, strict=False) for n in cfg.allow_networks))
         self._session: aiohttp.ClientSession | None = None
+        self._busy = 0  # calls fetching with it now
+        self._retired = False
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -166,8 +168,17 @@ class ImageFetcher:
         return self._session
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def retire(self) -> None:
+        """A reload replaced it: closed once no call fetches with it. A call that read the old
+        config before the reload (its body may take long to arrive) still fetches with it, and
+        the last such call closes it (the session is never left open, nor closed under one)."""
+        self._retired = True
+        if not self._busy:
+            await self.close()
 
     def budget(self, call: Call, body: bytes, images: int, listener_limit: int) -> FetchBudget:
         """A request's budget: ``fetch.max_request_bytes``, and no more than keeps the body
@@ -197,6 +208,7 @@ class ImageFetcher:
             return 0
         budget = self.budget(call, body, len(sites), listener_limit)
         held.append(budget)
+        self._busy += 1
         try:
             async with asyncio.TaskGroup() as group:  # one refusal cancels the other fetches
                 for site in sites:
@@ -204,6 +216,10 @@ class ImageFetcher:
         except BaseExceptionGroup as failed:
             first = failed.exceptions[0]
             raise first if isinstance(first, ProxyError) else failed from None
+        finally:
+            self._busy -= 1
+            if self._retired and not self._busy:
+                await self.close()
         call.wire = None
         return len(sites)
 

@@ -131,7 +131,7 @@ class OpenAIFront:
         rules = self._rules
         if rules is None or rules.cfg is not cfg:
             if rules is not None and rules.fetcher is not None:
-                task = asyncio.ensure_future(rules.fetcher.close())
+                task = asyncio.ensure_future(rules.fetcher.retire())
                 self._retired.add(task)
                 task.add_done_callback(self._retired.discard)
             rules = self._rules = MediaRules(cfg)
