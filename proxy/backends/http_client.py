@@ -354,8 +354,8 @@ class HttpPool:
         self.max_body = max_body
         """The most bytes of one whole answer (or a streamed one's error body) held."""
         self._sweep: asyncio.TimerHandle | None = None
-        self._open: set[_Conn] = set()  # every connection not yet lost, idle or in use
-        self._gone: asyncio.Event | None = None  # set when the last open one is lost
+        self._closing: set[_Conn] = set()  # closed by ``close``, not yet gone
+        self._gone: asyncio.Event | None = None  # set when the last of those is
         self.closed = False
 
     def head(self, method: str, target: str, headers: Mapping[str, str], length: int) -> bytes:
@@ -450,36 +450,36 @@ class HttpPool:
                 lambda: _Conn(self.max_body, self._lost), self.host, self.port, ssl=self._ssl,
                 server_hostname=self.host if self._ssl is not None else None)
             if not self.closed:
-                self._open.add(conn)
                 return conn
             conn.close()  # the pool closed while it connected
         raise ConnectionResetError(f"the pool of {self.host}:{self.port} is closed")
 
     def _lost(self, conn: _Conn) -> None:
-        self._open.discard(conn)
-        if not self._open and self._gone is not None:
+        self._closing.discard(conn)
+        if self._gone is not None and not self._closing:
             self._gone.set()
 
     def close(self) -> None:
-        """Close every connection, idle or in use (its call fails as a disconnection)."""
+        """Close the idle connections, open no more; one in use closes when handed back."""
         self.closed = True
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
-        self._idle.clear()
-        for conn in list(self._open):
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.lost:
+                self._closing.add(conn)
             conn.close()
 
     async def aclose(self, within_s: float = 1.0) -> None:
-        """``close``, then wait (up to ``within_s``, then abort) until every connection is
-        gone: a TLS one says goodbye first, and a loop ended before it would leak its socket."""
+        """``close``; wait for a TLS goodbye (an ended loop would leak it), then abort."""
         self.close()
-        if self._open:
+        if self._closing:
             self._gone = asyncio.Event()
             try:
                 await asyncio.wait_for(self._gone.wait(), within_s)
             except TimeoutError:
-                for conn in list(self._open):  # in _open: connected, so a transport
+                for conn in list(self._closing):  # connected, so each has a transport
                     conn.transport.abort()  # type: ignore[union-attr]
         await asyncio.sleep(0)  # a lost transport lets its socket go on the next turn
 

@@ -585,13 +585,13 @@ def test_a_stop_right_after_a_reload_closes_every_backend_connection_tls_include
         assert new is not old
         np.testing.assert_array_equal(_infer_outer(outer, "http-tls"), [1, 2, 3])
         pools = [b.pool for b in (old, new)]  # type: ignore[attr-defined]
-        conns = [c for pool in pools for c in pool._open]
+        conns = [c for pool in pools for c in pool._idle]
         assert len(conns) == 2, "each runtime's backend holds its keep-alive connection"
         started = time.monotonic()
         outer.stop()
         assert time.monotonic() - started < 30, "the stop waited out the retired runtime's grace"
     assert all(c.lost for c in conns), "a backend connection outlived the stop"
-    assert all(pool.closed and not pool._open for pool in pools)
+    assert all(pool.closed and not pool._idle for pool in pools)
     assert old._session is None and new._session is None  # type: ignore[attr-defined]
 
 

@@ -454,23 +454,31 @@ async def test_a_stalled_event_loop_is_not_the_backends_silence() -> None:
         listener.close()
 
 
-async def test_a_pool_closed_with_a_stream_in_flight_closes_it_and_keeps_nothing_handed_back(
+async def test_a_closed_pool_lets_a_stream_in_flight_end_then_closes_it_and_opens_no_more(
         ) -> None:
-    """A retired backend closes its pool while a long stream may still run: that connection is
-    closed too (the stream fails as a disconnection) and, handed back afterwards, not kept;
-    ``aclose`` returns once every connection is gone, and the closed pool opens none."""
-    async with scripted(["stream-forever"]) as s:
+    """A reload retires a backend while an LLM answer still streams from it: the stream runs
+    to its end, its connection is then closed (not kept), the idle ones are closed at once
+    (``aclose`` returns when they are gone), and the closed pool opens no connection."""
+    async with scripted(["ok", "stream"]) as s:
         pool = HttpPool(s.base, 2, True)
-        streamed = await _stream(pool)
-        assert (await streamed.body.read())[0] == b"event0"
-        conn = next(iter(pool._open))
+        assert (await post(pool, b"a"))[2] == b"echo:a"
+        streaming = pool._idle[0]
+        streamed = await _stream(pool)  # on the idle connection
+        assert streamed._conn is streaming
+        assert (await post(pool, b"b"))[2] == b"echo:b"  # on a second one, then idle
+        idle = pool._idle[-1]
+        assert idle is not streaming
         await pool.aclose()
-        assert conn.lost and not pool._open
-        with pytest.raises(BackendDisconnected):
-            while not (await streamed.body.read())[1]:
-                pass
+        assert idle.lost, "an idle connection outlived aclose"
+        reads = []
+        while True:
+            data, ended = await streamed.body.read()
+            reads.append(data)
+            if ended:
+                break
+        assert b"".join(reads) == b"event0event1event2", "the stream in flight was cut"
         streamed.release()
-        assert not pool._idle
-        assert await s.closed_by_client_within(2.0) == 1
+        assert streaming.lost and not pool._idle, "the stream's connection was kept after its end"
+        assert await s.closed_by_client_within(2.0) >= 1
         with pytest.raises(ConnectionResetError, match="is closed"):
             await post(pool, b"late")
