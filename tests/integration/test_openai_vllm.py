@@ -102,6 +102,42 @@ def test_streaming_arrives_incrementally(proxy: RunningMmguard) -> None:
     assert spread > 0.5 * 19 * 0.040, f"chunks arrived together ({spread:.3f}s apart)"
 
 
+def test_a_stream_runs_to_its_end_across_a_reload_that_replaces_its_backend(
+        vllm_llama: VllmServer, tmp_path: Path) -> None:
+    """A reload that rebuilds the vLLM backend (here with no grace at all) while an answer
+    streams from it: the stream ends as it would have (every token, the same text as direct),
+    and the retired backend's connection is closed once it has, not kept and not cut."""
+    def config(timeout_s: float) -> dict[str, Any]:
+        cfg = vllm_config(llama=vllm_llama)
+        cfg["backends"][0]["timeout_s"] = timeout_s
+        return {**cfg, "shutdown_grace_s": 0}
+
+    kw: dict[str, Any] = {"model": "tiny-llama", "max_tokens": 16, "temperature": 0,
+                          "messages": [{"role": "user", "content": "count"}],
+                          "extra_body": {"ignore_eos": True, "vllm_xargs": {DELAY_ARG: 60}}}
+    path = tmp_path / "mmguard.yaml"
+    path.write_text(json.dumps(config(60)))
+    with RunningMmguard(config(60), config_path=path) as m:
+        assert m.server is not None
+        m.wait_ready(timeout=120)
+        old = m.server.plane.runtime.backends["llama"]
+        stream = sdk(m.http_url).chat.completions.create(stream=True, **kw)
+        chunks = iter(stream)
+        text = next(chunks).choices[0].delta.content or ""
+        path.write_text(json.dumps(config(50)))  # a changed backend: built anew, old retired
+        assert m.run(m.server.reload())
+        assert m.server.plane.runtime.backends["llama"] is not old
+        finish = None
+        for chunk in chunks:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                finish = chunk.choices[0].finish_reason or finish
+        pool = old.pool  # type: ignore[attr-defined]
+        assert pool.closed and not pool._idle, "the retired backend kept its connection"
+    ref = direct(vllm_llama).chat.completions.create(**kw)
+    assert finish == "length" and text == ref.choices[0].message.content
+
+
 def test_models_and_tokenize(proxy: RunningMmguard, vllm_llama: VllmServer) -> None:
     models = {m.id: m for m in sdk(proxy.http_url).models.list().data}
     assert set(models) == {"tiny-llama", "tiny-llava", "chat"}
