@@ -13,6 +13,7 @@ optionally, its lifecycle (``proxy.lifecycle``: admin routes, activation, observ
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -150,5 +151,14 @@ def _guard(handler: Next) -> Next:
         except Exception as exc:  # the one place that swallows: callers always get an answer
             log.exception("internal error on model %r: %s", call.model, exc)
             return LocalReply(ErrorKind.INTERNAL, f"mmguard internal error: {exc}")
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():  # the call itself was cancelled
+                raise
+            # Something the call awaited was cancelled under it (a library's own cancel): let
+            # it through and the client waits until its deadline for an answer never sent.
+            log.exception("internal error on model %r: a step was cancelled", call.model)
+            return LocalReply(ErrorKind.INTERNAL, "mmguard internal error: a step of the call "
+                              "was cancelled although the call was not")
 
     return guarded

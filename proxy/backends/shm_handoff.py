@@ -157,6 +157,7 @@ class HandoffPool:
         self.contracts: dict[str, ModelContract] = {}
         self.free: list[Slot] = []
         self.all: list[Slot] = []
+        self._all_free: asyncio.Event | None = None  # what ``close`` waits for, when it must
         self.registered = False
         self.generation = 0  # +1 per successful registration round
         self.stats: dict[str, int] = {}
@@ -293,10 +294,20 @@ class HandoffPool:
 
     def release(self, plan: Plan) -> None:
         self.free.append(plan.slot)
+        if self._all_free is not None and len(self.free) == len(self.all):
+            self._all_free.set()
         if self.metrics is not None:
             self.metrics.in_use.dec()
 
-    async def close(self, unregister: Unregister) -> None:
+    async def close(self, unregister: Unregister, within_s: float = 0.0) -> None:
+        """Unregister and unmap every slot, once the calls using them are done (a reload
+        retired the backend under them), ``within_s`` at most."""
+        if len(self.free) < len(self.all) and within_s > 0:
+            self._all_free = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._all_free.wait(), within_s)
+            except TimeoutError:
+                pass
         if self.registered:
             for slot in self.all:
                 try:

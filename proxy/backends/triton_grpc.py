@@ -146,7 +146,20 @@ class TritonGrpcBackend(Backend):
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise self.deadline_error(target, timeout) from None
             raise self._error(exc, target.model) from None
+        except asyncio.CancelledError:
+            raise self._closed_under(target) from None
         return resp
+
+    def _closed_under(self, target: Target) -> BaseException:
+        """grpc cancels the calls of a channel it closes (a reload retired this backend past
+        their grace): a ``CancelledError`` that is not this task's own is that, and is said so
+        (kept as it was, it would end the client's call without an answer)."""
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            return asyncio.CancelledError()
+        return ProxyError(ErrorKind.UNAVAILABLE,
+                          f"backend '{self.name}' ({self.cfg.url}) was closed before it answered "
+                          f"model '{target.model}': a config reload replaced it")
 
     async def _register(self, name: str, key: str, size: int) -> None:
         try:
@@ -194,8 +207,10 @@ class TritonGrpcBackend(Backend):
                 raise self._silent(watch, target)
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if watch.expired is None or (task is not None and task.cancelling()):
+            if task is not None and task.cancelling():
                 raise
+            if watch.expired is None:  # not the watch's cancel: grpc's, closing the channel
+                raise self._closed_under(target) from None
             raise self._silent(watch, target) from None
         except grpc.aio.AioRpcError as exc:
             if watch.expired is not None:
@@ -275,9 +290,9 @@ class TritonGrpcBackend(Backend):
 
     async def close(self) -> None:
         if self.handoff is not None and self._channels:
-            await self.handoff.close(self._unregister)
-        for c in self._channels:
-            await c.close()
+            await self.handoff.close(self._unregister, within_s=self.timeout_s)
+        for c in self._channels:  # its calls in flight (a reload retired it) end first
+            await c.close(grace=max(self.timeout_s, self.cfg.stream_idle_timeout_s))
 
 
 def _set_repository_parameters(target: Any,

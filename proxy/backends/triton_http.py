@@ -148,7 +148,7 @@ class TritonHttpBackend(HttpBackend):
     async def close(self) -> None:
         if self.handoff is not None and self._session is not None:
             try:
-                await self.handoff.close(self._unregister)
+                await self.handoff.close(self._unregister, within_s=self.timeout_s)
             except aiohttp.ClientError:
                 pass
         await super().close()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
+import pytest
 
 from proxy.call import Call, LocalReply, Reply, Result, Target
 from proxy.chain import Next, compose
@@ -81,6 +84,32 @@ async def test_exceptions_never_leak() -> None:
     assert "filter 'broken' failed: KeyError" in reply.message
     reply = await compose([("refusing", refusing)], terminal)(make_call())
     assert isinstance(reply, LocalReply) and reply.kind is ErrorKind.TOO_LARGE
+
+
+async def test_a_cancel_under_the_call_is_an_answer_and_the_calls_own_cancel_is_kept() -> None:
+    """A library that cancels what the call awaits (grpc, closing a channel) raises a
+    CancelledError the call's task never got: let through, no answer is ever sent and the
+    client waits for its deadline; it is an INTERNAL answer. The call's own cancel (the client
+    left) still ends it."""
+    loop = asyncio.get_running_loop()
+    pending: asyncio.Future[Reply] = loop.create_future()
+
+    async def backend(call: Call) -> Reply:
+        return await pending
+
+    chain = compose([], backend)
+    task = asyncio.ensure_future(chain(make_call()))
+    await asyncio.sleep(0)
+    pending.cancel()  # by someone else, not the task
+    reply = await task
+    assert isinstance(reply, LocalReply) and reply.kind is ErrorKind.INTERNAL
+    assert "was cancelled although the call was not" in reply.message
+    waiting = asyncio.ensure_future(chain(make_call()))  # awaits a fresh pending future
+    pending = loop.create_future()
+    await asyncio.sleep(0)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
 
 
 def test_one_table_round_trips_backend_codes() -> None:

@@ -1,0 +1,71 @@
+"""A reload that replaces a backend while calls are in flight on it (a certificate rotation
+rebuilds the backend, for one): those calls end as they would have, on the real Triton, over
+both of its protocols, even with no grace at all; the retired backend closes once they have."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import yaml
+
+from proxy.pb import grpc_service_pb2 as pb
+from tests.conftest import triton_routes
+from tests.support.mmguard import RunningMmguard
+from tests.support.triton import TritonServer
+from tests.support.wire import grpc_infer_raw, grpc_request
+
+
+def _config(triton: TritonServer, timeout_s: float, shm: str) -> dict[str, Any]:
+    cfg = triton_routes(triton, ["slow_fp32"])
+    for backend in cfg["backends"]:
+        backend["timeout_s"] = timeout_s
+        backend["shared_memory"] = shm
+    return {**cfg, "shutdown_grace_s": 0}
+
+
+@pytest.mark.parametrize("shm", ["off", "system"])
+@pytest.mark.parametrize("route", ["g_slow_fp32", "h_slow_fp32"])
+def test_a_call_in_flight_ends_as_it_would_have_across_a_reload_that_replaces_its_backend(
+        triton: TritonServer, tmp_path: Path, route: str, shm: str) -> None:
+    """``shm: system``: the call's tensors sit in a shared-memory slot the retired backend
+    registered with Triton; the slot is unregistered only once the call is done."""
+    x = np.array([[1.5, -2.0, 3.25]], np.float32)
+    body = grpc_request(route, [("x", "FP32", [1, 3], x.tobytes()),
+                                ("delay_ms", "INT32", [1, 1],
+                                 np.array([[1500]], "<i4").tobytes())])
+    path = tmp_path / "mmguard.yaml"
+    path.write_text(yaml.safe_dump(_config(triton, 30, shm)))
+    with RunningMmguard(_config(triton, 30, shm), config_path=path) as m:
+        assert m.server is not None
+        m.wait_ready(timeout=60)
+        backend = "triton-grpc" if route.startswith("g_") else "triton-http"
+        old = m.server.plane.runtime.backends[backend]
+        answers: list[Any] = []
+
+        def call() -> None:
+            try:
+                answers.append(grpc_infer_raw(m.grpc_url, body))
+            except grpc.RpcError as exc:
+                answers.append(exc)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        threading.Event().wait(0.5)  # the call is at the model (it sleeps 1.5 s there)
+        path.write_text(yaml.safe_dump(_config(triton, 20, shm)))  # both backends built anew
+        assert m.run(m.server.reload())
+        assert m.server.plane.runtime.backends[backend] is not old
+        caller.join(30)
+        if shm == "system":  # the call went through a slot, not inline
+            assert old.handoff.stats.get("shm") == 1, old.handoff.stats  # type: ignore[attr-defined]
+        assert len(answers) == 1
+        answer = answers[0]
+        assert not isinstance(answer, grpc.RpcError), (
+            f"the call in flight was cut by the reload: {answer.code()} {answer.details()}")
+        reply = pb.ModelInferResponse.FromString(answer[0])
+        y = np.frombuffer(reply.raw_output_contents[0], np.float32).reshape(1, 3)
+        np.testing.assert_array_equal(y, x)
