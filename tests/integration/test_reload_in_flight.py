@@ -69,3 +69,41 @@ def test_a_call_in_flight_ends_as_it_would_have_across_a_reload_that_replaces_it
         reply = pb.ModelInferResponse.FromString(answer[0])
         y = np.frombuffer(reply.raw_output_contents[0], np.float32).reshape(1, 3)
         np.testing.assert_array_equal(y, x)
+
+
+def test_a_call_grpc_cancels_under_mmguard_is_answered_and_names_why(
+        triton: TritonServer) -> None:
+    """Past that wait grpc cancels the channel's calls: the client is answered UNAVAILABLE
+    at once, naming the backend and the reload (a CancelledError let through left it waiting
+    for its own deadline with no answer)."""
+    body = grpc_request("g_slow_fp32", [("x", "FP32", [1, 1], b"\0\0\0\0"),
+                                        ("delay_ms", "INT32", [1, 1],
+                                         np.array([[3000]], "<i4").tobytes())])
+    with RunningMmguard(_config(triton, 30, "off")) as m:
+        assert m.server is not None
+        m.wait_ready(timeout=60)
+        backend = m.server.plane.runtime.backends["triton-grpc"]
+        answers: list[Any] = []
+
+        def call() -> None:
+            try:
+                answers.append(grpc_infer_raw(m.grpc_url, body, timeout=20))
+            except grpc.RpcError as exc:
+                answers.append(exc)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        threading.Event().wait(0.5)
+
+        async def cut() -> None:
+            for channel in backend._channels:  # type: ignore[attr-defined]
+                await channel.close()  # no grace: what the wait ends in
+
+        m.run(cut())
+        caller.join(10)
+        assert not caller.is_alive(), "the client was left waiting"
+        err = answers[0]
+        assert isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.UNAVAILABLE
+        assert err.details().startswith("backend 'triton-grpc'")
+        assert "was closed before it answered model 'slow_fp32': a config reload replaced it" in (
+            err.details())
