@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from proxy.call import Call, LocalReply, Reply, Target
 from proxy.clock import Clock
 from proxy.contract import ModelContract
-from proxy.errors import ErrorKind, ProxyError
+from proxy.errors import ErrorKind, ProxyError, cancelled_under
 from proxy.keys import Store
 from proxy.lifecycle import AdminRequest, AdminRoute, Observer, Summary
 from proxy.share import ShareHash
@@ -152,11 +152,8 @@ def _guard(handler: Next) -> Next:
             log.exception("internal error on model %r: %s", call.model, exc)
             return LocalReply(ErrorKind.INTERNAL, f"mmguard internal error: {exc}")
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is None or task.cancelling():  # the call itself was cancelled
+            if not cancelled_under():  # the call itself was cancelled
                 raise
-            # Something the call awaited was cancelled under it (a library's own cancel): let
-            # it through and the client waits until its deadline for an answer never sent.
             log.exception("internal error on model %r: a step was cancelled", call.model)
             return LocalReply(ErrorKind.INTERNAL, "mmguard internal error: a step of the call "
                               "was cancelled although the call was not")

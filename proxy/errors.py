@@ -8,6 +8,7 @@ server has exactly that bug).
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import re
 from collections.abc import Iterable
@@ -186,3 +187,11 @@ _VERSION = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
 def retry_after(seconds: float) -> str:
     """The ``Retry-After`` value (header or gRPC trailer) for a wait: whole seconds, at least 1."""
     return str(max(1, round(seconds)))
+
+
+def cancelled_under() -> bool:
+    """Inside ``except asyncio.CancelledError``: True when the cancel is not this task's own
+    (a library cancelled what the task awaited, e.g. grpc closing a channel). Let through, it
+    ends the call without an answer and the client waits for its deadline; it is an error."""
+    task = asyncio.current_task()
+    return task is not None and not task.cancelling()

@@ -26,7 +26,7 @@ from proxy.call import Call, LocalReply, Result, StreamItem, Target, Wire
 from proxy.config.backends import TritonGrpcBackendConfig
 from proxy.config.tls import grpc_channel_credentials
 from proxy.contract import ModelContract, TensorSpec, config_from_pb, fingerprint
-from proxy.errors import ErrorKind, ProxyError, kind_from_grpc
+from proxy.errors import ErrorKind, ProxyError, cancelled_under, kind_from_grpc
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.pb import grpc_service_pb2_grpc as pb_grpc
 from proxy.telemetry import backend_span, traced_stream
@@ -154,8 +154,7 @@ class TritonGrpcBackend(Backend):
         """grpc cancels the calls of a channel it closes (a reload retired this backend past
         their grace): a ``CancelledError`` that is not this task's own is that, and is said so
         (kept as it was, it would end the client's call without an answer)."""
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
+        if not cancelled_under():
             return asyncio.CancelledError()
         return ProxyError(ErrorKind.UNAVAILABLE,
                           f"backend '{self.name}' ({self.cfg.url}) was closed before it answered "
@@ -206,8 +205,7 @@ class TritonGrpcBackend(Backend):
             if watch.expired is not None:  # grpc ends a call it cancelled without a word
                 raise self._silent(watch, target)
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
+            if not cancelled_under():
                 raise
             if watch.expired is None:  # not the watch's cancel: grpc's, closing the channel
                 raise self._closed_under(target) from None

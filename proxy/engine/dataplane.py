@@ -42,6 +42,7 @@ from proxy.errors import (
     STATUS,
     ErrorKind,
     ProxyError,
+    cancelled_under,
     model_version,
     unknown_model,
     unknown_model_statistics,
@@ -447,6 +448,12 @@ async def _last_word(stream: AsyncIterator[StreamItem]) -> AsyncGenerator[Stream
         yield LocalReply.from_error(exc)
     except Exception as exc:
         yield LocalReply(ErrorKind.INTERNAL, f"stream failed: {type(exc).__name__}: {exc}")
+    except asyncio.CancelledError:
+        if not cancelled_under():
+            raise
+        log.exception("stream of a call: a step was cancelled although the call was not")
+        yield LocalReply(ErrorKind.INTERNAL, "stream failed: a step of the stream was "
+                         "cancelled although the call was not")
     finally:
         close = getattr(stream, "aclose", None)
         if close is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -128,3 +129,35 @@ def test_one_table_round_trips_backend_codes() -> None:
     assert kind_from_http(418) is ErrorKind.INVALID_ARGUMENT
     assert kind_from_http(502) is ErrorKind.BAD_GATEWAY
     assert kind_from_http(500) is ErrorKind.INTERNAL
+
+
+async def test_a_cancel_under_a_stream_is_its_last_word_and_the_calls_own_cancel_is_kept(
+        ) -> None:
+    """The same for a backend stream the front reads: its last item is an INTERNAL reply
+    (the client's stream ends with an error instead of hanging)."""
+    from proxy.engine.dataplane import _last_word
+
+    loop = asyncio.get_running_loop()
+    pending: asyncio.Future[Reply] = loop.create_future()
+
+    async def backend() -> AsyncIterator[Reply]:
+        yield Result("m")
+        yield await pending
+
+    async def read() -> list[Reply]:
+        return [item async for item in _last_word(backend())]  # type: ignore[misc]
+
+    task = asyncio.ensure_future(read())
+    await asyncio.sleep(0.01)
+    pending.cancel()
+    items = await task
+    assert isinstance(items[0], Result) and len(items) == 2
+    last = items[1]
+    assert isinstance(last, LocalReply) and last.kind is ErrorKind.INTERNAL
+    assert "cancelled although the call was not" in last.message
+    pending = loop.create_future()
+    task = asyncio.ensure_future(read())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
