@@ -66,6 +66,7 @@ class OnnxRuntimeBackend(Backend):
                                         thread_name_prefix=f"ort-{cfg.name}")
         self._models: dict[str, _Model] = {}
         self.providers: list[str] = []
+        self._closed = False
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -130,6 +131,9 @@ class OnnxRuntimeBackend(Backend):
         return self._model(model).contract
 
     def _model(self, model: str) -> _Model:
+        if self._closed:
+            raise ProxyError(ErrorKind.UNAVAILABLE, f"backend '{self.name}' was closed before "
+                             f"model '{model}' ran: a config reload replaced it")
         m = self._models.get(model)
         if m is None:
             raise ProxyError(ErrorKind.NOT_FOUND,
@@ -181,7 +185,10 @@ class OnnxRuntimeBackend(Backend):
         return Result(target.model, m.contract.versions[0], call.id, outputs)
 
     async def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """The calls already handed to the threads run and are answered (a reload retired
+        it under them); one that comes later is refused, naming the reload."""
+        self._closed = True
+        self._pool.shutdown(wait=False)
         self._models.clear()
 
 
