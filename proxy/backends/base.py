@@ -53,7 +53,10 @@ class Backend(abc.ABC):
         yield await self.infer(call, target)
 
     @abc.abstractmethod
-    async def close(self) -> None: ...
+    async def close(self, drain: bool = False) -> None:
+        """Let go of connections and threads. ``drain`` (a reload retired the backend): the
+        calls in flight on it end as they would have first, within the backend's bounds;
+        otherwise (the process stops, its calls drained already) they are cut."""
 
     async def server_metadata(self) -> dict[str, Any] | None:
         """The backend's own ``{name, version, extensions}``; None when it has none."""

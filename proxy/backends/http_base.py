@@ -159,7 +159,9 @@ class HttpBackend(Backend):
         except OSError as exc:
             raise self._transport_error(exc, target.model) from None
 
-    async def close(self) -> None:
+    async def close(self, drain: bool = False) -> None:
+        """A call in use on the lean pool (a stream) runs to its end either way: the fronts
+        have ended theirs before a stop closes the backends."""
         if self.pool is not None:
             await self.pool.aclose()
         if self._session is not None:

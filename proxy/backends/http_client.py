@@ -191,7 +191,7 @@ class _Conn(asyncio.Protocol):
                  on_lost: Callable[[_Conn], None] | None = None) -> None:
         self.max_body = max_body
         """The most bytes of a whole answer held; None: no bound."""
-        self.on_lost = on_lost  # told once the connection is gone (its pool's count of open)
+        self.on_lost = on_lost  # told once the connection is gone (a closing pool waits)
         self.received = 0
         self.head_bytes = 0  # read while the answer's head is still open
         self.in_head = False

@@ -184,11 +184,11 @@ class OnnxRuntimeBackend(Backend):
                                       target.model)
         return Result(target.model, m.contract.versions[0], call.id, outputs)
 
-    async def close(self) -> None:
-        """The calls already handed to the threads run and are answered (a reload retired
-        it under them); one that comes later is refused, naming the reload."""
+    async def close(self, drain: bool = False) -> None:
+        """``drain``: the calls already handed to the threads run and are answered; one that
+        comes later is refused, naming the reload."""
         self._closed = True
-        self._pool.shutdown(wait=False)
+        self._pool.shutdown(wait=False, cancel_futures=not drain)
         self._models.clear()
 
 

@@ -286,11 +286,12 @@ class TritonGrpcBackend(Backend):
                               "(backends[].max_message_bytes)")
         return ProxyError(kind_from_grpc(code), details, origin="backend")
 
-    async def close(self) -> None:
+    async def close(self, drain: bool = False) -> None:
         if self.handoff is not None and self._channels:
-            await self.handoff.close(self._unregister, within_s=self.timeout_s)
-        for c in self._channels:  # its calls in flight (a reload retired it) end first
-            await c.close(grace=max(self.timeout_s, self.cfg.stream_idle_timeout_s))
+            await self.handoff.close(self._unregister, within_s=self.timeout_s if drain else 0)
+        grace = max(self.timeout_s, self.cfg.stream_idle_timeout_s) if drain else None
+        for c in self._channels:  # with a grace, its calls in flight end first
+            await c.close(grace=grace)
 
 
 def _set_repository_parameters(target: Any,

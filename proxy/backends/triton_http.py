@@ -145,13 +145,14 @@ class TritonHttpBackend(HttpBackend):
             self.handoff.contracts[model] = contract
         return contract
 
-    async def close(self) -> None:
+    async def close(self, drain: bool = False) -> None:
         if self.handoff is not None and self._session is not None:
             try:
-                await self.handoff.close(self._unregister, within_s=self.timeout_s)
+                await self.handoff.close(self._unregister,
+                                         within_s=self.timeout_s if drain else 0)
             except aiohttp.ClientError:
                 pass
-        await super().close()
+        await super().close(drain)
 
     # --- server metadata and the repository API (forwarded as they are) ---------------------
 

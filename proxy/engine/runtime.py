@@ -365,12 +365,13 @@ class Runtime:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
 
-    async def close(self, keep: set[str] | None = None) -> None:
+    async def close(self, keep: set[str] | None = None, drain: bool = False) -> None:
+        """Close the backends not in ``keep`` (``drain``: see ``Backend.close``)."""
         await self.stop_watching()
         self.clients.close()
         for name, backend in self.backends.items():
             if keep is None or name not in keep:
-                await backend.close()
+                await backend.close(drain)
 
 
 def forget_removed(telemetry: Telemetry, old: Runtime, new: Runtime) -> None:

@@ -386,7 +386,9 @@ class Server:
             await asyncio.wait_for(self._drained.wait(), self.config.shutdown_grace_s)
         except TimeoutError:
             pass
-        await old.close(keep=keep)
+        # After its grace its calls end within their backends' bounds; once the process
+        # stops (its fronts drained them), they are cut.
+        await old.close(keep=keep, drain=not self._drained.is_set())
         # again: a readiness pass of the old runtime that was running at the swap may have
         # written its series back since
         forget_removed(self.telemetry, old, self.plane.runtime)

@@ -77,7 +77,7 @@ class FunctionBackend(Backend):
         found = self.answer(call, target)
         return await found if inspect.isawaitable(found) else found
 
-    async def close(self) -> None:
+    async def close(self, drain: bool = False) -> None:
         return None
 
 

@@ -1,6 +1,6 @@
-"""The in-process ONNX Runtime backend a reload replaces: the calls queued on its worker
-threads when it closes still run and are answered (they were cancelled, and each such call
-ended without an answer). A real ONNX Runtime session."""
+"""The in-process ONNX Runtime backend a reload replaces (closed with ``drain``): the calls
+queued on its worker threads when it closes still run and are answered (they were cancelled,
+and each such call ended without an answer). A real ONNX Runtime session."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ async def test_calls_queued_when_the_backend_closes_are_still_answered(tmp_path:
 
     calls = [asyncio.ensure_future(one(i)) for i in range(24)]
     await asyncio.sleep(0)  # every call handed to the pool
-    await backend.close()  # a reload retired it while they wait
+    await backend.close(drain=True)  # a reload retired it while they wait
     answers = await asyncio.gather(*calls, return_exceptions=True)
     failed = [a for a in answers if not isinstance(a, Result)]
     assert not failed, f"{len(failed)} of 24 queued calls were not answered: {failed[0]!r}"
