@@ -315,18 +315,19 @@ class Fallback:
     async def _hedged(self, call: Call, send: Callable[[Call], Awaitable[Reply]]) -> Reply:
         if self.cfg.hedge_after_s is None:
             return await send(call)
-        first = asyncio.ensure_future(send(call))
-        done, _ = await asyncio.wait({first}, timeout=self.cfg.hedge_after_s)
-        if done:
-            return first.result()
-        self.ctx.telemetry.decide(call, "fallback", "hedge", f"no answer after "
-                                  f"{self.cfg.hedge_after_s * 1000:.0f} ms", header="hedge")
-        second = asyncio.ensure_future(send(self._clone(call)))
-        done, pending = await asyncio.wait({first, second},
-                                           return_when=asyncio.FIRST_COMPLETED)
-        for task in pending:
-            task.cancel()
-        return done.pop().result()
+        tries = {asyncio.ensure_future(send(call))}
+        try:  # a client that leaves ends both tries (asyncio.wait leaves them running)
+            done, _ = await asyncio.wait(tries, timeout=self.cfg.hedge_after_s)
+            if done:
+                return done.pop().result()
+            self.ctx.telemetry.decide(call, "fallback", "hedge", f"no answer after "
+                                      f"{self.cfg.hedge_after_s * 1000:.0f} ms", header="hedge")
+            tries.add(asyncio.ensure_future(send(self._clone(call))))
+            done, _ = await asyncio.wait(tries, return_when=asyncio.FIRST_COMPLETED)
+            return done.pop().result()
+        finally:
+            for task in tries:
+                task.cancel()  # the slower try (a done one ignores it)
 
     def _clients_timeout(self, call: Call, reply: Reply) -> bool:
         """A timeout under a deadline the client set shorter than a slow call

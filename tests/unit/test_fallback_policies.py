@@ -150,3 +150,30 @@ async def test_a_call_the_backend_cancelled_is_its_failure_and_falls_back() -> N
     mine = await run(call(1))
     assert isinstance(mine, LocalReply) and mine.kind is ErrorKind.CANCELLED
     assert len(calls) == 3
+
+
+async def test_a_client_that_leaves_a_hedged_call_ends_both_tries() -> None:
+    """Both tries stall; the client leaves: neither keeps its backend call running for nobody
+    (asyncio.wait does not cancel what it waits on)."""
+    stalled: list[int] = []
+    both = asyncio.Event()
+    ended: list[str] = []
+
+    async def terminal(c: Call) -> Reply:
+        stalled.append(1)
+        if len(stalled) == 2:
+            both.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            ended.append("cancelled")
+            raise
+        return ok(0.0)
+
+    run, _ = chain({"hedge_after_s": 0.01, "cache": None}, terminal)
+    client = asyncio.ensure_future(run(call()))
+    await asyncio.wait_for(both.wait(), 10)
+    client.cancel()
+    await asyncio.gather(client, return_exceptions=True)
+    await asyncio.sleep(0)
+    assert ended == ["cancelled", "cancelled"], "a hedged try outlived its client"
