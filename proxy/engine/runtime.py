@@ -241,9 +241,11 @@ class Runtime:
         pending = [n for n, e in self._started.items() if not e.is_set()]
         if pending:
             waits = [asyncio.ensure_future(self._started[n].wait()) for n in pending]
-            _, not_done = await asyncio.wait(waits, timeout=within_s)
-            for w in not_done:
-                w.cancel()
+            try:
+                await asyncio.wait(waits, timeout=within_s)
+            finally:  # also when the reload itself is cancelled
+                for w in waits:
+                    w.cancel()
         return [n for n, e in self._started.items() if not e.is_set()]
 
     async def _start_backend(self, name: str, backend: Backend) -> None:
