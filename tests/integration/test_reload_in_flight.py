@@ -1,10 +1,12 @@
 """A reload that replaces a backend while calls are in flight on it (a certificate rotation
 rebuilds the backend, for one): those calls end as they would have, on the real Triton, over
-both of its protocols, even with no grace at all; the retired backend closes once they have."""
+both of its protocols, even when they outlast the reload's grace; the retired backend closes
+once they have."""
 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +22,24 @@ from tests.support.triton import TritonServer
 from tests.support.wire import grpc_infer_raw, grpc_request
 
 
+def _wait_in_flight(m: RunningMmguard, route: str) -> None:
+    """Until the call is being served: it holds the old runtime's route from then on (a call
+    finds its route and counts itself in flight in one step), whatever the machine's load."""
+    deadline = time.monotonic() + 30
+    while (m.telemetry.registry.get_sample_value(
+            "mmguard_requests_in_flight", {"model": route, "front": "grpc"}) or 0) < 1:
+        assert time.monotonic() < deadline, "the call never came in"
+        time.sleep(0.01)
+
+
 def _config(triton: TritonServer, timeout_s: float, shm: str) -> dict[str, Any]:
     cfg = triton_routes(triton, ["slow_fp32"])
     for backend in cfg["backends"]:
         backend["timeout_s"] = timeout_s
         backend["shared_memory"] = shm
-    return {**cfg, "shutdown_grace_s": 0}
+    # The old backends close 1 s after the reload: the call is at the model by then (it came
+    # in before the reload), and is still there (the model sleeps 3 s).
+    return {**cfg, "shutdown_grace_s": 1}
 
 
 @pytest.mark.parametrize("shm", ["off", "system"])
@@ -37,7 +51,7 @@ def test_a_call_in_flight_ends_as_it_would_have_across_a_reload_that_replaces_it
     x = np.array([[1.5, -2.0, 3.25]], np.float32)
     body = grpc_request(route, [("x", "FP32", [1, 3], x.tobytes()),
                                 ("delay_ms", "INT32", [1, 1],
-                                 np.array([[1500]], "<i4").tobytes())])
+                                 np.array([[3000]], "<i4").tobytes())])
     path = tmp_path / "mmguard.yaml"
     path.write_text(yaml.safe_dump(_config(triton, 30, shm)))
     with RunningMmguard(_config(triton, 30, shm), config_path=path) as m:
@@ -55,7 +69,7 @@ def test_a_call_in_flight_ends_as_it_would_have_across_a_reload_that_replaces_it
 
         caller = threading.Thread(target=call)
         caller.start()
-        threading.Event().wait(0.5)  # the call is at the model (it sleeps 1.5 s there)
+        _wait_in_flight(m, route)
         path.write_text(yaml.safe_dump(_config(triton, 20, shm)))  # both backends built anew
         assert m.run(m.server.reload())
         assert m.server.plane.runtime.backends[backend] is not old
@@ -93,7 +107,7 @@ def test_a_call_grpc_cancels_under_mmguard_is_answered_and_names_why(
 
         caller = threading.Thread(target=call)
         caller.start()
-        threading.Event().wait(0.5)
+        _wait_in_flight(m, "g_slow_fp32")
 
         async def cut() -> None:
             for channel in backend._channels:  # type: ignore[attr-defined]
