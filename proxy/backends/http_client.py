@@ -452,7 +452,7 @@ class HttpPool:
             if not self.closed:
                 return conn
             conn.close()  # the pool closed while it connected
-        raise ConnectionResetError("its connections were closed: a config reload replaced it")
+        raise ConnectionResetError("closed: a config reload replaced it, or mmguard is stopping")
 
     def _lost(self, conn: _Conn) -> None:
         self._closing.discard(conn)

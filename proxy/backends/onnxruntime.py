@@ -133,7 +133,8 @@ class OnnxRuntimeBackend(Backend):
     def _model(self, model: str) -> _Model:
         if self._closed:
             raise ProxyError(ErrorKind.UNAVAILABLE, f"backend '{self.name}' was closed before "
-                             f"model '{model}' ran: a config reload replaced it")
+                             f"model '{model}' ran: a config reload replaced it, or mmguard "
+                             "is stopping")
         m = self._models.get(model)
         if m is None:
             raise ProxyError(ErrorKind.NOT_FOUND,

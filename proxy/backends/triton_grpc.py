@@ -158,7 +158,8 @@ class TritonGrpcBackend(Backend):
             return asyncio.CancelledError()
         return ProxyError(ErrorKind.UNAVAILABLE,
                           f"backend '{self.name}' ({self.cfg.url}) was closed before it answered "
-                          f"model '{target.model}': a config reload replaced it")
+                          f"model '{target.model}': a config reload replaced it, or mmguard "
+                          "is stopping")
 
     async def _register(self, name: str, key: str, size: int) -> None:
         try:

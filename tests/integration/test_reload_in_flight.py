@@ -119,5 +119,5 @@ def test_a_call_grpc_cancels_under_mmguard_is_answered_and_names_why(
         err = answers[0]
         assert isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.UNAVAILABLE
         assert err.details().startswith("backend 'triton-grpc'")
-        assert "was closed before it answered model 'slow_fp32': a config reload replaced it" in (
-            err.details())
+        assert ("was closed before it answered model 'slow_fp32': a config reload replaced it, or "
+                "mmguard is stopping") in err.details()

@@ -43,4 +43,4 @@ async def test_calls_queued_when_the_backend_closes_are_still_answered(tmp_path:
         await backend.infer(late, Target("ort", model))
     assert err.value.kind is ErrorKind.UNAVAILABLE
     assert err.value.message == (f"backend 'ort' was closed before model '{model}' ran: a "
-                                 "config reload replaced it")
+                                 "config reload replaced it, or mmguard is stopping")
