@@ -387,8 +387,17 @@ class Server:
         except TimeoutError:
             pass
         # After its grace its calls end within their backends' bounds; once the process
-        # stops (its fronts drained them), they are cut.
-        await old.close(keep=keep, drain=not self._drained.is_set())
+        # stops (its fronts drained them), they are cut, also while they were still ending.
+        draining = asyncio.ensure_future(old.close(keep=keep, drain=not self._drained.is_set()))
+        stopping = asyncio.ensure_future(self._drained.wait())
+        await asyncio.wait({draining, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not draining.done():
+            draining.cancel()
+            await asyncio.gather(draining, return_exceptions=True)
+            await old.close(keep=keep)
+        else:
+            draining.result()  # its failure is the retirement's
         # again: a readiness pass of the old runtime that was running at the swap may have
         # written its series back since
         forget_removed(self.telemetry, old, self.plane.runtime)

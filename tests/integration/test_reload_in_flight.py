@@ -5,6 +5,7 @@ once they have."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 import yaml
 
 from proxy.pb import grpc_service_pb2 as pb
-from tests.conftest import triton_routes
+from tests.conftest import ort_config, triton_routes
 from tests.support.mmguard import RunningMmguard
 from tests.support.triton import TritonServer
 from tests.support.wire import grpc_infer_raw, grpc_request
@@ -121,3 +122,44 @@ def test_a_call_grpc_cancels_under_mmguard_is_answered_and_names_why(
         assert err.details().startswith("backend 'triton-grpc'")
         assert ("was closed before it answered model 'slow_fp32': a config reload replaced it, or "
                 "mmguard is stopping") in err.details()
+
+
+def test_a_stop_cuts_what_a_retired_backend_was_still_draining(
+        ort_models: Path, tmp_path: Path) -> None:
+    """A stop while a retired backend waits for its calls (up to its bounds: minutes for a
+    gRPC stream, a shadow copy's timeout) does not wait with it: the fronts have drained, so
+    the retirement is cut and the backend closed at once, as a stop closes every backend. The
+    drain is held open here by hand (the only part not real): no server keeps a call going
+    on cue for nobody."""
+    def config(threads: int) -> dict[str, Any]:
+        cfg = ort_config(ort_models, shutdown_grace_s=0)
+        cfg["backends"][0]["threads"] = threads
+        return cfg
+
+    path = tmp_path / "mmguard.yaml"
+    path.write_text(yaml.safe_dump(config(1)))
+    closes: list[bool] = []
+    with RunningMmguard(config(1), config_path=path) as m:
+        assert m.server is not None
+        m.wait_ready(timeout=60)
+        old = m.server.plane.runtime.backends["ort"]
+        real_close = old.close
+
+        async def held_close(drain: bool = False) -> None:
+            closes.append(drain)
+            if drain:
+                await asyncio.Event().wait()  # a call that never ends, for nobody
+            await real_close(drain)
+
+        old.close = held_close  # type: ignore[method-assign]
+        path.write_text(yaml.safe_dump(config(2)))  # the backend built anew, the old retired
+        assert m.run(m.server.reload())
+        deadline = time.monotonic() + 10
+        while not closes and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert closes == [True], "the retired backend was not drained"
+        started = time.monotonic()
+        m.stop()
+        assert time.monotonic() - started < 10, "the stop waited for the retired backend's drain"
+    assert closes == [True, False], "the stop did not close the retired backend"
+    assert old._closed  # type: ignore[attr-defined]
