@@ -123,21 +123,21 @@ def reuse_signals() -> Callable[[], None]:
     sends one image, so what is left of the quality filter's cost is the work around its
     signals (rules, report, headers, scores, drift). An image is told apart by its shape,
     dtype, spec and ~1,000 of its values (not every byte: that read would be billed to the
-    quality filter). Returns what puts the real ``image_signals`` back."""
+    quality filter). Returns what puts the real ``measure_image`` back."""
     import filters.quality.filter as quality
 
-    name = "image_signals"  # the quality filter's own reference to it
+    name = "measure_image"  # the quality filter's own reference to it
     real = getattr(quality, name)
-    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+    seen: dict[tuple[Any, ...], tuple[dict[str, Any], Any]] = {}
 
-    def once(image: Any, spec: Any, optional: frozenset[str]) -> dict[str, Any]:
+    def once(image: Any, spec: Any, optional: frozenset[str]) -> tuple[dict[str, Any], Any]:
         flat = image.reshape(-1)
         key = (image.shape, image.dtype.str, spec, optional,
                flat[::max(1, flat.size // 1000)].tobytes())
         found = seen.get(key)
         if found is None:
             found = seen[key] = real(image, spec, optional)
-        return dict(found)
+        return dict(found[0]), found[1]
 
     setattr(quality, name, once)
 

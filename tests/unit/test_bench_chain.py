@@ -115,3 +115,20 @@ def test_round_robin_interleaves_the_chains() -> None:
     order = study.round_robin(["default", "full"], 2)
     assert [c for _, c, _ in order] == ["default", "default", "full", "full"] * 2
     assert [r for r, _, _ in order] == [0] * 4 + [1] * 4
+
+
+def test_chain_profile_runs_with_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench/chain_profile.py`` with the breakdown and reused signals: it patches the quality
+    filter's own reference to its signals, and a rename there must not leave the option dead."""
+    import filters.quality.filter as quality
+    from bench import chain_profile
+
+    real = quality.measure_image
+    assert chain_profile.main(["--chains", "default,full", "--calls", "3", "--repeats", "1",
+                               "--breakdown", "--reuse-signals"]) == 0
+    assert quality.measure_image is real  # put back
+    out = capsys.readouterr().out
+    assert "each filter's own CPU per call" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()
+            if line.split() and line.split()[0] in ("default", "full")}
+    assert set(rows) == {"default", "full"}
