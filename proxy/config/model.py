@@ -241,6 +241,8 @@ class Config(Strict):
     contract_refresh_s: float = Field(30.0, gt=0)
     """How often each backend's contract is re-read (a model reload is noticed within this)."""
     shutdown_grace_s: float = Field(10.0, ge=0)
+    """A stop: how long the fronts drain their calls before the rest is cut. A reload: the
+    least time the replaced runtime stays open (it then waits for its last call, however long)."""
     workers: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
     """Worker processes sharing the data ports (``--workers`` wins); ``auto``: the CPUs the
     process may use (affinity and cgroup quota). Over 1: a supervisor owns the admin port and

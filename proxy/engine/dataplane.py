@@ -258,32 +258,39 @@ class DataPlane:
 
     async def _infer(self, call: Call, span: Span | None, finish: Finish | None,
                      by_read: bool = False) -> Reply:
-        route = self.runtime.routes.get(call.model)
+        runtime = self.runtime  # the call's, to its end: a reload swaps in another for the next
+        route = runtime.routes.get(call.model)
         # Unknown names share one label value, so a scan of names cannot blow up cardinality.
         model = call.model if route is not None else "(unknown)"
         backend = route.spec.backend if route is not None else ""
         m = self.telemetry.request_metrics(model, backend, call.front)
         m.in_flight.inc()
+        runtime.enter()
         start = time.perf_counter_ns()
         try:
-            reply = await self._handle(call, route)
+            reply = await self._handle(call, route, runtime)
             if isinstance(reply, Result) and reply.stream is None and finish is not None:
                 reply = await _finished(call, reply, finish)
         except asyncio.CancelledError:
             # The client went away or its deadline passed (grpc.aio cancels the handler): the
             # call still counts, so the metrics agree with what the clients saw.
             m.in_flight.dec()
+            runtime.leave()
             late = call.deadline is not None and time.monotonic() >= call.deadline - 0.005
             self._settle(call, route, m, None, "deadline_exceeded" if late else "cancelled",
                          time.perf_counter_ns() - start)
+            raise
+        except BaseException:
+            runtime.leave()  # the chain's guard answers every failure; this is the last resort
             raise
         if isinstance(reply, Result) and reply.stream is not None:
             stream = reply.stream
             if by_read and isinstance(stream, SseStream):
                 stream = stream.reads()
-            reply.stream = self._watched(call, route, m, start, stream, span, finish)
+            reply.stream = self._watched(call, route, m, start, stream, span, finish, runtime)
             return reply  # in flight, and not yet counted, until the stream ends
         m.in_flight.dec()
+        runtime.leave()
         # Injected faults are counted apart, so no dashboard or alert takes them for the model's.
         self._settle(call, route, m, reply, _code(reply), time.perf_counter_ns() - start)
         if span is not None:
@@ -308,7 +315,8 @@ class DataPlane:
 
     async def _watched(self, call: Call, route: Route | None, m: RequestMetrics, start: int,
                        stream: AsyncIterator[StreamItem], span: Span | None,
-                       finish: Finish | None) -> AsyncGenerator[StreamItem, None]:
+                       finish: Finish | None, runtime: Runtime
+                       ) -> AsyncGenerator[StreamItem, None]:
         """The backend's stream as the client gets it, settled when it ends: a failure before
         the first event counts with its own code (the client got that status), one after it
         as ``stream_broken`` (the client got 200 and a broken answer), a client that left
@@ -341,6 +349,7 @@ class DataPlane:
         finally:
             await items.aclose()
             m.in_flight.dec()
+            runtime.leave()
             elapsed = time.perf_counter_ns() - start
             if not ended and failure is None:
                 failure = LocalReply(ErrorKind.CANCELLED, "the client left before the stream "
@@ -361,8 +370,9 @@ class DataPlane:
         m = self.telemetry.request_metrics(UNDECODED, "", front)
         self.telemetry.count_request(m, UNDECODED, "", front, err.kind.value)
 
-    async def _handle(self, call: Call, route: Route | None) -> Reply:
-        """The call's route, found once by ``_infer``, runs it (None: no such model)."""
+    async def _handle(self, call: Call, route: Route | None, runtime: Runtime) -> Reply:
+        """The call's route, found once by ``_infer`` in ``runtime``, runs it (None: no such
+        model)."""
         refused = call.state.get(REFUSED)
         if refused is not None:  # before the route, by the front (its shared memory)
             return refused
@@ -375,7 +385,7 @@ class DataPlane:
         why = self._route_unservable(route)
         if why is not None:
             return LocalReply(ErrorKind.FAILED_PRECONDITION, why)
-        return await self.runtime.handle(call, route)
+        return await runtime.handle(call, route)
 
     def _account(self, call: Call, reply: Reply | None, elapsed_ns: int) -> None:
         """The per-model statistics the v2 statistics endpoints report (no reply: the call

@@ -100,6 +100,10 @@ class Runtime:
         self._started = {name: asyncio.Event() for name in backends}
         self.terminal = Terminal(backends, self._started, telemetry, clock)
         """Where every route's chain ends: the backend of ``call.target``."""
+        self.calls = 0
+        """Calls in this runtime now, streams until their last event (``DataPlane._infer``): a
+        runtime a reload retired closes its backends once it has none left."""
+        self._idle: asyncio.Event | None = None
         self._activations: list[Callable[[], None]] = []
         self._filter_configs: dict[str, dict[str, BaseModel]] = {}
         """Filter name → route → its config there (what ``activated`` hands each factory)."""
@@ -360,6 +364,25 @@ class Runtime:
                              f"model '{model}': backend '{self.routes[model].spec.backend}' has "
                              "not answered with its metadata yet")
         return contract
+
+    def enter(self) -> None:
+        """A call took this runtime (its route, chain and backends)."""
+        self.calls += 1
+
+    def leave(self) -> None:
+        """That call ended (a stream: its last event, or its client left)."""
+        self.calls -= 1
+        if self.calls == 0 and self._idle is not None:
+            self._idle.set()
+
+    async def idle(self) -> None:
+        """Until no call is in this runtime. A retired runtime takes no new call (the data
+        plane reads its runtime and enters it in one step), so this ends."""
+        if self.calls > 0:
+            if self._idle is None:
+                self._idle = asyncio.Event()
+            self._idle.clear()
+            await self._idle.wait()
 
     async def stop_watching(self) -> None:
         for t in self._tasks:

@@ -381,17 +381,25 @@ class Server:
         self._listeners = self._listeners.model_copy(update=serving)
 
     async def _retire(self, old: Runtime, keep: set[str]) -> None:
+        """The runtime a reload replaced serves its calls to their end: its grace first (what
+        reached its backends without being a call: a metadata read, a readiness probe), then
+        until its last call ends, however long (a call queued behind an injected delay, a
+        fallback's next level, a stream), then its backends close with ``drain`` (what a call
+        left running: a shadow copy). A stop cuts all of it: its fronts have drained."""
         await old.stop_watching()
-        try:  # let its in-flight calls finish (a stop drains them with the fronts)
-            await asyncio.wait_for(self._drained.wait(), self.config.shutdown_grace_s)
-        except TimeoutError:
-            pass
-        # After its grace its calls end within their backends' bounds; once the process
-        # stops (its fronts drained them), they are cut, also while they were still ending.
-        draining = asyncio.ensure_future(old.close(keep=keep, drain=not self._drained.is_set()))
         stopping = asyncio.ensure_future(self._drained.wait())
-        await asyncio.wait({draining, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
+        idle = asyncio.ensure_future(old.idle())
+        try:
+            await asyncio.wait({stopping}, timeout=self.config.shutdown_grace_s)
+            if not stopping.done() and not idle.done():
+                log.info("config reload: the previous runtime waits for its %d calls in "
+                         "flight before it closes its backends", old.calls)
+                await asyncio.wait({idle, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            draining = asyncio.ensure_future(old.close(keep=keep, drain=not stopping.done()))
+            await asyncio.wait({draining, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            idle.cancel()
         if not draining.done():
             draining.cancel()
             await asyncio.gather(draining, return_exceptions=True)

@@ -163,3 +163,58 @@ def test_a_stop_cuts_what_a_retired_backend_was_still_draining(
         assert time.monotonic() - started < 10, "the stop waited for the retired backend's drain"
     assert closes == [True, False], "the stop did not close the retired backend"
     assert old._closed  # type: ignore[attr-defined]
+
+
+def test_a_call_that_reaches_its_backend_after_the_grace_is_served_by_the_runtime_it_took(
+        ort_models: Path, tmp_path: Path) -> None:
+    """A canary call held 2 s by an injected delay in the old runtime's chain reaches its
+    backend 1.5 s after the reload's grace (0.5 s) is over: the retired runtime waits for its
+    last call and closes its backend only then. Before, the call met a closed backend and was
+    answered UNAVAILABLE ("a config reload replaced it"), a fault that changed more than the
+    copy it touched."""
+    def config(threads: int) -> dict[str, Any]:
+        cfg = ort_config(ort_models, shutdown_grace_s=0.5,
+                         canary={"headers": {"x-canary": "1"}},
+                         listeners={"grpc": {"trust_canary_headers": True}})
+        cfg["backends"][0]["threads"] = threads
+        for route in cfg["models"]:
+            if route["name"] == "identity_fp32":
+                route["filters"] = [{"fault": {"experiments": [
+                    {"name": "held", "actions": [{"kind": "delay", "ms": 2000}]}]}}]
+        return cfg
+
+    x = np.array([1.5, -2.0, 3.25], np.float32)
+    body = grpc_request("identity_fp32", [("INPUT0", "FP32", [3], x.tobytes())])
+    path = tmp_path / "mmguard.yaml"
+    path.write_text(yaml.safe_dump(config(1)))
+    with RunningMmguard(config(1), config_path=path) as m:
+        assert m.server is not None
+        m.wait_ready(timeout=60)
+        old = m.server.plane.runtime.backends["ort"]
+        answers: list[Any] = []
+
+        def call() -> None:
+            try:
+                answers.append(grpc_infer_raw(m.grpc_url, body, timeout=20,
+                                              metadata=(("x-canary", "1"),)))
+            except grpc.RpcError as exc:
+                answers.append(exc)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        _wait_in_flight(m, "identity_fp32")
+        path.write_text(yaml.safe_dump(config(2)))  # the backend built anew, the old retired
+        assert m.run(m.server.reload())
+        assert m.server.plane.runtime.backends["ort"] is not old
+        caller.join(30)
+        assert len(answers) == 1
+        answer = answers[0]
+        assert not isinstance(answer, grpc.RpcError), (
+            f"the call was refused by its retired runtime: {answer.code()} {answer.details()}")
+        reply = pb.ModelInferResponse.FromString(answer[0])
+        assert dict(answer[1]).get("mmguard-fault", "").startswith("held/delay")
+        np.testing.assert_array_equal(np.frombuffer(reply.raw_output_contents[0], np.float32), x)
+        deadline = time.monotonic() + 10  # and once it has ended, the old backend closes
+        while not old._closed:  # type: ignore[attr-defined]
+            assert time.monotonic() < deadline, "the retired backend stayed open"
+            time.sleep(0.02)

@@ -103,3 +103,51 @@ async def test_a_runtime_changes_the_experiments_only_once_activated() -> None:
         new.activate()  # the new config has no experiment 'e': it ends
         assert registry.experiments["e"].state == "stopped"
         await new.stop_watching()
+
+
+async def test_a_runtime_counts_each_call_until_its_answer_or_its_streams_end() -> None:
+    """``Runtime.calls``: what keeps a runtime a reload retired open (server ``_retire``). Every
+    way a call ends gives its place back: an answer, a refusal, a cancel, a stream to its end
+    and a stream its client left."""
+    import asyncio
+
+    release, holding = asyncio.Event(), asyncio.Event()
+    pieces = asyncio.Event()
+
+    async def events(call: Call, target: Target) -> AsyncIterator[Result]:
+        for _ in range(3):
+            await pieces.wait()
+            yield Result(target.model)
+
+    async def answer(call: Call, target: Target) -> Result:
+        if call.headers.get("mode") == "hold":
+            holding.set()
+            await release.wait()
+        return echo(call, target)
+
+    async with ChainHarness.open(TWO, answer=answer) as h:
+        h.backend.stream = events  # type: ignore[method-assign]  # a decoupled model's
+        rt = h.runtime
+        assert isinstance(await h.infer("a"), Result) and rt.calls == 0
+        assert isinstance(await h.infer("zzz"), LocalReply) and rt.calls == 0
+        held = asyncio.create_task(h.infer("a", headers={"mode": "hold"}))
+        await holding.wait()
+        assert rt.calls == 1
+        idle = asyncio.create_task(rt.idle())
+        await asyncio.sleep(0.01)
+        assert not idle.done()  # a call is in it
+        held.cancel()
+        await asyncio.gather(held, return_exceptions=True)
+        await asyncio.wait_for(idle, 1)
+        assert rt.calls == 0
+        for leave_early in (False, True):
+            call = Call("a", "", [], streaming=True)
+            items = h.plane.stream(call)
+            pieces.set()
+            first = await anext(items)
+            assert isinstance(first, Result) and rt.calls == 1  # in it until the stream ends
+            if leave_early:
+                await items.aclose()
+            else:
+                assert len([i async for i in items]) == 2
+            assert rt.calls == 0
