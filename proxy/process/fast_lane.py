@@ -165,8 +165,11 @@ class FastLane(asyncio.Protocol):
             self._read_head(data)
 
     def eof_received(self) -> bool:
-        self.eof = True  # half-closed while served: answer, then close; else close now
-        return self.serving
+        # The client sends no more. HTTP/1.1 has no half-close: as aiohttp, nginx and Envoy
+        # read it, the client left, and a call it was waiting for is cancelled
+        # (connection_lost, once the transport has closed itself).
+        self.eof = True
+        return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone = True
@@ -175,6 +178,11 @@ class FastLane(asyncio.Protocol):
         if self.body is not None:  # left while its body came in: nothing of it is served
             self.body = None
             self._release()
+        elif self.serving and self._task is not None and not self._task.done():
+            # left while served: its call is cancelled, as grpc.aio cancels a call whose client
+            # left, so the backend stops (its connection closes) and the call counts as
+            # cancelled
+            self._task.cancel()
         self.lane.cap.lane_closed(self)
 
     def force_close(self) -> None:
@@ -311,6 +319,11 @@ class FastLane(asyncio.Protocol):
         self.serving = True
         self.lane.served.inc()
         self._task = self.loop.create_task(self._serve(whole))  # held: a bare task may be GC'd
+        self._task.add_done_callback(self._served)
+
+    def _served(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() and self.serving:  # its client left (before it even started, too)
+            self._done(keep_alive=False)
 
     def _watch_body(self) -> None:
         self._timer = None

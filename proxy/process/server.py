@@ -259,6 +259,10 @@ class Server:
                                max_field_size=cfg.max_header_bytes,
                                keepalive_timeout=cfg.header_timeout_s,
                                auto_decompress=False,
+                               # a data-plane call whose client left is cancelled (its backend
+                               # call with it), as on the fast lane and over gRPC; an admin
+                               # action (a reload) runs to its end
+                               handler_cancellation=name != "admin",
                                # what aiohttp logs goes through mmguard's redacting handler
                                logger=logging.getLogger("mmguard.http"))
         await runner.setup()

@@ -241,16 +241,18 @@ def test_a_client_that_leaves_mid_body_frees_its_place(ort_models: Path) -> None
         assert _ask(m, CASES["json"])[0] == 200
 
 
-def test_a_client_that_half_closes_after_its_request_gets_its_answer(
+def test_a_client_that_half_closes_after_its_answer_ends_the_connection(
         pair: tuple[RunningMmguard, RunningMmguard]) -> None:
+    """Its end of the connection closed between requests: the connection ends at once. (Before
+    its answer, HTTP/1.1 reads it as the client's leaving: ``test_client_leaves.py``.)"""
     lane, _ = pair
     with _connect(lane) as s:
         s.sendall(CASES["json"])
-        s.shutdown(socket.SHUT_WR)
         answers = Answers(s)
         status, _, body = answers.next()
         assert status == 200 and json.loads(body)["outputs"][0]["data"] == [1.0, 2.5, -4.0]
-        assert answers.closed(within_s=3)  # and then the connection ends, at once
+        s.shutdown(socket.SHUT_WR)
+        assert answers.closed(within_s=3)
 
 
 def test_after_a_408_the_rest_of_the_body_is_dropped_unread(ort_models: Path) -> None:
