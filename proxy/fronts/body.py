@@ -176,11 +176,12 @@ async def read_json(request: web.Request, limit: int, setting: str) -> Any:
 
 async def parse_json(body: bytes) -> Any:
     """``json.loads`` on the loop for a small body, in a worker thread for a big one; 400
-    naming the parse error."""
+    naming the parse error. A KServe v2 body: a repeated key keeps its first value, as Triton
+    reads it (``proxy.wire.numbers``)."""
     try:
         if len(body) > INLINE_JSON_BYTES:
-            return await asyncio.to_thread(json_loads, body)
-        return json_loads(body)
+            return await asyncio.to_thread(json_loads, body, True)
+        return json_loads(body, first_wins=True)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                          f"failed to parse the request JSON buffer: {exc}") from None

@@ -182,7 +182,7 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
         if len(body) > CONTROL_BODY_BYTES:  # chunked: stop at the limit, not at the end
             raise too_large
     try:
-        doc = json_loads(body or b"{}")
+        doc = json_loads(body or b"{}", first_wins=True)  # as Triton reads a repeated key
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                          f"failed to parse the request JSON buffer: {exc}") from None

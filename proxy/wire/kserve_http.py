@@ -50,7 +50,7 @@ def split_body(body: bytes, header_length: str | None,
         hlen = header_length_value(header_length, len(body))
     head = body if hlen is None else body[:hlen]
     try:
-        doc = json_loads(head)
+        doc = json_loads(head, first_wins=True)  # as Triton reads a repeated key
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad(f"failed to parse the {what} JSON buffer: malformed JSON in the {what} body: "
                   f"{exc}") from None

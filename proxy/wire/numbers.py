@@ -12,6 +12,12 @@ Rules that MUST hold, on every front:
 - JSON bodies parse through ``json_loads``: a number past the digit limit is a ``ValueError``
   that says so in words; nesting past the interpreter's recursion limit stays a
   ``RecursionError`` (each caller names its body).
+- A key repeated in one JSON object means what it means to the backend the body is for: the
+  KServe v2 bodies read the **first** (``first_wins``: Triton's parser, rapidjson, finds the
+  first), the OpenAI ones the last (vLLM's, Python's ``json``). mmguard forwards a body it did
+  not change as its bytes, so a filter that read another key than the backend's would judge
+  one request and let another through (``{"inputs": [batch 8], "inputs": [batch 1]}``
+  passed ``limits.max_batch: 1``, and Triton ran batch 8).
 """
 
 from __future__ import annotations
@@ -44,11 +50,19 @@ def shown_value(value: str) -> str:
     return repr(value[:40]) + (f" ... ({len(value)} characters)" if len(value) > 40 else "")
 
 
-def json_loads(data: bytes | bytearray | str) -> Any:
+def _first_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        out.setdefault(key, value)
+    return out
+
+
+def json_loads(data: bytes | bytearray | str, first_wins: bool = False) -> Any:
     """``json.loads``; a number with more digits than Python converts is a ValueError saying
-    so (not naming an interpreter setting). RecursionError passes through."""
+    so (not naming an interpreter setting). RecursionError passes through. ``first_wins``: a
+    key repeated in an object keeps its first value (as Triton reads it), not its last."""
     try:
-        return json.loads(data)
+        return json.loads(data, object_pairs_hook=_first_wins) if first_wins else json.loads(data)
     except UnicodeDecodeError:
         raise
     except ValueError as exc:
