@@ -117,7 +117,7 @@ class Tensor:
             return bytes(self.raw)
         assert self.data is not None
         if self.datatype == "BYTES":
-            return encode_bytes_elements(_flatten(self.data))
+            return encode_bytes_elements(flatten(self.data))
         if self.datatype in ("BF16", "FP16", "FP32"):
             wide = np.asarray(self.data, dtype=np.float64).reshape(-1)
             with np.errstate(over="ignore"):  # overflow is refused just below, by value
@@ -135,7 +135,7 @@ class Tensor:
         """A view of the payload in its shape. Zero-copy for raw payloads (read-only)."""
         if self.datatype == "BYTES":
             items = (decode_bytes_elements(self.raw, self.elements) if self.raw is not None
-                     else [_as_bytes(x) for x in _flatten(self.data or [])])
+                     else [_as_bytes(x) for x in flatten(self.data or [])])
             out = np.empty(len(items), dtype=np.object_)
             out[:] = items
             return out.reshape(self.shape)
@@ -293,12 +293,12 @@ def _framing_error(name: str, detail: str) -> ProxyError:
     return ProxyError(ErrorKind.INVALID_ARGUMENT, f"input '{name}': {detail}")
 
 
-def _flatten(data: Any) -> list[Any]:
+def flatten(data: Any) -> list[Any]:
     if not isinstance(data, list):
         return [data]
     out: list[Any] = []
     for x in data:
-        out.extend(_flatten(x) if isinstance(x, list) else [x])
+        out.extend(flatten(x) if isinstance(x, list) else [x])
     return out
 
 

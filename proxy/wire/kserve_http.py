@@ -22,8 +22,10 @@ from proxy.tensor import (
     MAX_TENSORS,
     Payload,
     Tensor,
+    flatten,
     itemsize,
 )
+from proxy.wire import triton_json as typed
 from proxy.wire.answers import answer_error, output_problem
 from proxy.wire.kserve_raw import check_byte_size, header_length_value
 from proxy.wire.numbers import json_loads
@@ -69,6 +71,8 @@ def decode_request(body: bytes, header_length: str | None, model: str, version: 
     ``proxy.shm.regions`` fills (otherwise it is refused)."""
     doc, hlen = split_body(body, header_length)
     raw_inputs = doc.get("inputs")
+    if "id" in doc:
+        typed.expect(doc["id"], "string", "Unable to parse 'id'")
     request_id = str(doc.get("id", ""))
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise bad("Unable to parse 'inputs': the request needs a non-empty 'inputs' list")
@@ -86,22 +90,26 @@ def decode_request(body: bytes, header_length: str | None, model: str, version: 
     outputs = []
     requested = doc.get("outputs") or []
     if not isinstance(requested, list):
-        raise bad(f"'outputs' must be a list, got {type(requested).__name__}")
+        raise typed.refused("Unable to parse 'outputs'", "array",
+                            f"'outputs' is {type(requested).__name__}")
     _check_count("'outputs'", len(requested), MAX_TENSORS, "outputs")
     for o in requested:
-        if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+        if not isinstance(o, dict):
             raise bad("each entry of 'outputs' must be an object with a 'name'")
+        typed.expect(o.get("name"), "string", "Unable to parse 'name'", "an output's name")
         o_params = o.get("parameters") or {}
         if not isinstance(o_params, dict):
             raise bad(f"output '{o['name']}': 'parameters' must be an object, got "
                       f"{type(o_params).__name__}")
         _check_text(o["name"], "an output name")
         _check_params(f"output '{o['name']}'", o_params)
+        typed.check_parameters(o_params, typed.OUTPUT_PARAMETERS, f"output '{o['name']}'")
         outputs.append(RequestedOutput(o["name"], dict(o_params)))
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise bad("'parameters' must be an object")
     _check_params("the request", params)
+    typed.check_request_parameters(params)
     _check_text(request_id, "'id'")
     return Call(model=model, version=version, id=request_id, inputs=inputs,
                 outputs=outputs, parameters=params, front="http",
@@ -113,18 +121,23 @@ def _decode_input(i: int, item: Any, view: memoryview, offset: int, has_binary: 
                   shared_memory: bool = False) -> tuple[Tensor, int]:
     if not isinstance(item, dict):
         raise bad(f"inputs[{i}] must be an object")
-    name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
-    if not isinstance(name, str):
-        raise bad(f"inputs[{i}] needs a string 'name'")
+    name: Any = item.get("name")  # each checked below, as Triton reads it
+    datatype: Any = item.get("datatype")
+    shape: Any = item.get("shape")
+    typed.expect(name, "string", "Unable to parse 'name'", f"inputs[{i}].name is "
+                 f"{bounded(repr(name), 64)}")
     _check_text(name, f"inputs[{i}].name")
-    if not isinstance(datatype, str) or datatype not in DATATYPES:
+    typed.expect(datatype, "string", "Unable to parse 'datatype'",
+                 f"input '{name}': 'datatype' is {bounded(repr(datatype), 64)}")
+    if datatype not in DATATYPES:
         raise bad(f"invalid datatype for input {name}: unknown datatype "
                   f"{bounded(repr(datatype), 64)} (v2 datatypes: {', '.join(sorted(DATATYPES))})")
-    if isinstance(shape, list):
-        _check_count(f"input '{name}': 'shape'", len(shape), MAX_RANK, "dims")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
-                                              for d in shape):
-        raise bad(f"input '{name}': 'shape' must be a list of integers, got {shape!r}")
+    typed.expect(shape, "array", "Unable to parse 'shape'",
+                 f"input '{name}': 'shape' is {type(shape).__name__}")
+    _check_count(f"input '{name}': 'shape'", len(shape), MAX_RANK, "dims")
+    for d in shape:
+        typed.expect(d, "uint", "Unable to parse 'shape'",
+                     f"input '{name}': 'shape' is {bounded(repr(shape), 64)}")
     params = item.get("parameters") or {}
     if not isinstance(params, dict):
         raise bad(f"input '{name}': 'parameters' must be an object")
@@ -134,13 +147,13 @@ def _decode_input(i: int, item: Any, view: memoryview, offset: int, has_binary: 
         raise ProxyError(ErrorKind.UNIMPLEMENTED,
                          f"input '{name}' uses shared memory, which this endpoint does not serve")
     _check_content_fields(name, item, params)
+    typed.check_parameters(params, typed.INPUT_PARAMETERS, f"input '{name}'")
     if "shared_memory_region" in params:
         return Tensor(name, datatype, tuple(shape), raw=b"", parameters=params), offset
     if "binary_data_size" in params:
         size = params["binary_data_size"]
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise bad(f"input '{name}': binary_data_size must be a non-negative integer, got "
-                      f"{bounded(repr(size), 64)}")
+        typed.expect(size, "uint", "Unable to parse 'binary_data_size'",
+                     f"input '{name}': binary_data_size is {bounded(repr(size), 64)}")
         if not has_binary or offset + size > len(view):
             missing = size if not has_binary else offset + size - len(view)
             where = (f"the request has no {HEADER_LENGTH} header" if not has_binary else
@@ -153,12 +166,12 @@ def _decode_input(i: int, item: Any, view: memoryview, offset: int, has_binary: 
         check_byte_size(t, model, request_id)
         offset += size
     else:  # 'data', the one field _check_content_fields leaves
-        if not isinstance(item["data"], list):
-            raise bad(f"input '{name}': 'data' must be a list, got "
-                      f"{type(item['data']).__name__}")
+        typed.expect(item["data"], "array", "Unable to parse 'data'",
+                     f"input '{name}': 'data' is {type(item['data']).__name__}")
         t = Tensor(name, datatype, tuple(shape), data=item["data"], parameters=params)
         t.check_shape()
         _check_json_count(t)
+        typed.check_data(name, datatype, flatten(item["data"]))
         _check_json_data(t)
     t.check_payload()
     return t, offset
