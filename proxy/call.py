@@ -21,7 +21,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
-from proxy.errors import ErrorKind, ProxyError, bounded
+from proxy.errors import ErrorKind, ProxyError, bounded, kind_from_http
 from proxy.keys import BaseKey, Store
 from proxy.tensor import Tensor
 
@@ -390,6 +390,25 @@ class SseEvents:
 
 Reply = Result | LocalReply
 StreamItem = Result | LocalReply | SseEvent | SseEvents
+
+
+def stream_error(item: StreamItem) -> LocalReply | None:
+    """The failure an OpenAI error event among ``item``'s events says (``data: {"error":
+    {...}}``: what vLLM sends when a stream fails after its head, its engine dead), or None.
+    The client gets the event as it came; the call failed all the same."""
+    raws = (item.raws if isinstance(item, SseEvents) else
+            (item.raw,) if isinstance(item, SseEvent) else ())
+    for raw in raws:
+        if b'"error"' not in raw:
+            continue
+        doc = SseEvent(raw).json()
+        err = doc.get("error") if doc is not None else None
+        if isinstance(err, dict):
+            code = err.get("code")
+            kind = (kind_from_http(code) if type(code) is int and 400 <= code < 600
+                    else ErrorKind.INTERNAL)
+            return LocalReply(kind, str(err.get("message", "")), origin="backend")
+    return None
 
 
 class SseStream:

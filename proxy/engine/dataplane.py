@@ -35,6 +35,7 @@ from proxy.call import (
     Result,
     SseStream,
     StreamItem,
+    stream_error,
 )
 from proxy.contract import ModelContract
 from proxy.engine.runtime import Route, Runtime
@@ -337,6 +338,9 @@ class DataPlane:
                     failure, broken = item, not is_first
                     yield item
                     break
+                said = None if failure is not None else stream_error(item)
+                if said is not None:  # after the stream's 200: broken, whichever event it is
+                    failure, broken = said, True
                 yield item
             else:
                 if first_ns is None and call.api is Api.OPENAI:  # the client would get nothing

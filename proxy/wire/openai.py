@@ -152,8 +152,25 @@ def parse_request(body: bytes, endpoint: str) -> Call:
         raise bad("'model' is required and must be a string", "model")
     _check_body(doc, endpoint)
     return Call(model=model, version="", inputs=[], front="openai",
-                streaming=bool(doc.get("stream", False)), wire=Wire("openai", body),
+                streaming=streaming(doc.get("stream")), wire=Wire("openai", body),
                 document=doc, endpoint=endpoint)
+
+
+_SAYS_TRUE = frozenset({"1", "t", "y", "on", "yes", "true"})
+
+
+def streaming(value: Any) -> bool:
+    """``stream`` as vLLM's request model (pydantic, lax) reads it: a bool; 0 / 1 (also 0.0 /
+    1.0); one of "0", "f", "n", "no", "off", "false" and their "1", "t", ... "true" in any case;
+    null or absent is False. Python's truth said ``"false"`` streams: vLLM answered it whole
+    while mmguard read the answer as events and failed it 503, blaming the backend. A value
+    pydantic refuses reads as False here: the request goes on as is, and vLLM refuses it in its
+    own words."""
+    if type(value) is bool:
+        return bool(value)
+    if type(value) in (int, float):
+        return bool(value == 1)
+    return isinstance(value, str) and value.lower() in _SAYS_TRUE
 
 
 def apply_url_policy(doc: dict[str, Any], policy: MediaPolicy,

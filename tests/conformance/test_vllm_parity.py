@@ -429,3 +429,29 @@ def test_server_internals_are_not_served_to_clients(side: Side, path: str,
         assert status == via_mmguard
         message = json.loads(body)["error"]["message"]
         assert "vLLM server" in message
+
+
+@pytest.mark.parametrize("stream", ["false", "No", 0, None, "yes", 1.0, "maybe", 2])
+def test_stream_reads_as_vllm_reads_it(side: Side, direct: Side, stream: object) -> None:
+    """``"stream": "false"`` is vLLM's (pydantic's) False: a whole answer, through mmguard too
+    (it streamed by Python's truth and failed it 503, blaming the backend); a value vLLM
+    refuses is refused with vLLM's own status and words."""
+    doc = {"model": LLAVA, "messages": USER, "max_tokens": 4, "temperature": 0,
+           "stream": stream}
+
+    def answer(s: Side) -> tuple[int, str, str]:
+        status, ctype, body = s.http("POST", "/v1/chat/completions", doc)
+        if ctype.startswith("text/event-stream"):
+            return status, "stream", "".join(
+                (json.loads(line[6:])["choices"] or [{}])[0].get("delta", {}).get("content")
+                or "" for line in body.decode().splitlines()
+                if line.startswith("data: {"))
+        got = json.loads(body)
+        if status != 200:
+            return status, "error", got["error"]["message"].split("\n")[0]
+        return status, "whole", got["choices"][0]["message"]["content"]
+
+    status, kind, text = answer(side)
+    assert (status, kind) == ((400, "error") if stream in ("maybe", 2) else
+                              (200, "stream") if stream in ("yes", 1.0) else (200, "whole"))
+    same_as_direct(side, direct, f"stream={stream!r}", (status, kind, text), answer)

@@ -105,3 +105,52 @@ def test_vllm_killed_mid_run(vllm_models: dict[str, Path], tmp_path: Path) -> No
                and [e.name for e in s.events] == ["stream_broken"] for s in broken)
     assert all(s.attributes and s.attributes["http.response.status_code"] == 503
                for s in refused)
+
+
+def _engine_core(server: VllmServer) -> int:
+    """The pid of the vLLM server's engine process (its title names it ``EngineCore``)."""
+    from tests.support.vllm import _group_pids
+
+    pgid = server._pgid or server.pid
+    assert pgid is not None
+    for pid in _group_pids(pgid):
+        try:
+            if b"EngineCore" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except OSError:
+            continue
+    raise AssertionError(f"no EngineCore process in group {pgid}")
+
+
+def test_vllm_engine_killed_mid_stream_counts_as_broken(vllm_models: dict[str, Path],
+                                                        tmp_path: Path) -> None:
+    """Only vLLM's engine dies: its API server answers each running stream with its own error
+    event (``EngineCore encountered an issue``) and ``[DONE]``. The client gets that event as
+    vLLM sent it, and the call counts as ``stream_broken``: it counted ``ok`` (the stream ended
+    cleanly, as far as the transport could tell)."""
+    import os
+    import signal
+
+    doomed = VllmServer(vllm_models["tiny-llama"], "tiny-llama", log_path=tmp_path / "v.log")
+    doomed.start()
+    try:
+        cfg = {"backends": [{"kind": "vllm", "name": "llama", "url": doomed.url}],
+               "models": [{"name": "tiny-llama", "backend": "llama"}]}
+        with RunningMmguard(cfg) as m:
+            m.wait_ready(timeout=120)
+            started = threading.Barrier(CLIENTS + 1)
+            seen: list[tuple[int, str]] = []
+            threads = [threading.Thread(target=lambda: seen.append(
+                _stream(m.http_url, True, started))) for _ in range(CLIENTS)]
+            for t in threads:
+                t.start()
+            started.wait(timeout=120)  # each client holds its first event
+            os.kill(_engine_core(doomed), signal.SIGKILL)
+            for t in threads:
+                t.join(timeout=120)
+            counts = (_count(m, "ok"), _count(m, "stream_broken"))
+    finally:
+        doomed.stop()
+    assert sorted(seen) == [(200, "error event")] * CLIENTS, seen
+    assert any("EngineCore" in e for e in errors), errors  # vLLM's own words reached them
+    assert counts == (0, CLIENTS), counts

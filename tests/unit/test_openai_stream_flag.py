@@ -1,0 +1,29 @@
+"""``proxy.wire.openai.streaming`` reads ``stream`` as vLLM's request model does: pydantic's lax
+bool (the same pydantic vLLM validates with), every value it refuses read as not streaming (the
+request goes on and vLLM refuses it in its own words)."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+
+from proxy.wire.openai import parse_request, streaming
+
+VALUES: list[object] = [True, False, None, 0, 1, 2, -1, 0.0, 1.0, 0.5, "0", "1", "f", "t", "n", "y", "no",
+          "yes", "off", "on", "false", "true", "FALSE", "True", "YeS", "oFf", " true", "true ",
+          "", "2", "maybe", "tru", [], {}, [True]]
+
+
+@pytest.mark.parametrize("value", VALUES, ids=repr)
+def test_stream_is_read_as_pydantic_reads_it(value: object) -> None:
+    try:
+        theirs = bool(pydantic.TypeAdapter(bool | None).validate_python(value))
+    except pydantic.ValidationError:
+        theirs = False  # refused by vLLM: not streamed by mmguard
+    assert streaming(value) is theirs
+
+
+def test_the_call_takes_it() -> None:
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": "false"}'
+    assert parse_request(body, "chat").streaming is False
+    assert parse_request(body.replace(b'"false"', b'"on"'), "chat").streaming is True
