@@ -9,6 +9,7 @@ no other way to carry numbers.
 
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,14 +156,16 @@ class Tensor:
         values: list[Any] = arr.tolist()
         return values
 
-    def check_payload(self) -> None:
-        """Raise INVALID_ARGUMENT unless the payload matches shape × datatype."""
+    def check_payload(self, request: tuple[str, str] | None = None) -> None:
+        """Raise INVALID_ARGUMENT unless the payload matches shape × datatype. ``request``: the
+        (model, request id) of a client's request, so a BYTES input's framing is refused in
+        Triton's words."""
         self.check_shape()
         if self.raw is None:
             return
         size = itemsize(self.datatype)
         if size is None:
-            check_bytes_elements(self.raw, self.elements, name=self.name)
+            check_bytes_elements(self.raw, self.elements, name=self.name, request=request)
             return
         expected = self.elements * size
         if len(self.raw) != expected:
@@ -218,16 +221,24 @@ def encode_bytes_elements(items: list[Any]) -> bytes:
 _PREFIX = struct.Struct("<I")
 
 
-def check_bytes_elements(raw: Payload, count: int, name: str = "") -> None:
+def check_bytes_elements(raw: Payload, count: int, name: str = "",
+                         request: tuple[str, str] | None = None) -> None:
     """Raise INVALID_ARGUMENT unless ``raw`` frames exactly ``count`` BYTES elements.
 
     The cost is bounded by ``count``, never by what the payload claims: a payload that cannot
     hold ``count`` prefixes is refused at once, a payload of equal-length elements (the common
     case, and a buffer of millions of empty ones) is checked by numpy in one pass, and any other
-    is walked only up to the first element past the shape's count."""
+    is walked only up to the first element past the shape's count. ``request``: see
+    ``Tensor.check_payload``."""
     view = memoryview(raw).cast("B")
-    if _uniform_length(view, count, name) is None:
-        _walk_bytes(view, count, name, None)
+    try:
+        uniform = _uniform_length(view, count, name)
+    except ProxyError:
+        if request is None:
+            raise
+        uniform = None  # walked for Triton's words: cheap, the payload is short of prefixes
+    if uniform is None:
+        _walk_bytes(view, count, name, None, request)
 
 
 def decode_bytes_elements(raw: Payload, count: int, name: str = "") -> list[bytes]:
@@ -265,32 +276,71 @@ def _uniform_length(view: memoryview, count: int, name: str) -> int | None:
     return first if bool((prefixes == first).all()) else None
 
 
-def _walk_bytes(view: memoryview, count: int, name: str, starts: list[int] | None) -> None:
+def _walk_bytes(view: memoryview, count: int, name: str, starts: list[int] | None,
+                request: tuple[str, str] | None = None) -> None:
     """Walk at most ``count`` prefixes (a payload holding more elements than the shape is
     refused past the shape's last one, not counted to its end); ``starts`` gets where each
-    element's bytes start."""
+    element's bytes start. A client's request (``request``) is refused in Triton's words."""
     size, pos = len(view), 0
     unpack = _PREFIX.unpack_from
+    words = _TritonWords(name, request) if request is not None else None
     for i in range(count):
         if pos + 4 > size:
             if pos == size:
-                raise _framing_error(name, f"shape needs {count} BYTES elements, got {i}")
-            raise _framing_error(name, f"BYTES element {i} has a cut length prefix")
+                raise (words.fewer(count, i) if words else
+                       _framing_error(name, f"shape needs {count} BYTES elements, got {i}"))
+            raise (words.cut_prefix(size - pos) if words else
+                   _framing_error(name, f"BYTES element {i} has a cut length prefix"))
         (n,) = unpack(view, pos)
         pos += 4
         if pos + n > size:
-            raise _framing_error(name, f"BYTES element {i} declares {n} bytes, only "
-                                       f"{size - pos} remain")
+            raise (words.past_end(n, size - pos) if words else _framing_error(
+                name, f"BYTES element {i} declares {n} bytes, only {size - pos} remain"))
         if starts is not None:
             starts.append(pos)
         pos += n
     if pos != size:
-        raise _framing_error(name, f"shape needs {count} BYTES elements, got more: {size - pos} "
-                                   f"bytes follow element {count - 1}")
+        if words is not None and size - pos < 4:  # Triton reads the next prefix first
+            raise words.cut_prefix(size - pos)
+        raise (words.more(count) if words else _framing_error(
+            name, f"shape needs {count} BYTES elements, got more: {size - pos} bytes follow "
+                  f"element {count - 1}"))
 
 
 def _framing_error(name: str, detail: str) -> ProxyError:
     return ProxyError(ErrorKind.INVALID_ARGUMENT, f"input '{name}': {detail}")
+
+
+class _TritonWords:
+    """How Triton refuses a BYTES input's framing (its core's checks, and its backends')."""
+
+    def __init__(self, name: str, request: tuple[str, str]) -> None:
+        model, rid = request
+        self.name, self.model = name, model
+        self.lead = f"[request id: {rid or '<id_unknown>'}] "
+
+    def _error(self, text: str) -> ProxyError:
+        return ProxyError(ErrorKind.INVALID_ARGUMENT, text)
+
+    def fewer(self, count: int, got: int) -> ProxyError:
+        return self._error(f"{self.lead}expected {count} string elements for inference input "
+                           f"'{self.name}' for model '{self.model}', got {got}")
+
+    def more(self, count: int) -> ProxyError:
+        return self._error(f"{self.lead}unexpected number of string elements {count + 1} for "
+                           f"inference input '{self.name}' for model '{self.model}', expecting "
+                           f"{count}")
+
+    def cut_prefix(self, left: int) -> ProxyError:
+        return self._error(f"{self.lead}incomplete string length indicator for inference input "
+                           f"'{self.name}' for model '{self.model}', expecting 4 bytes but only "
+                           f"{left} bytes available. Please make sure the string length "
+                           "indicator is in one buffer.")
+
+    def past_end(self, length: int, left: int) -> ProxyError:
+        return self._error(f"incomplete string data for inference input '{self.name}', "
+                           f"expecting string of length {length} but only {left} bytes "
+                           "available")
 
 
 def flatten(data: Any) -> list[Any]:
@@ -313,10 +363,19 @@ def _as_bytes(x: Any) -> bytes:
 
 
 def _json_text(x: bytes) -> str:
+    """A BYTES element as JSON text. Bytes that are not UTF-8 are kept as they are (escaped
+    surrogates, written back as the bytes by ``json_bytes``), as Triton writes them: they were
+    read as latin-1, so a client got other bytes than the model's."""
+    return x.decode("utf-8", "surrogateescape")
+
+
+def json_bytes(doc: Any) -> bytes:
+    """``doc`` as compact JSON, in UTF-8, with the bytes of ``_json_text``'s escapes restored."""
+    text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
     try:
-        return x.decode()
-    except UnicodeDecodeError:
-        return x.decode("latin-1")
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate of another kind: escaped, as JSON allows
+        return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def _bf16_to_float(bits: NDArray[Any]) -> NDArray[Any]:

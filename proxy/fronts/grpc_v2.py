@@ -264,7 +264,9 @@ class _OrderedStream:
                 try:
                     call = await decode(body, shared_memory=True)
                 except ProxyError as err:
-                    await self.out.put(kserve_grpc.stream_error(err.message))
+                    # Triton names the request by its id only, before it knows the model
+                    await self.out.put(kserve_grpc.stream_error(
+                        err.message, "", kserve_grpc.request_names(body)[1]))
                     continue
                 call.headers = self.headers
                 call.state[STREAM_MEMORY] = self.memory
@@ -326,10 +328,10 @@ def _encode_streamed(call: Call) -> Finish:
 
 def _stream_item(call: Call, item: StreamItem) -> bytes:
     if isinstance(item, LocalReply):
-        return kserve_grpc.stream_error(item.message)
+        return kserve_grpc.stream_error(item.message, call.model, call.id)
     if not isinstance(item, Result):
         return kserve_grpc.stream_error(f"model '{call.model}' streams server-sent events; "
-                                       "call it through the OpenAI front")
+                                       "call it through the OpenAI front", call.model, call.id)
     assert item.encoded is not None  # by _encode_streamed, before the call counted it
     return item.encoded
 

@@ -77,7 +77,7 @@ def _call_from(req: pb.ModelInferRequest, raws: list[memoryview],
             t.raw = raws[next_raw]
             next_raw += 1
             check_byte_size(t, req.model_name, req.id)
-            t.check_payload()
+            t.check_payload((req.model_name, req.id))
         elif i in contents:
             t.check_shape()  # the element count the contents are held to must be a real one
             # Counted against the shape while converted: the raw form fits it by construction.
@@ -343,8 +343,23 @@ def stream_response(infer_response: bytes) -> bytes:
     return b"\x12" + pbwire.encode_varint(len(infer_response)) + infer_response
 
 
-def stream_error(message: str) -> bytes:
-    return bytes(pb.ModelStreamInferResponse(error_message=bounded(message)).SerializeToString())
+def stream_error(message: str, model: str = "", request_id: str = "") -> bytes:
+    """A stream's error answer, naming the request it answers as Triton's does (its id and
+    model in ``infer_response``): a client with several requests in flight tells them apart."""
+    out = pb.ModelStreamInferResponse(error_message=bounded(message))
+    if model or request_id:
+        out.infer_response.model_name = model
+        out.infer_response.id = request_id
+    return bytes(out.SerializeToString())
+
+
+def request_names(body: bytes) -> tuple[str, str]:
+    """The (model, id) of a request that could not be decoded whole, if protobuf reads them."""
+    try:
+        req = pb.ModelInferRequest.FromString(body)
+    except (DecodeError, ValueError, RecursionError):  # nothing to name
+        return "", ""
+    return req.model_name, req.id
 
 
 def params_from_pb(params: Any) -> dict[str, Any]:

@@ -22,8 +22,10 @@ from proxy.tensor import (
     MAX_TENSORS,
     Payload,
     Tensor,
+    encode_bytes_elements,
     flatten,
     itemsize,
+    json_bytes,
 )
 from proxy.wire import triton_json as typed
 from proxy.wire.answers import answer_error, output_problem
@@ -50,7 +52,9 @@ def split_body(body: bytes, header_length: str | None,
     hlen: int | None = None
     if header_length is not None:
         hlen = header_length_value(header_length, len(body))
-    head = body if hlen is None else body[:hlen]
+    head: bytes | str = body if hlen is None else body[:hlen]
+    if what == "response":  # Triton writes a BYTES output that is not UTF-8 as it is
+        head = bytes(body if hlen is None else body[:hlen]).decode("utf-8", "surrogateescape")
     try:
         doc = json_loads(head, first_wins=True)  # as Triton reads a repeated key
     except (ValueError, UnicodeDecodeError) as exc:
@@ -173,7 +177,7 @@ def _decode_input(i: int, item: Any, view: memoryview, offset: int, has_binary: 
         _check_json_count(t)
         typed.check_data(name, datatype, flatten(item["data"]))
         _check_json_data(t)
-    t.check_payload()
+    t.check_payload((model, request_id))
     return t, offset
 
 
@@ -351,6 +355,11 @@ def decode_response(body: bytes, header_length: str | None, wire_valid: bool,
             if size is not None:
                 out.append(Tensor(o["name"], o["datatype"], shape,
                                   raw=view[start:start + size], parameters=params))
+            elif o["datatype"] == "BYTES":  # its text's bytes, those not UTF-8 included
+                out.append(Tensor(o["name"], "BYTES", shape, parameters=params,
+                                  raw=encode_bytes_elements([
+                                      x.encode("utf-8", "surrogateescape") if isinstance(x, str)
+                                      else x for x in flatten(o.get("data", []))])))
             else:
                 t = Tensor(o["name"], o["datatype"], shape, data=o.get("data", []),
                            parameters=params)
@@ -385,7 +394,7 @@ def _response_outputs(doc: dict[str, Any], hlen: int | None, view: memoryview,
         size = params.pop("binary_data_size", None)
         shape = tuple(o["shape"])
         if size is not None:
-            if hlen is None:
+            if hlen is None and size != 0:  # with no binary bytes, Triton sends no header
                 raise answer_error(source, f"output '{o['name']}' has binary_data_size but the "
                                    f"answer has no {HEADER_LENGTH} header")
             if type(size) is not int or size < 0 or offset + size > body_size:
@@ -420,9 +429,10 @@ def encode_response(call: Call, result: Result) -> tuple[bytes, int | None]:
             return wire.body, wire.header_length
         # Renamed route: rewrite the small JSON header only; binary tensors stay as they are.
         end = wire.header_length if wire.header_length is not None else len(wire.body)
-        renamed = dict(wire.head) if wire.head is not None else json.loads(wire.body[:end])
+        renamed = dict(wire.head) if wire.head is not None else json.loads(
+            bytes(wire.body[:end]).decode("utf-8", "surrogateescape"))
         renamed["model_name"] = call.model
-        header = json.dumps(renamed, separators=(",", ":")).encode()
+        header = json_bytes(renamed)
         if wire.header_length is None:
             return header, None
         return header + memoryview(wire.body)[end:], len(header)
@@ -457,7 +467,7 @@ def encode_response(call: Call, result: Result) -> tuple[bytes, int | None]:
         if params:
             entry["parameters"] = params
         head["outputs"].append(entry)
-    header = json.dumps(head, separators=(",", ":")).encode()
+    header = json_bytes(head)
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)

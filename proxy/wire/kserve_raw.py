@@ -100,7 +100,7 @@ def decode_raw_request(body: bytes, model: str, version: str, contract: ModelCon
         raise bad(f"{_NO_ID}input byte size mismatch for input '{RAW_INPUT}' for model "
                   f"'{model}'. Expected {math.prod(shape) * size}, got {len(body)}")
     t = Tensor(spec.name, spec.datatype, tuple(shape), raw=memoryview(raw))
-    t.check_payload()
+    t.check_payload((model, ""))
     return Call(model=model, version=version, inputs=[t],
                 parameters={"binary_data_output": True}, front="http",
                 wire=Wire("http", body, 0, content_type))

@@ -9,6 +9,7 @@ purpose, the case says so (``mmguard_status``) and docs/triton-compat.md gives t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -131,6 +132,13 @@ HTTP_CASES: dict[str, Http] = {
 }
 
 
+def _binary_bytes(shape: list[int], raw: bytes) -> Http:
+    head = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": shape,
+                                   "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    return Http("POST", "/v2/models/identity_bytes/infer", 400, "", head + raw,
+                (("Inference-Header-Content-Length", str(len(head))),))
+
+
 @pytest.mark.parametrize("case", list(HTTP_CASES))
 def test_http_refusal_text(target: Target, case: str) -> None:
     c = HTTP_CASES[case]
@@ -167,7 +175,42 @@ def _infer(version: str = "", model: str = "small_fp32", raw: bytes | None = X16
     return req
 
 
+def _bytes_infer(shape: list[int], raw: bytes) -> pb.ModelInferRequest:
+    req = pb.ModelInferRequest(model_name="identity_bytes")
+    req.inputs.add(name="INPUT0", datatype="BYTES", shape=shape)
+    req.raw_input_contents.append(raw)
+    return req
+
+
+def _element(value: bytes) -> bytes:
+    return len(value).to_bytes(4, "little") + value
+
+
+BYTES_FRAMING = {  # case: (shape, payload, Triton's words)
+    "bytes-fewer-than-the-shape": (
+        [1, 2], _element(b"ab"), "[request id: <id_unknown>] expected 2 string elements for "
+        "inference input 'INPUT0' for model 'identity_bytes', got 1"),
+    "bytes-more-than-the-shape": (
+        [1, 1], _element(b"a") + _element(b"b"), "[request id: <id_unknown>] unexpected number "
+        "of string elements 2 for inference input 'INPUT0' for model 'identity_bytes', "
+        "expecting 1"),
+    "bytes-cut-length-prefix": (
+        [1, 1], _element(b"a") + b"\0\0", "[request id: <id_unknown>] incomplete string length "
+        "indicator for inference input 'INPUT0' for model 'identity_bytes', expecting 4 bytes "
+        "but only 2 bytes available."),
+    "bytes-length-past-the-end": (
+        [1, 1], (100).to_bytes(4, "little") + b"ab", "incomplete string data for inference "
+        "input 'INPUT0', expecting string of length 100 but only 2 bytes available"),
+}
+
+
+HTTP_CASES.update({f"{case}-binary": dataclasses.replace(_binary_bytes(shape, raw), lead=words)
+                   for case, (shape, raw, words) in BYTES_FRAMING.items()})
+
+
 GRPC_CASES: dict[str, tuple[str, object, grpc.StatusCode, str]] = {
+    **{case: ("ModelInfer", _bytes_infer(shape, raw), grpc.StatusCode.INVALID_ARGUMENT, words)
+       for case, (shape, raw, words) in BYTES_FRAMING.items()},
     "unknown-model-infer": ("ModelInfer", _infer(model="nope"), grpc.StatusCode.NOT_FOUND,
                             UNKNOWN),
     "unknown-model-metadata": ("ModelMetadata", pb.ModelMetadataRequest(name="nope"),

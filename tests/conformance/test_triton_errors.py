@@ -105,3 +105,29 @@ def test_http_payload_that_does_not_fit_its_shape(target: Target) -> None:
         urllib.request.urlopen(req, timeout=30)
     assert err.value.code == 400
     assert "'x'" in json.loads(err.value.read())["error"]
+
+
+def test_a_stream_error_names_the_request_it_answers(stream_target: Target) -> None:
+    """On ``ModelStreamInfer`` each error answer carries the request's id and model (Triton's
+    ``infer_response``), so a client with several requests in flight knows which one failed;
+    mmguard's carried neither, for a request it refused and for the model's own error alike."""
+    from proxy.pb import grpc_service_pb2_grpc as pb_grpc
+
+    def request(model: str, rid: str, name: str) -> pb.ModelInferRequest:
+        req = pb.ModelInferRequest(model_name=model, id=rid)
+        tensor = req.inputs.add(name=name, datatype="FP32", shape=[1, 2])
+        req.raw_input_contents.append(np.zeros(2, np.float32).tobytes())
+        assert tensor.name == name
+        return req
+
+    requests = [request("identity_fp32", "req-bad", "NOPE"),
+                request("fail_fp32", "req-fail", "x"),
+                request("identity_fp32", "req-ok", "INPUT0")]
+    with grpc.insecure_channel(stream_target.grpc_url) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+        answers = list(stub.ModelStreamInfer(iter(requests), timeout=60))
+    assert [(a.infer_response.id, bool(a.error_message)) for a in answers] == \
+        [("req-bad", True), ("req-fail", True), ("req-ok", False)]
+    # the model's own failure names it; a request refused before its model ran is named by
+    # its id (Triton leaves the model empty there, mmguard names the route it was sent to)
+    assert [a.infer_response.model_name for a in answers[1:]] == ["fail_fp32", "identity_fp32"]

@@ -259,3 +259,45 @@ def test_half_floats_are_not_answered_as_json(target: Target, datatype: str) -> 
         assert_same_tensor(result.as_numpy("OUTPUT0"), PAYLOADS[datatype])
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+@pytest.mark.parametrize("module", [grpcclient, httpclient], ids=["grpc", "http"])
+def test_an_empty_tensor_comes_back_empty(target: Target, module: Any, binary: bool) -> None:
+    """Shape [1, 0]: Triton answers an output of no bytes without the binary part's header
+    (``binary_data_size`` 0); through a ``triton_http`` backend mmguard refused that answer
+    as outside its contract (502 / INTERNAL)."""
+    client = client_for(module, target)
+    try:
+        x = np.zeros((1, 0), np.float32)
+        inp = module.InferInput("INPUT0", [1, 0], "FP32")
+        if module is httpclient:
+            inp.set_data_from_numpy(x, binary_data=binary)
+            outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)]
+        else:
+            inp.set_data_from_numpy(x)
+            outputs = [grpcclient.InferRequestedOutput("OUTPUT0")]
+        result = client.infer("identity_fp32", [inp], outputs=outputs)
+        assert_same_tensor(result.as_numpy("OUTPUT0"), x)
+    finally:
+        client.close()
+
+
+def test_bytes_that_are_not_utf8_come_back_as_they_are_in_a_json_answer(target: Target) -> None:
+    """Triton writes a BYTES element that is not UTF-8 into its JSON answer as the bytes
+    themselves. Through mmguard the same bytes come back: a gRPC backend's answer was written
+    as latin-1 text (other bytes, no error), an HTTP backend's refused as malformed (502)."""
+    value = b"\xff\xfe\x00a\xc3("
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [1, 1],
+                                   "parameters": {"binary_data_size": 4 + len(value)}}],
+                       "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": False}}]
+                       }).encode()
+    req = urllib.request.Request(
+        f"http://{target.http_url}/v2/models/identity_bytes/infer",
+        body + len(value).to_bytes(4, "little") + value,
+        {"Content-Type": "application/octet-stream",
+         "Inference-Header-Content-Length": str(len(body))})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        answer = resp.read()
+    doc = json.loads(answer.decode("utf-8", "surrogateescape"))
+    assert doc["outputs"][0]["data"][0].encode("utf-8", "surrogateescape") == value

@@ -83,7 +83,8 @@ def test_broken_bytes_framing_is_invalid_argument(proxy: RunningMmguard) -> None
     broken = ("INPUT0", "BYTES", [1], b"\x10\x00\x00\x00abc")
     err = _grpc_error(proxy, grpc_request("identity_bytes", [broken]))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "declares 16 bytes, only 3 remain" in err.details()
+    assert err.details() == ("incomplete string data for inference input 'INPUT0', expecting "
+                             "string of length 16 but only 3 bytes available")
     still_serving(proxy)
 
 

@@ -9,9 +9,10 @@ import pytest
 
 from proxy.wire.openai import parse_request, streaming
 
-VALUES: list[object] = [True, False, None, 0, 1, 2, -1, 0.0, 1.0, 0.5, "0", "1", "f", "t", "n", "y", "no",
-          "yes", "off", "on", "false", "true", "FALSE", "True", "YeS", "oFf", " true", "true ",
-          "", "2", "maybe", "tru", [], {}, [True]]
+VALUES: list[object] = [
+    True, False, None, 0, 1, 2, -1, 0.0, 1.0, 0.5, "0", "1", "f", "t", "n", "y", "no", "yes",
+    "off", "on", "false", "true", "FALSE", "True", "YeS", "oFf", " true", "true ", "", "2",
+    "maybe", "tru", [], {}, [True]]
 
 
 @pytest.mark.parametrize("value", VALUES, ids=repr)
