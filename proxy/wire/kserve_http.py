@@ -89,8 +89,9 @@ def decode_request(body: bytes, header_length: str | None, model: str, version: 
                                   request_id, shared_memory)
         inputs.append(t)
     if hlen is not None and offset != len(body):
-        raise bad(f"the binary part has {len(body) - hlen} bytes but the inputs declare "
-                  f"{offset - hlen} (binary_data_size)")
+        raise bad(f"unexpected additional input data for model '{model}' (the binary part "
+                  f"has {len(body) - hlen} bytes but the inputs declare {offset - hlen} in "
+                  "binary_data_size)")
     outputs = []
     requested = doc.get("outputs") or []
     if not isinstance(requested, list):
@@ -460,8 +461,9 @@ def encode_response(call: Call, result: Result) -> tuple[bytes, int | None]:
         elif t.datatype in NO_JSON_OUTPUT:
             # Triton refuses these as JSON (400) whichever backend answered: so does mmguard,
             # so a client gets the same answer through every route and directly.
-            raise bad(f"output '{t.name}' is {t.datatype}, which a JSON answer cannot carry; "
-                      "ask for it in binary (binary_data: true)")
+            raise bad(f"sending {t.datatype} data via JSON is not supported. Please use the "
+                      f"binary data format for output (output '{t.name}' is {t.datatype}, "
+                      "which a JSON answer cannot carry; ask for it with binary_data: true)")
         else:
             entry["data"] = t.to_list()
         if params:

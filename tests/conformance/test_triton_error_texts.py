@@ -204,6 +204,25 @@ BYTES_FRAMING = {  # case: (shape, payload, Triton's words)
 }
 
 
+HTTP_CASES["binary-part-longer-than-declared"] = Http(
+    "POST", "/v2/models/small_fp32/infer", 400,
+    "unexpected additional input data for model 'small_fp32'",
+    json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16],
+                            "parameters": {"binary_data_size": 64}}]}).encode() + X16 + b"\0" * 4,
+    (("Inference-Header-Content-Length", str(len(json.dumps({"inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [1, 16],
+         "parameters": {"binary_data_size": 64}}]}).encode()))),))
+HTTP_CASES["fp16-output-as-json"] = Http(
+    "POST", "/v2/models/identity_fp16/infer", 400,
+    "sending FP16 data via JSON is not supported. Please use the binary data format for output",
+    json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP16", "shape": [1, 2],
+                            "parameters": {"binary_data_size": 4}}],
+                "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": False}}]}
+               ).encode() + b"\0" * 4,
+    (("Inference-Header-Content-Length", str(len(json.dumps({"inputs": [
+        {"name": "INPUT0", "datatype": "FP16", "shape": [1, 2],
+         "parameters": {"binary_data_size": 4}}],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": False}}]}).encode()))),))
 HTTP_CASES.update({f"{case}-binary": dataclasses.replace(_binary_bytes(shape, raw), lead=words)
                    for case, (shape, raw, words) in BYTES_FRAMING.items()})
 
