@@ -170,6 +170,8 @@ class OpenAIFront:
             if forwarded:
                 call.wire = None  # the URLs as mmguard wrote them, not the client's bytes
                 self._media.labels("forwarded").inc(forwarded)
+            if not call.model:
+                call.model = self._only_route()
             if call.model not in self.plane.runtime.routes:
                 raise ProxyError(ErrorKind.NOT_FOUND, unknown_model_text(call.model),
                                  param="model")
@@ -341,6 +343,17 @@ class OpenAIFront:
         except ProxyError as err:
             return openai_error(LocalReply.from_error(err))
         return _passed(status, ctype, out)
+
+    def _only_route(self) -> str:
+        """The route a request that names no model is for, as vLLM serves such a request with
+        its one model: the only route over the OpenAI API; refused when there are several."""
+        runtime = self.plane.runtime
+        names = [n for n, r in runtime.routes.items()
+                 if runtime.backends[r.spec.backend].api is Api.OPENAI]
+        if len(names) == 1:
+            return names[0]
+        raise ProxyError(ErrorKind.INVALID_ARGUMENT, f"'model' is required: mmguard serves "
+                         f"{len(names)} models over the OpenAI API", param="model")
 
     def _openai_backends(self) -> dict[str, Any]:
         runtime = self.plane.runtime

@@ -148,8 +148,10 @@ def parse_request(body: bytes, endpoint: str) -> Call:
     if not isinstance(doc, dict):
         raise bad("the request body must be a JSON object")
     model = doc.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad("'model' is required and must be a string", "model")
+    if model is None:  # vLLM answers with its served model: so does the front (one route)
+        model = ""
+    if not isinstance(model, str):
+        raise bad("'model' must be a string", "model")
     _check_body(doc, endpoint)
     return Call(model=model, version="", inputs=[], front="openai",
                 streaming=streaming(doc.get("stream")), wire=Wire("openai", body),

@@ -455,3 +455,37 @@ def test_stream_reads_as_vllm_reads_it(side: Side, direct: Side, stream: object)
     assert (status, kind) == ((400, "error") if stream in ("maybe", 2) else
                               (200, "stream") if stream in ("yes", 1.0) else (200, "whole"))
     same_as_direct(side, direct, f"stream={stream!r}", (status, kind, text), answer)
+
+
+@pytest.fixture(scope="module")
+def single_proxy(vllm_llava: VllmServer) -> Iterator[RunningMmguard]:
+    cfg = {"backends": [{"kind": "vllm", "name": "llava", "url": vllm_llava.url}],
+           "models": [{"name": LLAVA, "backend": "llava"}]}
+    with RunningMmguard(cfg) as m:
+        m.wait_ready(timeout=180)
+        yield m
+
+
+@pytest.mark.parametrize("named", ["absent", "null", "empty"])
+def test_a_request_naming_no_model_is_served_by_the_only_one(
+        single_proxy: RunningMmguard, parity_proxy: RunningMmguard, direct: Side,
+        named: str) -> None:
+    """vLLM serves a chat that names no model (absent, null or "") with its one model; so does
+    mmguard when it serves one model over the OpenAI API (it refused it). With two, it cannot
+    tell which, and says so."""
+    doc: dict[str, Any] = {"messages": USER, "max_tokens": 4, "temperature": 0,
+                           **({} if named == "absent" else {"model": None if named == "null"
+                                                            else ""})}
+
+    def text(side: Side) -> tuple[int, str]:
+        status, _, body = side.http("POST", "/v1/chat/completions", doc)
+        got = json.loads(body)
+        return status, (got["choices"][0]["message"]["content"] if status == 200
+                        else got["error"]["message"])
+
+    url = f"http://{single_proxy.http_url}"
+    assert text(Side("mmguard", url, url)) == text(direct)
+    assert text(direct)[0] == 200
+    two = f"http://{parity_proxy.http_url}"
+    assert text(Side("mmguard", two, two)) == (
+        400, "'model' is required: mmguard serves 2 models over the OpenAI API")
