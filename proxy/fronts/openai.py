@@ -159,6 +159,11 @@ class OpenAIFront:
         """The checked call, its model known and its remote images inlined (fetch mode); what
         was fetched for it is counted in the budget put in ``held``, which the caller releases
         once the call is answered."""
+        media = ex.headers.get("Content-Type", "").lower().split(";", 1)[0]
+        if media != "application/json":  # vLLM's check, in its words (curl -d sends a form)
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             "1 validation error:\n  Unsupported Media Type: Only "
+                             "'application/json' is allowed")
         rules = self.rules()
         body = await self._body(ex)
         call = (await asyncio.to_thread(openai.parse_request, body, endpoint)  # big JSON off

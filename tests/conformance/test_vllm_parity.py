@@ -489,3 +489,28 @@ def test_a_request_naming_no_model_is_served_by_the_only_one(
     two = f"http://{parity_proxy.http_url}"
     assert text(Side("mmguard", two, two)) == (
         400, "'model' is required: mmguard serves 2 models over the OpenAI API")
+
+
+@pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", None,
+                                   "application/json; charset=utf-8", "Application/JSON"])
+def test_content_type_is_checked_as_vllm_checks_it(side: Side, direct: Side,
+                                                   ctype: str | None) -> None:
+    """vLLM takes a JSON media type only (``curl -d`` sends a form); mmguard served any."""
+    body = json.dumps({"model": LLAVA, "messages": USER, "max_tokens": 2}).encode()
+
+    def status(s: Side) -> tuple[int, str]:
+        req = urllib.request.Request(s.llava + "/v1/chat/completions", body, method="POST")
+        if ctype is not None:
+            req.add_header("Content-Type", ctype)
+        else:
+            req.remove_header("Content-type")
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, ""
+        except urllib.error.HTTPError as e:
+            with e:
+                return e.code, json.loads(e.read())["error"]["message"]
+
+    got = status(side)
+    assert got[0] == (200 if ctype and "json" in ctype.lower() else 400), got
+    same_as_direct(side, direct, f"content-type={ctype!r}", got, status)
