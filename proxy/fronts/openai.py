@@ -64,7 +64,7 @@ def error_plain(reply: LocalReply, decisions: dict[str, str] | None = None) -> P
     headers = {**(decisions or {}), "mmguard-error-origin": reply.origin}
     if reply.retry_after_s is not None:
         headers["Retry-After"] = retry_after(reply.retry_after_s)
-    if reply.body is not None and reply.origin == "backend":
+    if reply.body is not None:  # the backend's own, or vLLM's words (proxy.wire.vllm_words)
         headers["Content-Type"] = "application/json"
         return Plain(reply.status or STATUS[reply.kind].http, headers, reply.body)
     headers["Content-Type"] = "application/json; charset=utf-8"  # as aiohttp's json_response

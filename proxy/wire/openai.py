@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 
 from proxy.call import Api, Call, Wire
 from proxy.errors import STATUS, ErrorKind, ProxyError
-from proxy.wire import openai_parts
+from proxy.wire import openai_parts, vllm_words
 from proxy.wire.image_decode import MAX_IMAGE_PIXELS as MAX_IMAGE_PIXELS  # where it was
 from proxy.wire.image_decode import decode_rgb
 from proxy.wire.media_urls import HostAllowList
@@ -90,16 +90,20 @@ def _check_completion(doc: dict[str, Any]) -> None:
         raise bad("'prompt_embeds' is refused by mmguard: its guards cannot inspect prompt "
                   "embeddings; send the prompt as text or token ids", "prompt_embeds")
     if "prompt" not in doc:
-        raise bad("'prompt' is required", "prompt")
+        raise bad(vllm_words.NO_PROMPT, "prompt")
     _check_prompt(doc["prompt"])
-    if "messages" in doc:
-        raise bad("a completion takes a 'prompt', not 'messages'", "messages")
 
 
 def _check_body(doc: dict[str, Any], endpoint: str) -> None:
     """The fields the endpoint reads, where vLLM would read content or media from them."""
     if endpoint == CHAT:
-        openai_parts.check_messages(doc.get("messages"))
+        if "messages" not in doc:
+            raise vllm_words.missing("body.messages", doc)
+        if not isinstance(doc["messages"], list):
+            raise vllm_words.not_a_list("body.messages", doc["messages"])
+        if not doc["messages"]:
+            raise bad(vllm_words.EMPTY_CONVERSATION)
+        openai_parts.check_messages(doc["messages"])
     elif endpoint == COMPLETIONS:
         _check_completion(doc)
     elif endpoint == RESPONSES:
@@ -139,22 +143,32 @@ def decode_request(body: bytes, endpoint: str,
 
 def parse_request(body: bytes, endpoint: str) -> Call:
     """The body as a call, its content parts checked for the endpoint (URLs not yet)."""
+    if not body:
+        raise vllm_words.missing("body", None)
     try:
         doc = json_loads(body)
+    except json.JSONDecodeError as exc:
+        raise vllm_words.not_json(exc) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad(f"malformed JSON in the request body: {exc}") from None
     except RecursionError:
         raise bad("the JSON in the request body is nested too deeply") from None
     if not isinstance(doc, dict):
-        raise bad("the request body must be a JSON object")
+        raise vllm_words.not_an_object(doc)
     model = doc.get("model")
     if model is None:  # vLLM answers with its served model: so does the front (one route)
         model = ""
     if not isinstance(model, str):
-        raise bad("'model' must be a string", "model")
+        raise vllm_words.not_a_string("body.model", model)
     _check_body(doc, endpoint)
+    wire: Wire | None = Wire("openai", body)
+    if endpoint == COMPLETIONS and "messages" in doc:
+        # vLLM ignores 'messages' beside a completion's prompt: dropped, so no guard reads
+        # (or fetches) what the model never sees; the body is written anew without them
+        del doc["messages"]
+        wire = None
     return Call(model=model, version="", inputs=[], front="openai",
-                streaming=streaming(doc.get("stream")), wire=Wire("openai", body),
+                streaming=streaming(doc.get("stream")), wire=wire,
                 document=doc, endpoint=endpoint)
 
 

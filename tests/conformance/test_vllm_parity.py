@@ -514,3 +514,41 @@ def test_content_type_is_checked_as_vllm_checks_it(side: Side, direct: Side,
     got = status(side)
     assert got[0] == (200 if ctype and "json" in ctype.lower() else 400), got
     same_as_direct(side, direct, f"content-type={ctype!r}", got, status)
+
+
+REFUSED_FIRST = {  # case: (path, raw body) mmguard reads before vLLM would
+    "messages-missing": ("/v1/chat/completions", b'{"model": "tiny-llava"}'),
+    "messages-a-string": ("/v1/chat/completions", b'{"model": "tiny-llava", "messages": "hi"}'),
+    "messages-empty": ("/v1/chat/completions", b'{"model": "tiny-llava", "messages": []}'),
+    "model-a-number": ("/v1/chat/completions",
+                       b'{"model": 5, "messages": [{"role": "user", "content": "hi"}]}'),
+    "body-a-list": ("/v1/chat/completions", b'[1, 2]'),
+    "body-empty": ("/v1/chat/completions", b''),
+    "body-not-json": ("/v1/chat/completions", b'{nope'),
+    "completion-without-prompt": ("/v1/completions", b'{"model": "tiny-llava"}'),
+    "completion-with-messages": ("/v1/completions", b'{"model": "tiny-llava", "prompt": "a", '
+                                 b'"max_tokens": 2, "temperature": 0, "messages": [{"role": '
+                                 b'"user", "content": "hi"}]}'),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED_FIRST))
+def test_a_mistake_mmguard_finds_first_reads_as_vllms(side: Side, direct: Side,
+                                                       case: str) -> None:
+    """Status, message, type and param as vLLM's own (its validation errors are pydantic's,
+    in FastAPI's format); mmguard answered in its own words, which no vLLM client knew."""
+    path, body = REFUSED_FIRST[case]
+
+    def answer(s: Side) -> tuple[int, Any]:
+        req = urllib.request.Request(s.llava + path, body, {"Content-Type": "application/json"},
+                                     method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, json.loads(r.read())["object"]
+        except urllib.error.HTTPError as e:
+            with e:
+                return e.code, json.loads(e.read())["error"]
+
+    got = answer(side)
+    assert got[0] == (200 if case == "completion-with-messages" else 400), got
+    same_as_direct(side, direct, f"mistake {case}", got, answer)

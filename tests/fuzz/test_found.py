@@ -155,11 +155,14 @@ def test_bracketed_host_that_does_not_close_is_400() -> None:
         "messages[0].content[0].image_url.url: not a valid URL (Invalid IPv6 URL)")
 
 
-def test_completions_with_messages_not_a_list_is_400() -> None:
-    # decode_request checks 'messages' only for chat; ChatView._parts then iterates `true`.
-    _openai_refuses({"model": "m", "prompt": "a", "messages": True},
-                    "a completion takes a 'prompt', not 'messages'",
-                    endpoint=openai.COMPLETIONS)
+def test_completions_with_messages_not_a_list_reads_the_prompt_only() -> None:
+    # decode_request checks 'messages' only for chat; ChatView._parts then iterated `true`.
+    # vLLM ignores 'messages' beside a completion's prompt; mmguard drops them.
+    call = openai.parse_request(json.dumps({"model": "m", "prompt": "a", "messages": True})
+                                .encode(), openai.COMPLETIONS)
+    assert call.document is not None and "messages" not in call.document
+    assert call.wire is None  # written anew, without them
+    assert openai.ChatView(call).texts() == ["a"]
 
 
 @pytest.mark.parametrize("prompt", [False, 5])
