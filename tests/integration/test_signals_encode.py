@@ -81,10 +81,14 @@ def test_an_output_json_cannot_carry(proxy: RunningMmguard, exporter: InMemorySp
     model = f"{route}_identity_fp16"
     before = _counts(proxy, model, "http")
     exporter.clear()
-    body = {"inputs": [{"name": "INPUT0", "datatype": "FP16", "shape": [1, 2],
-                        "data": [1.5, -2.0]}]}
+    head = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP16", "shape": [1, 2],
+                                   "parameters": {"binary_data_size": 4}}],
+                       "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": False}}]}
+                      ).encode()
     status, _, text = http_post(proxy.http_url, f"/v2/models/{model}/infer",
-                                json.dumps(body).encode(), {"Content-Type": "application/json"})
+                                head + np.array([1.5, -2.0], np.float16).tobytes(),
+                                {"Content-Type": "application/octet-stream",
+                                 "Inference-Header-Content-Length": str(len(head))})
     after = _counts(proxy, model, "http")
     assert status == 400, text
     assert b"FP16" in text, text
