@@ -91,9 +91,23 @@ def _call_from(req: pb.ModelInferRequest, raws: list[memoryview],
         inputs.append(t)
     return Call(
         model=req.model_name, version=req.model_version, id=req.id, inputs=inputs,
-        outputs=[RequestedOutput(o.name, params_from_pb(o.parameters)) for o in req.outputs],
+        outputs=[_requested(o) for o in req.outputs],
         parameters=params_from_pb(req.parameters), front="grpc", wire=Wire("grpc", body),
     )
+
+
+def _requested(o: Any) -> RequestedOutput:
+    """An output asked for; ``classification`` read as Triton's gRPC front reads it (a positive
+    int64_param: its HTTP front reads 0 as "none", so the meanings differ across protocols)."""
+    if "classification" in o.parameters:
+        p = o.parameters["classification"]
+        if p.WhichOneof("parameter_choice") != "int64_param":
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT, "invalid value type for "
+                             "'classification' parameter, expected int64_param")
+        if p.int64_param <= 0:
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             "invalid value for 'classification' parameter, expected >= 0")
+    return RequestedOutput(o.name, params_from_pb(o.parameters))
 
 
 WHOLE_PARSE_BYTES = 2048
@@ -248,9 +262,14 @@ def encode_request(call: Call, model: str, version: str) -> bytes:
         params_to_pb(inp.parameters, _without(t.parameters, HTTP_ONLY_PARAMETERS))
         req.raw_input_contents.append(bytes(t.raw_bytes()))
     for o in call.outputs:
-        # Everything else crosses: ``classification`` (the extension), custom parameters.
+        # Everything else crosses: ``classification`` (the extension), custom parameters. An
+        # HTTP ``classification: 0`` means none (Triton's HTTP front); gRPC refuses 0, so it
+        # does not cross.
         out = req.outputs.add(name=o.name)
-        params_to_pb(out.parameters, _without(o.parameters, HTTP_ONLY_PARAMETERS))
+        params = _without(o.parameters, HTTP_ONLY_PARAMETERS)
+        if type(params.get("classification")) is int and params["classification"] == 0:
+            params = _without(params, frozenset({"classification"}))
+        params_to_pb(out.parameters, params)
     return bytes(req.SerializeToString())
 
 

@@ -108,3 +108,20 @@ async def test_aio_clients_class_count(target: Target) -> None:
     finally:
         await g.close()
         await h.close()
+
+
+def test_http_class_count_zero_means_none(target: Target) -> None:
+    """Triton's HTTP front reads ``classification: 0`` as no classification (the raw scores);
+    through a gRPC backend mmguard passed the 0 on and Triton's gRPC front refused it (400)."""
+    import json
+    import urllib.request
+
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [10],
+                                   "data": SCORES.tolist()}],
+                       "outputs": [{"name": "probs", "parameters": {"classification": 0}}]})
+    req = urllib.request.Request(f"http://{target.http_url}/v2/models/classify_fp32/infer",
+                                 body.encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        out = json.loads(resp.read())["outputs"][0]
+    assert out["datatype"] == "FP32" and out["shape"] == [10]
+    np.testing.assert_allclose(out["data"], SCORES.tolist())

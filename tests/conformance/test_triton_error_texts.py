@@ -227,7 +227,20 @@ HTTP_CASES.update({f"{case}-binary": dataclasses.replace(_binary_bytes(shape, ra
                    for case, (shape, raw, words) in BYTES_FRAMING.items()})
 
 
+def _classified(param: pb.InferParameter) -> pb.ModelInferRequest:
+    req = _infer()
+    out = req.outputs.add(name="y")
+    out.parameters["classification"].CopyFrom(param)
+    return req
+
+
 GRPC_CASES: dict[str, tuple[str, object, grpc.StatusCode, str]] = {
+    "classification-zero": ("ModelInfer", _classified(pb.InferParameter(int64_param=0)),
+                            grpc.StatusCode.INVALID_ARGUMENT,
+                            "invalid value for 'classification' parameter, expected >= 0"),
+    "classification-a-bool": ("ModelInfer", _classified(pb.InferParameter(bool_param=True)),
+                              grpc.StatusCode.INVALID_ARGUMENT, "invalid value type for "
+                              "'classification' parameter, expected int64_param"),
     **{case: ("ModelInfer", _bytes_infer(shape, raw), grpc.StatusCode.INVALID_ARGUMENT, words)
        for case, (shape, raw, words) in BYTES_FRAMING.items()},
     "unknown-model-infer": ("ModelInfer", _infer(model="nope"), grpc.StatusCode.NOT_FOUND,
