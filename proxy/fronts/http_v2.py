@@ -259,6 +259,9 @@ class HttpFront:
                                "listeners.http.max_json_bytes; send big tensors in binary "
                                "form"), None
         json_part = kserve_raw.header_length_number(header_length)
+        if declared is not None and json_part > declared and "Content-Encoding" not in headers:
+            # past the body itself: Triton's 400 (in its words), before any limit of ours
+            kserve_raw.header_length_value(header_length, declared)
         if json_part > self.max_json_bytes:
             raise ProxyError(ErrorKind.TOO_LARGE,
                              f"the JSON header of a binary request is {json_part} bytes "

@@ -139,6 +139,55 @@ def _binary_bytes(shape: list[int], raw: bytes) -> Http:
                 (("Inference-Header-Content-Length", str(len(head))),))
 
 
+def _element(value: bytes) -> bytes:
+    return len(value).to_bytes(4, "little") + value
+
+
+BYTES_FRAMING = {  # case: (shape, payload, Triton's words)
+    "bytes-fewer-than-the-shape": (
+        [1, 2], _element(b"ab"), "[request id: <id_unknown>] expected 2 string elements for "
+        "inference input 'INPUT0' for model 'identity_bytes', got 1"),
+    "bytes-more-than-the-shape": (
+        [1, 1], _element(b"a") + _element(b"b"), "[request id: <id_unknown>] unexpected number "
+        "of string elements 2 for inference input 'INPUT0' for model 'identity_bytes', "
+        "expecting 1"),
+    "bytes-cut-length-prefix": (
+        [1, 1], _element(b"a") + b"\0\0", "[request id: <id_unknown>] incomplete string length "
+        "indicator for inference input 'INPUT0' for model 'identity_bytes', expecting 4 bytes "
+        "but only 2 bytes available."),
+    "bytes-length-past-the-end": (
+        [1, 1], (100).to_bytes(4, "little") + b"ab", "incomplete string data for inference "
+        "input 'INPUT0', expecting string of length 100 but only 2 bytes available"),
+}
+
+
+HTTP_CASES["header-length-past-the-body-and-the-json-limit"] = Http(
+    "POST", "/v2/models/small_fp32/infer", 400,
+    "inference header size should be in range (0, 2), got: 20971520", b"{}",
+    (("Inference-Header-Content-Length", str(20 << 20)),))
+HTTP_CASES["binary-part-longer-than-declared"] = Http(
+    "POST", "/v2/models/small_fp32/infer", 400,
+    "unexpected additional input data for model 'small_fp32'",
+    json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16],
+                            "parameters": {"binary_data_size": 64}}]}).encode() + X16 + b"\0" * 4,
+    (("Inference-Header-Content-Length", str(len(json.dumps({"inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [1, 16],
+         "parameters": {"binary_data_size": 64}}]}).encode()))),))
+HTTP_CASES["fp16-output-as-json"] = Http(
+    "POST", "/v2/models/identity_fp16/infer", 400,
+    "sending FP16 data via JSON is not supported. Please use the binary data format for output",
+    json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP16", "shape": [1, 2],
+                            "parameters": {"binary_data_size": 4}}],
+                "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": False}}]}
+               ).encode() + b"\0" * 4,
+    (("Inference-Header-Content-Length", str(len(json.dumps({"inputs": [
+        {"name": "INPUT0", "datatype": "FP16", "shape": [1, 2],
+         "parameters": {"binary_data_size": 4}}],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": False}}]}).encode()))),))
+HTTP_CASES.update({f"{case}-binary": dataclasses.replace(_binary_bytes(shape, raw), lead=words)
+                   for case, (shape, raw, words) in BYTES_FRAMING.items()})
+
+
 @pytest.mark.parametrize("case", list(HTTP_CASES))
 def test_http_refusal_text(target: Target, case: str) -> None:
     c = HTTP_CASES[case]
@@ -180,51 +229,6 @@ def _bytes_infer(shape: list[int], raw: bytes) -> pb.ModelInferRequest:
     req.inputs.add(name="INPUT0", datatype="BYTES", shape=shape)
     req.raw_input_contents.append(raw)
     return req
-
-
-def _element(value: bytes) -> bytes:
-    return len(value).to_bytes(4, "little") + value
-
-
-BYTES_FRAMING = {  # case: (shape, payload, Triton's words)
-    "bytes-fewer-than-the-shape": (
-        [1, 2], _element(b"ab"), "[request id: <id_unknown>] expected 2 string elements for "
-        "inference input 'INPUT0' for model 'identity_bytes', got 1"),
-    "bytes-more-than-the-shape": (
-        [1, 1], _element(b"a") + _element(b"b"), "[request id: <id_unknown>] unexpected number "
-        "of string elements 2 for inference input 'INPUT0' for model 'identity_bytes', "
-        "expecting 1"),
-    "bytes-cut-length-prefix": (
-        [1, 1], _element(b"a") + b"\0\0", "[request id: <id_unknown>] incomplete string length "
-        "indicator for inference input 'INPUT0' for model 'identity_bytes', expecting 4 bytes "
-        "but only 2 bytes available."),
-    "bytes-length-past-the-end": (
-        [1, 1], (100).to_bytes(4, "little") + b"ab", "incomplete string data for inference "
-        "input 'INPUT0', expecting string of length 100 but only 2 bytes available"),
-}
-
-
-HTTP_CASES["binary-part-longer-than-declared"] = Http(
-    "POST", "/v2/models/small_fp32/infer", 400,
-    "unexpected additional input data for model 'small_fp32'",
-    json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16],
-                            "parameters": {"binary_data_size": 64}}]}).encode() + X16 + b"\0" * 4,
-    (("Inference-Header-Content-Length", str(len(json.dumps({"inputs": [
-        {"name": "x", "datatype": "FP32", "shape": [1, 16],
-         "parameters": {"binary_data_size": 64}}]}).encode()))),))
-HTTP_CASES["fp16-output-as-json"] = Http(
-    "POST", "/v2/models/identity_fp16/infer", 400,
-    "sending FP16 data via JSON is not supported. Please use the binary data format for output",
-    json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP16", "shape": [1, 2],
-                            "parameters": {"binary_data_size": 4}}],
-                "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": False}}]}
-               ).encode() + b"\0" * 4,
-    (("Inference-Header-Content-Length", str(len(json.dumps({"inputs": [
-        {"name": "INPUT0", "datatype": "FP16", "shape": [1, 2],
-         "parameters": {"binary_data_size": 4}}],
-        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": False}}]}).encode()))),))
-HTTP_CASES.update({f"{case}-binary": dataclasses.replace(_binary_bytes(shape, raw), lead=words)
-                   for case, (shape, raw, words) in BYTES_FRAMING.items()})
 
 
 def _classified(param: pb.InferParameter) -> pb.ModelInferRequest:
