@@ -413,10 +413,11 @@ class SharedMemory:
                                  f"the request's inputs total {total} bytes with those in shared "
                                  f"memory; this listener accepts at most {budget.limit} bytes "
                                  f"({budget.setting})")
+            request = (call.model, call.id)  # a BYTES input's framing: refused in Triton's words
             if total - inline > READ_INLINE_BYTES:
-                await asyncio.to_thread(_read_inputs, reads)
+                await asyncio.to_thread(_read_inputs, reads, request)
             else:
-                _read_inputs(reads)
+                _read_inputs(reads, request)
         except ProxyError:
             lease.release()
             raise
@@ -443,11 +444,12 @@ class SharedMemory:
         return t, region, offset, size
 
 
-def _read_inputs(reads: list[tuple[Tensor, Region, int, int]]) -> None:
+def _read_inputs(reads: list[tuple[Tensor, Region, int, int]],
+                 request: tuple[str, str] | None = None) -> None:
     for t, region, offset, size in reads:
         t.raw = region.read(f"input '{t.name}'", offset, size)
         t.parameters = {k: v for k, v in t.parameters.items() if k not in SHM_PARAMS}
-        t.check_payload()
+        t.check_payload(request)
 
 
 def _write_outputs(call: Call, result: Result, lease: Lease) -> None:

@@ -366,3 +366,17 @@ def test_trace_and_logging_refused_alike_and_not_announced(target: Target,
                 f"the '{extension}' extension is not served by mmguard: ")
     finally:
         client.close()
+
+
+def test_bytes_framing_in_a_region_in_tritons_words(shm_client: Shm) -> None:
+    """A BYTES input read from system shared memory is held to the same framing, refused in the
+    same words as inline (the region path did not hand the request down: mmguard's words)."""
+    s = shm_client
+    shape, raw, words = BYTES_FRAMING["bytes-fewer-than-the-shape"]
+    name, key, handle = s.region("bytes_words", len(raw))
+    shm.set_shared_memory_region(handle, [np.frombuffer(raw, np.uint8)])
+    s.client.register_system_shared_memory(name, key, len(raw))
+    x = s.module.InferInput("INPUT0", shape, "BYTES")
+    x.set_shared_memory(name, len(raw))
+    message = fails(s.code("invalid"), s.client.infer, "identity_bytes", [x])
+    assert message.startswith(words), message
