@@ -1,10 +1,8 @@
 """System shared memory for v2 clients: Triton's ``systemsharedmemory`` extension, in a sidecar.
 
-Guards against a sidecar that maps memory on a client's word becoming a confused deputy: one
-client reading or overwriting another's region, a key that walks out of /dev/shm, a read past a
-region's end. Seed scenario: a ``simple_grpc_shm_client``-style client registers "/input_simple"
-and "/output_simple", sends ModelInfer with both inputs in the first region and asks for its
-outputs in the second; through mmguard it gets the same answer, in the same place, as direct.
+Guards against a sidecar that maps memory on a client's word becoming a confused deputy (one
+client reading or overwriting another's region, a key out of /dev/shm, a read past a region's
+end), while a ``simple_grpc_shm_client``-style client gets the same answer as direct.
 
 What MUST hold (the security model, docs/shared-memory.md):
 
@@ -444,8 +442,7 @@ class SharedMemory:
         return t, region, offset, size
 
 
-def _read_inputs(reads: list[tuple[Tensor, Region, int, int]],
-                 request: tuple[str, str] | None = None) -> None:
+def _read_inputs(reads: list[tuple[Tensor, Region, int, int]], request: tuple[str, str]) -> None:
     for t, region, offset, size in reads:
         t.raw = region.read(f"input '{t.name}'", offset, size)
         t.parameters = {k: v for k, v in t.parameters.items() if k not in SHM_PARAMS}

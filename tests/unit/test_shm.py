@@ -316,7 +316,7 @@ def test_bytes_framing_in_a_region_is_checked(shm_dir: Path) -> None:
                                                     shape=(1,))]), HERE, planed(doubler),
                                 any_model, BUDGET))
     assert isinstance(reply, LocalReply) and reply.kind is ErrorKind.INVALID_ARGUMENT
-    assert "declares 50 bytes" in reply.message
+    assert "expecting string of length 50 but only 3 bytes available" in reply.message
 
 
 def test_a_file_cut_after_registration_is_an_error_not_a_crash(shm_dir: Path) -> None:
