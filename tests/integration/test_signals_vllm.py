@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -58,6 +61,22 @@ def _stream(address: str, slow: bool, started: threading.Barrier | None) -> tupl
     return 200, ended
 
 
+def _streams_through(m: RunningMmguard, kill: Callable[[], None]) -> list[tuple[int, str]]:
+    """``CLIENTS`` slow streams through ``m``; ``kill`` once each holds its first event; how
+    each one ended."""
+    started = threading.Barrier(CLIENTS + 1)
+    seen: list[tuple[int, str]] = []
+    threads = [threading.Thread(target=lambda: seen.append(_stream(m.http_url, True, started)))
+               for _ in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    started.wait(timeout=120)  # each client holds its first event
+    kill()
+    for t in threads:
+        t.join(timeout=120)
+    return seen
+
+
 def _count(m: RunningMmguard, code: str) -> float:
     return m.telemetry.registry.get_sample_value("mmguard_requests_total", {
         "model": "tiny-llama", "backend": "llama", "front": "openai", "code": code}) or 0.0
@@ -75,16 +94,7 @@ def test_vllm_killed_mid_run(vllm_models: dict[str, Path], tmp_path: Path) -> No
             assert _stream(m.http_url, False, None) == (200, "done"), errors
             assert _count(m, "ok") == 1
             exporter.clear()
-            started = threading.Barrier(CLIENTS + 1)
-            seen: list[tuple[int, str]] = []
-            threads = [threading.Thread(target=lambda: seen.append(
-                _stream(m.http_url, True, started))) for _ in range(CLIENTS)]
-            for t in threads:
-                t.start()
-            started.wait(timeout=120)  # each client holds its first event
-            doomed.kill()
-            for t in threads:
-                t.join(timeout=120)
+            seen = _streams_through(m, doomed.kill)
             after = [_stream(m.http_url, False, None) for _ in range(4)]
             spans = [s for s in exporter.get_finished_spans()
                      if s.kind == trace.SpanKind.SERVER]
@@ -128,9 +138,6 @@ def test_vllm_engine_killed_mid_stream_counts_as_broken(vllm_models: dict[str, P
     event (``EngineCore encountered an issue``) and ``[DONE]``. The client gets that event as
     vLLM sent it, and the call counts as ``stream_broken``: it counted ``ok`` (the stream ended
     cleanly, as far as the transport could tell)."""
-    import os
-    import signal
-
     doomed = VllmServer(vllm_models["tiny-llama"], "tiny-llama", log_path=tmp_path / "v.log")
     doomed.start()
     try:
@@ -138,16 +145,8 @@ def test_vllm_engine_killed_mid_stream_counts_as_broken(vllm_models: dict[str, P
                "models": [{"name": "tiny-llama", "backend": "llama"}]}
         with RunningMmguard(cfg) as m:
             m.wait_ready(timeout=120)
-            started = threading.Barrier(CLIENTS + 1)
-            seen: list[tuple[int, str]] = []
-            threads = [threading.Thread(target=lambda: seen.append(
-                _stream(m.http_url, True, started))) for _ in range(CLIENTS)]
-            for t in threads:
-                t.start()
-            started.wait(timeout=120)  # each client holds its first event
-            os.kill(_engine_core(doomed), signal.SIGKILL)
-            for t in threads:
-                t.join(timeout=120)
+            seen = _streams_through(
+                m, lambda: os.kill(_engine_core(doomed), signal.SIGKILL))
             counts = (_count(m, "ok"), _count(m, "stream_broken"))
     finally:
         doomed.stop()
