@@ -266,7 +266,7 @@ class _OrderedStream:
                 except ProxyError as err:
                     # Triton names the request by its id only, before it knows the model
                     await self.out.put(kserve_grpc.stream_error(
-                        err.message, "", kserve_grpc.request_names(body)[1]))
+                        err.message, "", kserve_grpc.request_id(body)))
                     continue
                 call.headers = self.headers
                 call.state[STREAM_MEMORY] = self.memory

@@ -372,13 +372,22 @@ def stream_error(message: str, model: str = "", request_id: str = "") -> bytes:
     return bytes(out.SerializeToString())
 
 
-def request_names(body: bytes) -> tuple[str, str]:
-    """The (model, id) of a request that could not be decoded whole, if protobuf reads them."""
+def request_id(body: bytes) -> str:
+    """The id of a request that was refused while decoding ("" when its fields cannot be
+    walked): its top-level fields only, bounded as the decode's walk is, never a second parse
+    of what was just refused (it may be large, or made of millions of fields)."""
+    found = b""
+    view = memoryview(body)
     try:
-        req = pb.ModelInferRequest.FromString(body)
-    except (DecodeError, ValueError, RecursionError):  # nothing to name
-        return "", ""
-    return req.model_name, req.id
+        for number, tag, value, end in pbwire.fields(view, pbwire.Budget(MAX_FIELDS)):
+            if number == 3 and pbwire.wire_type_at(view, tag) == pbwire.LEN:
+                found = body[value:end]  # ModelInferRequest.id; the last one wins, as protobuf's
+    except pbwire.WireError:
+        return ""
+    try:
+        return found.decode()
+    except UnicodeDecodeError:
+        return ""
 
 
 def params_from_pb(params: Any) -> dict[str, Any]:

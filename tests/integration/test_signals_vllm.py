@@ -10,7 +10,8 @@ import json
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,21 @@ def _streams_through(m: RunningMmguard, kill: Callable[[], None]) -> list[tuple[
     return seen
 
 
+@contextmanager
+def _doomed(models: dict[str, Path], tmp: Path) -> Iterator[tuple[VllmServer, RunningMmguard]]:
+    """A vLLM of its own (the test kills it) and a mmguard in front of it, ready."""
+    doomed = VllmServer(models["tiny-llama"], "tiny-llama", log_path=tmp / "v.log")
+    doomed.start()
+    try:
+        cfg = {"backends": [{"kind": "vllm", "name": "llama", "url": doomed.url}],
+               "models": [{"name": "tiny-llama", "backend": "llama"}]}
+        with RunningMmguard(cfg) as m:
+            m.wait_ready(timeout=120)
+            yield doomed, m
+    finally:
+        doomed.stop()
+
+
 def _count(m: RunningMmguard, code: str) -> float:
     return m.telemetry.registry.get_sample_value("mmguard_requests_total", {
         "model": "tiny-llama", "backend": "llama", "front": "openai", "code": code}) or 0.0
@@ -84,22 +100,13 @@ def _count(m: RunningMmguard, code: str) -> float:
 
 def test_vllm_killed_mid_run(vllm_models: dict[str, Path], tmp_path: Path) -> None:
     exporter = span_exporter()
-    doomed = VllmServer(vllm_models["tiny-llama"], "tiny-llama", log_path=tmp_path / "v.log")
-    doomed.start()
-    try:
-        cfg = {"backends": [{"kind": "vllm", "name": "llama", "url": doomed.url}],
-               "models": [{"name": "tiny-llama", "backend": "llama"}]}
-        with RunningMmguard(cfg) as m:
-            m.wait_ready(timeout=120)
-            assert _stream(m.http_url, False, None) == (200, "done"), errors
-            assert _count(m, "ok") == 1
-            exporter.clear()
-            seen = _streams_through(m, doomed.kill)
-            after = [_stream(m.http_url, False, None) for _ in range(4)]
-            spans = [s for s in exporter.get_finished_spans()
-                     if s.kind == trace.SpanKind.SERVER]
-    finally:
-        doomed.stop()
+    with _doomed(vllm_models, tmp_path) as (doomed, m):
+        assert _stream(m.http_url, False, None) == (200, "done"), errors
+        assert _count(m, "ok") == 1
+        exporter.clear()
+        seen = _streams_through(m, doomed.kill)
+        after = [_stream(m.http_url, False, None) for _ in range(4)]
+        spans = [s for s in exporter.get_finished_spans() if s.kind == trace.SpanKind.SERVER]
     assert sorted(seen) == [(200, "error event")] * CLIENTS, seen
     assert after == [(503, "no stream")] * 4, after
     # the metric says what the clients saw
@@ -138,18 +145,9 @@ def test_vllm_engine_killed_mid_stream_counts_as_broken(vllm_models: dict[str, P
     event (``EngineCore encountered an issue``) and ``[DONE]``. The client gets that event as
     vLLM sent it, and the call counts as ``stream_broken``: it counted ``ok`` (the stream ended
     cleanly, as far as the transport could tell)."""
-    doomed = VllmServer(vllm_models["tiny-llama"], "tiny-llama", log_path=tmp_path / "v.log")
-    doomed.start()
-    try:
-        cfg = {"backends": [{"kind": "vllm", "name": "llama", "url": doomed.url}],
-               "models": [{"name": "tiny-llama", "backend": "llama"}]}
-        with RunningMmguard(cfg) as m:
-            m.wait_ready(timeout=120)
-            seen = _streams_through(
-                m, lambda: os.kill(_engine_core(doomed), signal.SIGKILL))
-            counts = (_count(m, "ok"), _count(m, "stream_broken"))
-    finally:
-        doomed.stop()
+    with _doomed(vllm_models, tmp_path) as (doomed, m):
+        seen = _streams_through(m, lambda: os.kill(_engine_core(doomed), signal.SIGKILL))
+        counts = (_count(m, "ok"), _count(m, "stream_broken"))
     assert sorted(seen) == [(200, "error event")] * CLIENTS, seen
     assert any("EngineCore" in e for e in errors), errors  # vLLM's own words reached them
     assert counts == (0, CLIENTS), counts

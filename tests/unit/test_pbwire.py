@@ -234,3 +234,20 @@ def test_stream_error_messages_are_bounded() -> None:
     sent = pb.ModelStreamInferResponse.FromString(kserve_grpc.stream_error("m" * 10**6))
     assert len(sent.error_message) == MAX_MESSAGE_CHARS
     assert sent.error_message.endswith(" more characters]")
+
+
+def test_a_refused_stream_request_is_named_by_a_bounded_walk() -> None:
+    """``kserve_grpc.request_id``: a stream's refused request named by its id (Triton's error
+    answer carries it) without a second parse of what was just refused: the id of a request, ""
+    for a broken one, and "" for one of more top-level fields than the decode's walk allows."""
+    from proxy.pb import grpc_service_pb2 as pb
+    from proxy.wire import kserve_grpc
+
+    req = pb.ModelInferRequest(model_name="m", id="req-7")
+    req.inputs.add(name="x", datatype="FP32", shape=[1])
+    req.raw_input_contents.append(b"\0" * 4)
+    body = req.SerializeToString()
+    assert kserve_grpc.request_id(body) == "req-7"
+    assert kserve_grpc.request_id(body[:-2]) == ""  # the last field runs past the end
+    many = b"\x1a\x00" * (kserve_grpc.MAX_FIELDS + 1) + b"\x1a\x01z"  # id "", ... then "z"
+    assert kserve_grpc.request_id(many) == ""
