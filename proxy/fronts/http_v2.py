@@ -30,6 +30,7 @@ from proxy.engine.dataplane import DataPlane, refused_extension
 from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
 from proxy.fronts.body import BodyBounds, body_bounds, decoded, read_json, read_raw
 from proxy.fronts.openai import OpenAIFront, drop_connection
+from proxy.fronts.openai_refusals import speaks_vllm, vllm_miss
 from proxy.shm import fronts
 from proxy.shm.peer import Connection
 from proxy.shm.regions import Budget, SharedMemory, uses_shared_memory
@@ -117,12 +118,20 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPRequestEntityTooLarge as exc:
         return error_response(LocalReply(ErrorKind.TOO_LARGE, f"request body too large: {exc}"))
     except web.HTTPNotFound:
+        if speaks_vllm(request.path):
+            return await vllm_miss(request, 404)
         return error_response(LocalReply(ErrorKind.NOT_FOUND,  # Triton's words first
                                          f"Not Found: no such endpoint: {request.method} "
                                          f"{request.path}"))
-    except web.HTTPMethodNotAllowed:
-        return web.json_response({"error": f"method {request.method} not allowed on "
-                                           f"{request.path}"}, status=405)
+    except web.HTTPMethodNotAllowed as exc:  # HEAD too: neither server's GET routes take it
+        if speaks_vllm(request.path):
+            return await vllm_miss(request, 405, frozenset(exc.allowed_methods))
+        return web.Response(  # Triton's words first; its 405 has no Allow, RFC 9110 wants one
+            body=_compact({"error": f"Method Not Allowed: {request.method} is not served on "
+                                    f"{request.path}"}).encode(), status=405,
+            headers={"mmguard-error-origin": "mmguard",
+                     "Allow": ", ".join(sorted(exc.allowed_methods))},
+            content_type="application/json", charset="utf-8")
 
 
 class HttpFront:
@@ -140,10 +149,10 @@ class HttpFront:
         app = web.Application(client_max_size=self.max_request_bytes, middlewares=[_errors])
         self.openai.register(app)
         r = app.router
-        r.add_get("/v2/health/live", self.live)
-        r.add_get("/v2/health/ready", self.ready)
-        r.add_get("/v2", self.server_metadata)
-        r.add_get("/v2/models/stats", self.stats)
+        r.add_get("/v2/health/live", self.live, allow_head=False)
+        r.add_get("/v2/health/ready", self.ready, allow_head=False)
+        r.add_get("/v2", self.server_metadata, allow_head=False)
+        r.add_get("/v2/models/stats", self.stats, allow_head=False)
         r.add_post("/v2/repository/index", self.repository_index)
         r.add_post("/v2/repository/models/{model}/load", self.repository_load)
         r.add_post("/v2/repository/models/{model}/unload", self.repository_unload)
@@ -152,10 +161,10 @@ class HttpFront:
         for base in bases:  # first: aiohttp tries these patterns in order, infer is the hot one
             r.add_post(base + "/infer", self.infer)
         for base in bases:
-            r.add_get(base, self.model_metadata)
-            r.add_get(base + "/ready", self.model_ready)
-            r.add_get(base + "/config", self.model_config)
-            r.add_get(base + "/stats", self.stats)
+            r.add_get(base, self.model_metadata, allow_head=False)
+            r.add_get(base + "/ready", self.model_ready, allow_head=False)
+            r.add_get(base + "/config", self.model_config, allow_head=False)
+            r.add_get(base + "/stats", self.stats, allow_head=False)
         fronts.add_http_routes(r, self.shm)
         for path, extension in (("/v2/trace/setting", "trace"),
                                 ("/v2/models/{model}/trace/setting", "trace"),

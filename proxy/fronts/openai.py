@@ -108,16 +108,16 @@ class OpenAIFront:
 
     def register(self, app: web.Application) -> None:
         r = app.router
-        r.add_get("/v1/models", self.models)
+        r.add_get("/v1/models", self.models, allow_head=False)
         for endpoint in openai.INFERENCE:
             r.add_post(endpoint, self._infer_handler(endpoint))
         r.add_post(openai.TOKENIZE, self.tokenize)
         r.add_post(openai.DETOKENIZE, self.tokenize)
-        r.add_get("/health", self.health)
+        r.add_get("/health", self.health, allow_head=False)
         r.add_route("*", "/ping", self.health)
-        r.add_get("/version", self.version)
-        r.add_get("/tokenizer_info", self.backend_scoped)
-        r.add_get("/v1/responses/{response_id}", self.backend_scoped)
+        r.add_get("/version", self.version, allow_head=False)
+        r.add_get("/tokenizer_info", self.backend_scoped, allow_head=False)
+        r.add_get("/v1/responses/{response_id}", self.backend_scoped, allow_head=False)
         r.add_post("/v1/responses/{response_id}/cancel", self.backend_scoped)
         register_refusals(r)
         app.on_cleanup.append(self._close)

@@ -1,4 +1,5 @@
-"""vLLM endpoints mmguard does not proxy, each answered with the reason instead of a bare 404.
+"""vLLM endpoints mmguard does not proxy, each answered with the reason instead of a bare 404;
+and what a path or method no route serves gets on vLLM's paths: vLLM's own answer.
 
 Two kinds: endpoints whose inputs mmguard's guards do not read (a client could send through them
 what the proxied endpoints refuse: remote media, documents, batches the filters never see), and
@@ -7,9 +8,11 @@ endpoints that control or describe the model server's internals (never a client'
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.web_urldispatcher import MatchInfoError
 
 from proxy.errors import STATUS, ErrorKind
 from proxy.wire import openai
@@ -64,3 +67,42 @@ def _refusal(kind: ErrorKind, reason: str) -> Callable[[web.Request], Awaitable[
                                  status=STATUS[kind].http,
                                  headers={"mmguard-error-origin": "mmguard"})
     return refuse
+
+
+_VLLM_TOP = frozenset({openai.TOKENIZE, openai.DETOKENIZE, openai.POOLING, openai.INVOCATIONS,
+                       "/health", "/ping", "/version", "/tokenizer_info"}
+                      | {path for path in NOT_PROXIED if not path.startswith("/v1/")})
+
+
+def speaks_vllm(path: str) -> bool:
+    """Whether a path is vLLM's (``/v1/...`` and vLLM's own top-level endpoints): what no
+    route serves there is answered as vLLM (FastAPI) answers it; elsewhere as Triton does."""
+    path = path.rstrip("/")
+    return path == "/v1" or path.startswith("/v1/") or path in _VLLM_TOP
+
+
+async def vllm_miss(request: web.Request, status: int,
+                    allowed: frozenset[str] = frozenset()) -> web.Response:
+    """A vLLM path no route serves, as vLLM answers it: a method the path does not take is
+    ``405 {"detail":"Method Not Allowed"}`` with ``Allow`` (HEAD included: vLLM's GET routes
+    do not take it); an unknown path ``404 {"detail":"Not Found"}``, unless the same path with
+    its trailing slash toggled is served: then a ``307`` there, as vLLM redirects it."""
+    headers = {"mmguard-error-origin": "mmguard"}
+    if status == 405:
+        return web.json_response({"detail": "Method Not Allowed"}, status=405, dumps=_compact,
+                                 headers={**headers, "Allow": ", ".join(sorted(allowed))})
+    path = request.path
+    if path != "/":
+        other = path[:-1] if path.endswith("/") else path + "/"
+        match = await request.app.router.resolve(request.clone(rel_url=request.rel_url
+                                                               .with_path(other)))
+        if not isinstance(match, MatchInfoError) or match.http_exception.status == 405:
+            location = request.url.with_path(other).with_query(request.query_string)
+            return web.Response(status=307, headers={**headers, "Location": str(location)})
+    return web.json_response({"detail": "Not Found"}, status=404, dumps=_compact,
+                             headers=headers)
+
+
+def _compact(doc: object) -> str:
+    """JSON as FastAPI writes it: no spaces."""
+    return json.dumps(doc, separators=(",", ":"))

@@ -155,13 +155,13 @@ def add_http_routes(router: web.UrlDispatcher, shm: SharedMemory) -> None:
         return run
 
     router.add_post(base + "/region/{name}/register", counted("register", register))
-    router.add_get(base + "/status", counted("status", status))
-    router.add_get(base + "/region/{name}/status", counted("status", status))
+    router.add_get(base + "/status", counted("status", status), allow_head=False)
+    router.add_get(base + "/region/{name}/status", counted("status", status), allow_head=False)
     router.add_post(base + "/unregister", counted("unregister", unregister))
     router.add_post(base + "/region/{name}/unregister", counted("unregister", unregister))
     router.add_post("/v2/cudasharedmemory/region/{name}/register", _cuda_register)
-    router.add_get("/v2/cudasharedmemory/status", _cuda_status)
-    router.add_get("/v2/cudasharedmemory/region/{name}/status", _cuda_status)
+    router.add_get("/v2/cudasharedmemory/status", _cuda_status, allow_head=False)
+    router.add_get("/v2/cudasharedmemory/region/{name}/status", _cuda_status, allow_head=False)
     router.add_post("/v2/cudasharedmemory/unregister", _cuda_unregister)
     router.add_post("/v2/cudasharedmemory/region/{name}/unregister", _cuda_unregister)
 

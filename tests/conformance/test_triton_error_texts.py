@@ -380,3 +380,35 @@ def test_bytes_framing_in_a_region_in_tritons_words(shm_client: Shm) -> None:
     x.set_shared_memory(name, len(raw))
     message = fails(s.code("invalid"), s.client.infer, "identity_bytes", [x])
     assert message.startswith(words), message
+
+
+MISSES = [("GET", "/v2/models/small_fp32/infer"), ("PUT", "/v2/models/small_fp32/infer"),
+          ("HEAD", "/v2/health/live"), ("HEAD", "/v2/models/small_fp32"),
+          ("POST", "/v2/health/ready"), ("DELETE", "/v2"), ("OPTIONS", "/v2/models/stats"),
+          ("GET", "/v2/repository/index"), ("HEAD", "/v2/systemsharedmemory/status"),
+          ("GET", "/v2/"), ("POST", "/v2/models/small_fp32/infer/"), ("GET", "/nope")]
+
+
+@pytest.mark.parametrize(("method", "path"), MISSES)
+def test_a_path_or_method_not_served_reads_as_tritons(target: Target, method: str,
+                                                      path: str) -> None:
+    """Triton's status, and its words first: 405 ``Method Not Allowed`` (HEAD included, with
+    no body), 404 ``Not Found``; mmguard's 405 adds the Allow header Triton leaves out."""
+    import http.client
+    host, port = target.http_url.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request(method, path, body=b"{}" if method in ("POST", "PUT") else None)
+        r = conn.getresponse()
+        status, body, allow = r.status, r.read(), r.getheader("Allow")
+    finally:
+        conn.close()
+    lead = "Not Found" if path in ("/v2/", "/nope") or path.endswith("/") else (
+        "Method Not Allowed")
+    assert status == (404 if lead == "Not Found" else 405), (status, body)
+    if method == "HEAD":
+        assert body == b""
+    else:
+        assert json.loads(body)["error"].startswith(lead), body
+    if target.via_mmguard and status == 405:
+        assert allow and method not in allow, allow

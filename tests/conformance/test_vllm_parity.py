@@ -552,3 +552,37 @@ def test_a_mistake_mmguard_finds_first_reads_as_vllms(side: Side, direct: Side,
     got = answer(side)
     assert got[0] == (200 if case == "completion-with-messages" else 400), got
     same_as_direct(side, direct, f"mistake {case}", got, answer)
+
+
+MISSES = [("HEAD", "/v1/models"), ("HEAD", "/health"), ("HEAD", "/version"),
+          ("GET", "/v1/chat/completions"), ("PUT", "/v1/chat/completions"),
+          ("OPTIONS", "/v1/completions"), ("DELETE", "/v1/models"), ("POST", "/health"),
+          ("GET", "/v1/models/tiny-llava"), ("GET", "/v1/nope"),
+          ("POST", "/v1/chat/completions/"), ("GET", "/v1/models/?x=1"), ("GET", "/health/")]
+
+
+@pytest.mark.parametrize(("method", "path"), MISSES)
+def test_a_path_or_method_not_served_reads_as_vllms(side: Side, direct: Side, method: str,
+                                                     path: str) -> None:
+    """What FastAPI answers where no route serves: 405 with Allow (HEAD included), 404
+    ``{"detail":"Not Found"}``, 307 to the path with its trailing slash toggled."""
+    import http.client
+
+    def answer(s: Side) -> tuple[int, bytes, str | None, str | None]:
+        host, port = s.llava.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        try:
+            conn.request(method, path, body=b"{}" if method in ("POST", "PUT") else None,
+                         headers={"Content-Type": "application/json"})
+            r = conn.getresponse()
+            location = r.getheader("Location")
+            return (r.status, r.read(), r.getheader("Allow"),
+                    location and location.replace(s.llava, "BASE"))
+        finally:
+            conn.close()
+
+    got = answer(side)
+    assert got[0] in (307, 404, 405), got
+    if got[0] == 405:
+        assert got[2], got  # the methods it does take
+    same_as_direct(side, direct, f"miss {method} {path}", got, answer)
