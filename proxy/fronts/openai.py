@@ -46,7 +46,7 @@ from proxy.wire.media_urls import HostAllowList
 from proxy.wire.openai_parts import UrlSite
 
 log = logging.getLogger("mmguard.openai")
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
 _RESPONSE_ID = re.compile(r"[A-Za-z0-9_-]{1,200}")  # nothing that could change the path

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
+from pydantic import TypeAdapter, ValidationError
 
 from proxy.call import Api, Call, Wire
 from proxy.errors import STATUS, ErrorKind, ProxyError
@@ -68,17 +69,25 @@ class MediaPolicy:
     max_remote: int = 8
 
 
+_PROMPT = TypeAdapter(list[int] | list[list[int]] | str | list[str])
+"""vLLM's type for a prompt, read as its request model reads it (pydantic, lax): a token id
+may come as ``true``, ``1.0`` or ``"1"``, and vLLM serves it."""
+
+
 def _check_prompt(prompt: Any, key: str = "prompt") -> None:
     """A string, a list of strings, a list of token ids, or a list of such lists (vLLM)."""
     def ids(x: Any) -> bool:
-        return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool)
-                                           for t in x)
+        return isinstance(x, list) and all(type(t) is int for t in x)
     if isinstance(prompt, str) or ids(prompt):
         return
     if isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt)
                                                 or all(ids(p) for p in prompt)):
         return
-    raise bad(f"'{key}' must be a string, a list of strings or a list of token ids", key)
+    try:  # what vLLM's lax reading takes (a bool or a float as a token id) is served
+        _PROMPT.validate_python(prompt)
+    except ValidationError:
+        raise bad(f"'{key}' must be a string, a list of strings or a list of token ids",
+                  key) from None
 
 
 def bad(message: str, param: str | None = None) -> ProxyError:

@@ -4,9 +4,12 @@ request goes on and vLLM refuses it in its own words)."""
 
 from __future__ import annotations
 
+import json
+
 import pydantic
 import pytest
 
+from proxy.errors import ProxyError
 from proxy.wire.openai import parse_request, streaming
 
 VALUES: list[object] = [
@@ -28,3 +31,27 @@ def test_the_call_takes_it() -> None:
     body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": "false"}'
     assert parse_request(body, "chat").streaming is False
     assert parse_request(body.replace(b'"false"', b'"on"'), "chat").streaming is True
+
+
+PROMPTS: list[object] = [
+    "a", ["a", "b"], [1, 2], [[1], [2, 3]], [True, 2.0, "3"], [[False]], [], [[]], [1.5],
+    ["a", 1], [None], 5, None, {"a": 1}, [[1], "a"], ["１"], [" 7 "], [1e20]]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS, ids=repr)
+def test_a_prompt_is_refused_only_where_vllms_model_refuses_it(prompt: object) -> None:
+    """vLLM's own type for ``prompt`` (its token ids are non-negative ints, read lax)."""
+    vllm_type = pydantic.TypeAdapter(list[int] | list[list[int]] | str | list[str] | None)
+    try:
+        vllm_type.validate_python(prompt)
+        served = prompt is not None  # vLLM's model takes null; then it asks for a prompt
+    except pydantic.ValidationError:
+        served = False
+    body = json.dumps({"model": "m", "prompt": prompt}).encode()
+    try:
+        parse_request(body, "/v1/completions")
+        ours = True
+    except ProxyError as err:
+        assert "prompt" in str(err)
+        ours = False
+    assert ours is served
