@@ -160,7 +160,7 @@ class Tensor:
         """Raise INVALID_ARGUMENT unless the payload matches shape × datatype. ``request``: the
         (model, request id) of a client's request, so a BYTES input's framing is refused in
         Triton's words."""
-        self.check_shape()
+        self.check_shape(request)
         if self.raw is None:
             return
         size = itemsize(self.datatype)
@@ -175,8 +175,10 @@ class Tensor:
                 f"{expected} bytes, got {len(self.raw)}",
             )
 
-    def check_shape(self) -> None:
-        """Raise INVALID_ARGUMENT unless datatype and shape are ones mmguard passes on."""
+    def check_shape(self, request: tuple[str, str] | None = None) -> None:
+        """Raise INVALID_ARGUMENT unless datatype and shape are ones mmguard passes on.
+        ``request``: the (model, request id) of a client's request, so a negative dim is
+        refused with Triton's phrase first."""
         if self.datatype not in DATATYPES:
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                              f"input '{self.name}': unknown datatype '{self.datatype}'")
@@ -185,8 +187,13 @@ class Tensor:
                              f"input '{self.name}': shape has {len(self.shape)} dims; mmguard "
                              f"takes at most {MAX_RANK}")
         if any(d < 0 for d in self.shape):
+            shown = f"shape {list(self.shape)} has a negative dim"
+            if request is not None:
+                model, rid = request
+                shown = (f"[request id: {rid or '<id_unknown>'}] unexpected shape for input "
+                         f"'{self.name}' for model '{model}': {shown}")
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                             f"input '{self.name}': shape {list(self.shape)} has a negative dim")
+                             shown if request is not None else f"input '{self.name}': {shown}")
         if any(d > MAX_DIM for d in self.shape):
             # No array (numpy, ONNX Runtime, Triton) takes such a dim, even with 0 elements.
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,

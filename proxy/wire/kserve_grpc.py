@@ -54,10 +54,10 @@ def decode_request(body: bytes, shared_memory: bool = False) -> Call:
 def _call_from(req: pb.ModelInferRequest, raws: list[memoryview],
                contents: dict[int, list[memoryview]], body: bytes, shared_memory: bool) -> Call:
     in_regions = sum(1 for inp in req.inputs if "shared_memory_region" in inp.parameters)
-    if raws and len(raws) != len(req.inputs) - in_regions:
+    if raws and len(raws) < len(req.inputs) - in_regions:  # more: Triton reads the first ones
         raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                          f"request has {len(req.inputs) - in_regions} inputs outside shared "
-                         f"memory but {len(raws)} raw_input_contents; they must match one to one")
+                         f"memory but {len(raws)} raw_input_contents; each needs one")
     inputs = []
     next_raw = 0
     for i, inp in enumerate(req.inputs):
@@ -79,7 +79,8 @@ def _call_from(req: pb.ModelInferRequest, raws: list[memoryview],
             check_byte_size(t, req.model_name, req.id)
             t.check_payload((req.model_name, req.id))
         elif i in contents:
-            t.check_shape()  # the element count the contents are held to must be a real one
+            # the element count the contents are held to must be a real one
+            t.check_shape((req.model_name, req.id))
             # Counted against the shape while converted: the raw form fits it by construction.
             t.raw = typed_contents.contents_to_raw(t.name, t.datatype, t.shape, contents[i],
                                                    req.model_name, req.id)

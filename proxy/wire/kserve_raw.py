@@ -113,7 +113,7 @@ _NO_ID = "[request id: <id_unknown>] "
 def check_byte_size(t: Tensor, model: str, request_id: str = "") -> None:
     """A fixed-size datatype's bytes against its shape, refused as Triton's core refuses them
     (raw_input_contents, binary_data_size, and the raw form alike)."""
-    t.check_shape()
+    t.check_shape((model, request_id))
     size = itemsize(t.datatype)
     if t.raw is not None and size is not None and len(t.raw) != t.elements * size:
         raise bad(f"[request id: {request_id or '<id_unknown>'}] input byte size mismatch for "

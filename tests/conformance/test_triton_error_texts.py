@@ -224,6 +224,13 @@ def _infer(version: str = "", model: str = "small_fp32", raw: bytes | None = X16
     return req
 
 
+def _shaped(shape: list[int], raws: int = 1) -> pb.ModelInferRequest:
+    req = pb.ModelInferRequest(model_name="small_fp32")
+    req.inputs.add(name="x", datatype="FP32", shape=shape)
+    req.raw_input_contents.extend([X16] * raws)
+    return req
+
+
 def _bytes_infer(shape: list[int], raw: bytes) -> pb.ModelInferRequest:
     req = pb.ModelInferRequest(model_name="identity_bytes")
     req.inputs.add(name="INPUT0", datatype="BYTES", shape=shape)
@@ -293,6 +300,9 @@ GRPC_CASES: dict[str, tuple[str, object, grpc.StatusCode, str]] = {
     "raw-short": ("ModelInfer", _infer(raw=X16[:60]), grpc.StatusCode.INVALID_ARGUMENT,
                   "[request id: <id_unknown>] input byte size mismatch for input 'x' for "
                   "model 'small_fp32'. Expected 64, got 60"),
+    "negative-dim": ("ModelInfer", _shaped([1, -16]), grpc.StatusCode.INVALID_ARGUMENT,
+                     "[request id: <id_unknown>] unexpected shape for input 'x' for model "
+                     "'small_fp32'"),
     "no-data": ("ModelInfer", _infer(raw=None), grpc.StatusCode.INVALID_ARGUMENT,
                 "unable to find data for input tensor 'x' for model 'small_fp32' in request."),
     "shm-status-unknown": ("SystemSharedMemoryStatus",
@@ -412,3 +422,17 @@ def test_a_path_or_method_not_served_reads_as_tritons(target: Target, method: st
         assert json.loads(body)["error"].startswith(lead), body
     if target.via_mmguard and status == 405:
         assert allow and method not in allow, allow
+
+
+def test_more_raw_contents_than_inputs_are_served_as_triton_serves_them(target: Target) -> None:
+    """Triton reads an input's bytes from the raw_input_contents in order and leaves any more
+    unread; mmguard refused them, a call Triton serves."""
+    with grpc.insecure_channel(target.grpc_url) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        one, three = (pb.ModelInferResponse.FromString(call(
+            _shaped([1, 16], raws=n).SerializeToString(), timeout=30))
+            for n in (1, 3))
+    assert list(three.outputs[0].shape) == [1, 16]
+    assert np.frombuffer(three.raw_output_contents[0], np.float32).tolist() == \
+        np.frombuffer(one.raw_output_contents[0], np.float32).tolist() == \
+        (np.frombuffer(X16, np.float32) * 2).tolist()  # the test model doubles its input
