@@ -56,7 +56,7 @@ def gap(triton: TritonServer, requests: int) -> dict[str, dict[str, float]]:
                {"name": "canary_chaos", "backend": "triton", "backend_model": "clip_demo",
                 "filters": [{"fault": {"experiments": [CHAOS]}}]},
                {"name": "canary_plain", "backend": "triton", "backend_model": "clip_demo",
-                "filters": []}]}
+                "internal": False, "filters": []}]}  # warmed up directly
     out = {}
     with RunningMmguard(cfg) as m:
         m.wait_ready(timeout=60)

@@ -141,6 +141,9 @@ class ConfigReferences:
     files: tuple[tuple[str, Path], ...] = ()
     """(option, path): files the filter reads when built; each must exist (``load_config``
     with ``check_files``)."""
+    internal: tuple[str, ...] = ()
+    """Routes only this filter's own calls should reach (a shadow's canary): not served to
+    clients unless the route says ``internal: false``."""
     unique_names: tuple[tuple[str, str], ...] = ()
     """(kind, name): names that must be unique in the whole config, e.g. fault experiments,
     which are process-wide."""

@@ -3,7 +3,8 @@
 
 - ``AgreementEvidence``: effective agreement = agreement / self-agreement (the noise floor),
   both bounded by confidence sequences, the floor's uncertainty carried through the ratio:
-  lower = L(agreement) / U(self), upper = U(agreement) / L(self).
+  lower = L(agreement) / U(self), upper = U(agreement) / L(self). A promote also needs the
+  floor itself shown at least ``min_self_agreement`` (``steady``).
 - ``LatencyEvidence``: canary vs production latency as distributions. The centre: a sequential
   sign test on pairs (one request, both sides) of ``P(canary > max(ratio × production,
   production + min_effect))`` against ½ (the probability of superiority, the Mann-Whitney
@@ -100,6 +101,17 @@ class AgreementEvidence:
         """The primary is shown to agree with itself less than ``min_self``."""
         return self.noise and self._self("upper", self._levels(lv).abort, self.self_agreed,
                                          self.self_n) < min_self
+
+    def steady(self, lv: Levels, min_self: float) -> bool:
+        """The primary is shown to agree with itself at least ``min_self`` (the lower bound, at
+        the false-promote rate): only then does the floor say how much agreement a good canary
+        can reach. Without it a floor estimated low (a noisy primary, or faults on its copies)
+        would lower the promote bar to what a bad canary reaches."""
+        return not self.noise or self.self_lower(lv) >= min_self
+
+    def self_lower(self, lv: Levels) -> float:
+        """The self-agreement's lower bound at the false-promote rate (1 without a floor)."""
+        return self._self("lower", self._levels(lv).promote, self.self_agreed, self.self_n)
 
     def figures(self, lv: Levels) -> dict[str, Any]:
         lv = self._levels(lv)

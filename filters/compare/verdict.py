@@ -56,7 +56,8 @@ class VerdictConfig(Strict):
     """Judge the canary against what the primary agrees with itself (``Verdict.add_noise``)."""
     min_self_agreement: float = Field(0.5, ge=0, le=1)
     """A primary shown to agree with itself less than this cannot tell a good canary from a bad
-    one: the verdict holds (never promotes; aborts on latency only)."""
+    one: the verdict holds (never promotes; aborts on latency only). A promote needs the
+    primary shown to agree with itself at least this much (its lower bound)."""
 
     @model_validator(mode="after")
     def _ordered(self) -> VerdictConfig:
@@ -201,7 +202,7 @@ class Verdict:
 
     def _promotes(self) -> bool:
         lv, a, lat = self.levels(), self.agreement, self.latency
-        if not a.promotes(lv) or a.blind(lv, self.cfg.min_self_agreement):
+        if not a.promotes(lv) or not a.steady(lv, self.cfg.min_self_agreement):
             return False
         return lat is None or (lat.n > 0 and lat.centre_promotes(lv.promote))
 
@@ -240,6 +241,13 @@ class Verdict:
         if a.blind(lv, cfg.min_self_agreement):
             out.append(f"the primary agrees with itself at most {f['self_agreement']['upper']:.1%}"
                        f" (< {cfg.min_self_agreement:.1%}): comparisons cannot judge the canary")
+        elif a.promotes(lv) and not a.steady(lv, cfg.min_self_agreement):
+            s = f["self_agreement"]
+            out.append(f"the primary agrees with itself {s['estimate'] or 0:.1%} over "
+                       f"{s['samples']} noise-floor samples, lower bound "
+                       f"{a.self_lower(lv):.1%} (false-promote rate {f['beta']:.2g}): a "
+                       f"promote needs it shown ≥ {cfg.min_self_agreement:.1%} (the floor "
+                       f"sets how much agreement a good canary can reach)")
         elif not a.promotes(lv) and f["estimate"] is not None:
             out.append(f"effective agreement {f['estimate']:.2%}, anytime bounds "
                        f"{f['lower']:.2%} to {f['upper']:.2%}: promote needs the lower bound ≥ "

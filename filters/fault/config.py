@@ -36,15 +36,19 @@ class ActionBase(Strict):
         return self.name or self.what
 
 
+MAX_DELAY_MS = 600_000.0
+"""The longest delay an action may give (10 minutes: longer than any deadline it would test)."""
+
+
 class Delay(ActionBase):
     kind: Literal["delay"]
-    ms: float | None = Field(None, ge=0)
+    ms: float | None = Field(None, ge=0, le=MAX_DELAY_MS)
     """A fixed delay."""
-    mean_ms: float | None = Field(None, ge=0)
-    std_ms: float = Field(0.0, ge=0)
-    """Normal(mean_ms, std_ms), cut at 0 (the seeds' 50 ± 15 ms)."""
-    min_ms: float | None = Field(None, ge=0)
-    max_ms: float | None = Field(None, ge=0)
+    mean_ms: float | None = Field(None, ge=0, le=MAX_DELAY_MS)
+    std_ms: float = Field(0.0, ge=0, le=MAX_DELAY_MS)
+    """Normal(mean_ms, std_ms), cut at 0 (the seeds' 50 ± 15 ms) and at ``MAX_DELAY_MS``."""
+    min_ms: float | None = Field(None, ge=0, le=MAX_DELAY_MS)
+    max_ms: float | None = Field(None, ge=0, le=MAX_DELAY_MS)
     """Uniform(min_ms, max_ms)."""
 
     @model_validator(mode="after")
@@ -162,7 +166,7 @@ class OutputFault(ActionBase):
 
 class StreamFault(ActionBase):
     kind: Literal["slow_stream", "cut_stream", "reset"]
-    ms: float = Field(100.0, ge=0)
+    ms: float = Field(100.0, ge=0, le=MAX_DELAY_MS)
     """slow_stream: delay before each event."""
     after_events: int = Field(2, ge=0)
     """cut_stream / reset of a stream: events passed before the cut."""

@@ -15,6 +15,7 @@ from filters.call_keys import FAULTS, OFF_LANE
 from filters.fault import rules
 from filters.fault.admin import ROUTES, experiments_summary
 from filters.fault.config import (
+    MAX_DELAY_MS,
     SEEN,
     Abort,
     ActionBase,
@@ -43,6 +44,8 @@ from proxy.keys import Store
 from proxy.lifecycle import AdminRequest, FilterFactoryBase, Observer, Summary
 
 log = logging.getLogger("mmguard.fault")
+STOP_POLL_S = 0.05
+"""How often an injected wait looks whether its experiment was stopped."""
 
 
 
@@ -149,7 +152,7 @@ class Fault:
                 seconds = self._delay_s(action, _seed(exp.cfg.seed, exp.name, i, key))
                 self._mark(call, exp, action, f"delay {seconds * 1000:.0f} ms")
                 _leave_lane(call)
-                await self.ctx.clock.sleep(seconds)
+                await self._sleep(exp, seconds)
             elif isinstance(action, Abort):
                 tag = self._mark(call, exp, action, "abort")
                 return _abort(action, tag, _shown(call, tag))
@@ -181,7 +184,7 @@ class Fault:
                 tag = self._mark(call, exp, action, _stream_detail(action))
                 if action.kind == "slow_stream":
                     _leave_lane(call)
-                reply.stream = self._faulty_stream(reply.stream, action, tag,
+                reply.stream = self._faulty_stream(reply.stream, exp, action, tag,
                                                    _shown(call, tag))
             elif isinstance(action, OutputFault) and reply.stream is not None:
                 tag = self._mark(call, exp, action, f"{action.kind} on the stream's text")
@@ -193,18 +196,36 @@ class Fault:
         if a.ms is not None:
             ms = a.ms
         elif a.mean_ms is not None:
-            ms = max(0.0, float(rng.normal(a.mean_ms, a.std_ms)))
+            ms = min(max(0.0, float(rng.normal(a.mean_ms, a.std_ms))), MAX_DELAY_MS)
         else:
             assert a.min_ms is not None and a.max_ms is not None
             ms = float(rng.uniform(a.min_ms, a.max_ms))
         return ms / 1000
 
-    async def _faulty_stream(self, items: AsyncIterator[Any], a: StreamFault,
+    async def _sleep(self, exp: Experiment, seconds: float) -> None:
+        """An injected wait, cut short once its experiment stops (the kill switch, a verdict's
+        abort, shutdown): the call then goes on as a clean one. The state is looked at every
+        ``STOP_POLL_S`` (a stop may come from the supervisor of another process)."""
+        left = seconds
+        while left > 0 and self._running(exp):
+            step = min(left, STOP_POLL_S)
+            await self.ctx.clock.sleep(step)
+            left -= step
+
+    def _running(self, exp: Experiment) -> bool:
+        """Whether this run of ``exp`` still runs (a worker's registry takes the supervisor's
+        experiments as new objects)."""
+        now = self.registry.experiments.get(exp.name)
+        return now is not None and now.running and now.started_wall == exp.started_wall
+
+    async def _faulty_stream(self, items: AsyncIterator[Any], exp: Experiment, a: StreamFault,
                              tag: str, shown: str) -> AsyncIterator[Any]:
         n = 0
         async for item in items:
-            if a.kind == "slow_stream":
-                await self.ctx.clock.sleep(a.ms / 1000)
+            if not self._running(exp):  # stopped: the rest of the stream as it comes
+                pass
+            elif a.kind == "slow_stream":
+                await self._sleep(exp, a.ms / 1000)
             elif n >= a.after_events:
                 if a.kind == "cut_stream":
                     yield LocalReply(ErrorKind.UNAVAILABLE, f"stream cut after {n} events"

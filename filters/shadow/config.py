@@ -43,5 +43,6 @@ class ShadowConfig(Strict):
     """Perturbed copies of mirrored calls judged beside clean ones (filters/robustness/)."""
 
     def references(self) -> ConfigReferences:
-        """The canary route (checked at load)."""
-        return ConfigReferences(routes=(("canary", self.canary),))
+        """The canary route (checked at load), internal unless it says otherwise: a client
+        that could call it could load it, and its load would read as the canary's."""
+        return ConfigReferences(routes=(("canary", self.canary),), internal=(self.canary,))

@@ -13,13 +13,7 @@ from opentelemetry.trace import SpanContext
 from prometheus_client import Counter, Gauge
 
 from filters.call_keys import FAULTS, OFF_LANE
-from filters.compare import (
-    Comparison,
-    compare_status,
-    compare_tensors,
-    compare_text,
-    openai_text,
-)
+from filters.compare import Comparison, compare_status, compare_tensors, compare_text, openai_text
 from filters.fault.registry import EXPERIMENTS
 
 # clean-copy correctness and robustness experiments live in their own modules
@@ -31,9 +25,7 @@ from filters.robustness.experiment import (
 )
 from filters.robustness.verdict import ReleaseVerdict
 from filters.shadow.admin import SHADOW_STATES, shadow_routes, verdicts_summary
-from filters.shadow.config import (
-    ShadowConfig,
-)
+from filters.shadow.config import ShadowConfig
 from filters.shadow.copies import (
     Copy,
     HeldBytes,
@@ -46,7 +38,7 @@ from filters.shadow.copies import (
     snapshot,
     stream_text,
 )
-from filters.shadow.replay import UNJUDGED_REASONS, client_caused, content_key_of
+from filters.shadow.replay import UNJUDGED_REASONS, client_caused, content_key_of, shed_here
 from filters.shadow.state import ShadowState
 from proxy.call import (
     BACKEND_S,
@@ -138,7 +130,7 @@ class Shadow:
             "bounds of each test (test: agreement, latency; figure: estimate, lower, upper, "
             "samples; latency = share of pairs slower than the margin).",
             [*labels, "test", "figure"])
-        for reason in ("v2-stream", "queue-full"):  # known values at 0 from the start
+        for reason in ("v2-stream", "queue-full", "fault-backlog"):  # at 0 from the start
             self.m_dropped.labels(ctx.route, cfg.canary, reason)
         for agree in ("true", "false"):
             self.m_compared.labels(ctx.route, cfg.canary, agree)
@@ -245,10 +237,8 @@ class Shadow:
             why = f"queue full ({self.queue.qsize()} copies, {self.held.total} bytes waiting)"
             self.ctx.telemetry.decide(call, "shadow", "dropped", why, treatment=True)
             return
-        item.held = size
-        st.counted(mirrored=1)
-        self.m_mirrored.labels(self.ctx.route, self.cfg.canary).inc()
-        self.ctx.telemetry.decide(call, "shadow", "mirrored", f"to '{self.cfg.canary}'",
+        item.held = size  # mirrored once sent (``_compare``): a replay is not
+        self.ctx.telemetry.decide(call, "shadow", "queued", f"to '{self.cfg.canary}'",
                                   treatment=True)
 
     def _ensure_workers(self) -> None:
@@ -285,11 +275,14 @@ class Shadow:
                 except asyncio.CancelledError:
                     task.cancel()  # the lane ends (reload, shutdown): so does its copy
                     raise
-                if not task.done():
-                    self.waiting.add(task)
-                    task.add_done_callback(self.waiting.discard)
-                    while len(self.waiting) > self.cfg.queue_size:
-                        await asyncio.wait(set(self.waiting), return_when=asyncio.FIRST_COMPLETED)
+                if task.done():
+                    continue
+                if len(self.waiting) >= self.cfg.queue_size:  # never judged: never waited for
+                    task.cancel()
+                    self.m_dropped.labels(self.ctx.route, self.cfg.canary, "fault-backlog").inc()
+                    continue
+                self.waiting.add(task)
+                task.add_done_callback(self.waiting.discard)
             finally:
                 self.queue.task_done()
 
@@ -331,8 +324,13 @@ class Shadow:
         key = await content_key_of(item.call, self.ctx.share_hash.secret)  # a replay: nothing
         if not st.admit(key):
             return
+        st.counted(mirrored=1)
+        self.m_mirrored.labels(self.ctx.route, self.cfg.canary).inc()
         sent = await self._send(item, self.cfg.canary, leave)
         reply, text, faults = sent.reply, sent.text, sent.faults
+        if shed_here(reply):  # load on the canary's route, not what the canary answers
+            st.excused("canary-overload")
+            return
         c = self._judge(item.primary, item.primary_text, reply, text)
         self.m_compared.labels(self.ctx.route, self.cfg.canary, str(c.agree).lower()).inc()
         if not c.agree:
@@ -346,9 +344,10 @@ class Shadow:
         if experiments is not None:
             for route in {self.ctx.route, self.cfg.canary}:
                 experiments.observe_divergence(route, c.agree)
-        if item.noise:
+        if item.noise:  # a fault on either copy: counted, not judged (it is not the floor)
             again = await self._send(item, None, leave)
-            st.noise(self._judge(item.primary, item.primary_text, again.reply, again.text))
+            st.noise(self._judge(item.primary, item.primary_text, again.reply, again.text),
+                     [*item.primary_faults, *again.faults])
         await self._measure_robustness(item, None if faults else (reply, text))  # chaos
 
     async def _measure_robustness(self, item: Copy,

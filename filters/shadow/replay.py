@@ -16,6 +16,9 @@ Rules that MUST hold:
   secret, so no client can craft a collision that hides someone else's request.
 - **Bounded memory.** ``RecentKeys`` remembers the last ``capacity`` keys (at least the verdict's
   window): a key judged longer ago than that has left the window whose evidence it was.
+- **Load is not an answer.** A copy mmguard's own admission sheds on the canary's route
+  (``limits``: 429 / RESOURCE_EXHAUSTED) is counted (``canary-overload``), never judged: a
+  client flooding a canary route it can reach would otherwise abort a good release.
 - **A failure the client caused is not the canary's.** When production fails because of the
   request itself (a deadline shorter than the copy's, a cancellation, its input refused, load
   shed) the copy would be judged against an answer the canary never had a fair chance to
@@ -45,7 +48,8 @@ INPUT_REFUSALS = frozenset({ErrorKind.INVALID_ARGUMENT, ErrorKind.UNPROCESSABLE,
 HASH_INLINE_BYTES = 64 * 1024
 """Requests whose tensors are bigger are hashed off the event loop."""
 
-UNJUDGED_REASONS = ("replay", "deadline", "cancelled", "input-refused", "overload")
+UNJUDGED_REASONS = ("replay", "deadline", "cancelled", "input-refused", "overload",
+                    "canary-overload")
 """Why a call's copy was not judged (``mmguard_shadow_unjudged_total{reason}``)."""
 
 
@@ -99,6 +103,14 @@ def client_caused(call: Call, primary: Reply, copy_timeout_s: float) -> str | No
     if kind in INPUT_REFUSALS:
         return "input-refused"
     return None
+
+
+def shed_here(canary: Reply) -> bool:
+    """The copy was shed by mmguard's own admission on the canary's route (``limits``): that
+    says how loaded the route is, which any caller of it decides (a client too, where the
+    route is not internal), not how the canary answers. A backend's own overload is evidence."""
+    return (isinstance(canary, LocalReply) and canary.kind is ErrorKind.OVERLOADED
+            and canary.origin == "mmguard" and not canary.injected)
 
 
 class RecentKeys:

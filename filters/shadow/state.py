@@ -109,8 +109,13 @@ class ShadowState(Shared):
         self._publish()
 
     @decided
-    def noise(self, c: Comparison) -> None:
-        self.verdict.add_noise(c)
+    def noise(self, c: Comparison, touched: list[str] | None = None) -> None:
+        """One noise-floor sample (production against itself); one a fault touched on either
+        copy is counted, never judged: the floor would read the fault as production's noise."""
+        if touched:
+            self.verdict.exclude(touched)
+        else:
+            self.verdict.add_noise(c)
         self._publish()
 
     @decided

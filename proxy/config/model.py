@@ -198,6 +198,11 @@ class ModelRoute(Strict):
     """Filter chain, outermost first, as ``- <filter>: {options}``; defaults.filters when absent."""
     timeout_s: float | None = Field(None, gt=0)
     """Overall deadline for this model (the client's own deadline still wins when shorter)."""
+    internal: bool | None = None
+    """Served to mmguard's own calls only (a shadow's copies, a fallback, a reroute): clients
+    calling it get the unknown-model answer, and no listing names it. Unset: internal when a
+    shadow names it as its canary (a client that could call the canary could load it, and
+    that load would read as the canary's); ``false`` serves it to clients too."""
 
 
 class Defaults(Strict):
@@ -305,6 +310,12 @@ class Config(Strict):
     def source(self) -> bytes | None:
         """The file's bytes as read when this config was loaded (None when not from a file)."""
         return self._source
+
+    def internal(self, route: ModelRoute) -> bool:
+        """Whether clients may not call ``route`` (``ModelRoute.internal``)."""
+        if route.internal is not None:
+            return route.internal
+        return any(route.name in refs.internal for _, refs in _route_references(self))
 
     def chain(self, route: ModelRoute) -> tuple[FilterSpec, ...]:
         """The route's filters with their typed configs, validated once (``parse_config``

@@ -128,7 +128,7 @@ class DataPlane:
 
     async def model_ready(self, model: str, version: str = "") -> bool:
         version = model_version(version)
-        if self._unservable(model) is not None:
+        if model not in self.runtime.served or self._unservable(model) is not None:
             return False
         return not self.draining and await self.runtime.model_ready(model, version)
 
@@ -207,14 +207,14 @@ class DataPlane:
     def serves(self, model: str) -> bool:
         """Whether ``model`` is one of the current runtime's routes (shared memory is read only
         for a call that has one)."""
-        return model in self.runtime.routes
+        return model in self.runtime.served
 
     def contract(self, model: str, version: str = "") -> ModelContract:
         """The served contract, under the name clients use (raises NOT_FOUND / UNAVAILABLE,
         and INVALID_ARGUMENT for a version Triton would not read), for a version the backend
         has when the client names one."""
         version = model_version(version)
-        if model not in self.runtime.routes:
+        if model not in self.runtime.served:
             raise unknown_model(model)
         contract = self.runtime.contract(model)
         if version and contract.versions and version not in contract.versions:
@@ -224,10 +224,10 @@ class DataPlane:
     def model_stats(self, model: str = "", version: str = "") -> dict[str, ModelStats]:
         model_version(version)
         if model:
-            if model not in self.runtime.routes:
+            if model not in self.runtime.served:
                 raise unknown_model_statistics(model)
             return {model: self.stats.get(model, ModelStats())}
-        return {name: self.stats.get(name, ModelStats()) for name in self.runtime.routes}
+        return {name: self.stats.get(name, ModelStats()) for name in self.runtime.served}
 
     # --- inference --------------------------------------------------------------------------
 
@@ -260,7 +260,7 @@ class DataPlane:
     async def _infer(self, call: Call, span: Span | None, finish: Finish | None,
                      by_read: bool = False) -> Reply:
         runtime = self.runtime  # the call's, to its end: a reload swaps in another for the next
-        route = runtime.routes.get(call.model)
+        route = runtime.served.get(call.model)  # an internal route: as unknown as any name
         # Unknown names share one label value, so a scan of names cannot blow up cardinality.
         model = call.model if route is not None else "(unknown)"
         backend = route.spec.backend if route is not None else ""

@@ -109,6 +109,10 @@ class Runtime:
         """Filter name → route → its config there (what ``activated`` hands each factory)."""
         for spec in config.models:
             self.routes[spec.name] = Route(spec, self._build_chain(spec))
+        self.served: dict[str, Route] = {name: route for name, route in self.routes.items()
+                                         if not config.internal(route.spec)}
+        """The routes clients may call and see (``ModelRoute.internal``); ``routes`` are all,
+        for mmguard's own calls (``reroute``)."""
         self.observers: list[Observer] = [
             o for f in filter_factories().values() for o in f.observers(self.state, self.local)]
         """What sees every routed call's final answer (the filters' ``observers``)."""

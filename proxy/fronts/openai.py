@@ -177,7 +177,7 @@ class OpenAIFront:
                 self._media.labels("forwarded").inc(forwarded)
             if not call.model:
                 call.model = self._only_route()
-            if call.model not in self.plane.runtime.routes:
+            if call.model not in self.plane.runtime.served:
                 raise ProxyError(ErrorKind.NOT_FOUND, unknown_model_text(call.model),
                                  param="model")
             fetched = 0 if rules.fetcher is None else await rules.fetcher.inline(
@@ -196,7 +196,7 @@ class OpenAIFront:
     async def models(self, request: web.Request) -> web.Response:
         runtime = self.plane.runtime
         data = []
-        for name, route in runtime.routes.items():
+        for name, route in runtime.served.items():
             if runtime.backends[route.spec.backend].protocol != "openai":
                 continue
             contract = runtime.contracts.get(name)
@@ -337,7 +337,7 @@ class OpenAIFront:
 
     async def _tokenize(self, request: web.Request, call: Call) -> web.Response:
         runtime = self.plane.runtime
-        route = runtime.routes[call.model]
+        route = runtime.served[call.model]
         backend = runtime.backends[route.spec.backend]
         if not hasattr(backend, "forward"):
             return _refuse(ErrorKind.INVALID_ARGUMENT, f"model '{call.model}' is not served "
@@ -353,7 +353,7 @@ class OpenAIFront:
         """The route a request that names no model is for, as vLLM serves such a request with
         its one model: the only route over the OpenAI API; refused when there are several."""
         runtime = self.plane.runtime
-        names = [n for n, r in runtime.routes.items()
+        names = [n for n, r in runtime.served.items()
                  if runtime.backends[r.spec.backend].api is Api.OPENAI]
         if len(names) == 1:
             return names[0]
@@ -383,7 +383,7 @@ class OpenAIFront:
         runtime = self.plane.runtime
         model = request.query.get("model")
         if model is not None:
-            route = runtime.routes.get(model)
+            route = runtime.served.get(model)
             if route is None:
                 return _refuse(ErrorKind.NOT_FOUND, unknown_model_text(model), "model")
             backend = runtime.backends[route.spec.backend]

@@ -63,7 +63,7 @@ def test_the_demo_walks_through_every_guard(embedded: MmguardProcess) -> None:
     assert sorted(steps) == [1, 2, 3, 4, 5, 6], demo.stdout
     # 1: a clean call, answered, mirrored to the canary route
     assert "similarity (image vs text):" in steps[1]
-    assert "-> HTTP 200" in steps[1] and "mmguard-shadow: mirrored; to 'clip_demo_canary'" \
+    assert "-> HTTP 200" in steps[1] and "mmguard-shadow: queued; to 'clip_demo_canary'" \
         in steps[1]
     assert "mmguard-fault" not in steps[1]  # not canary-marked: untouched
     # 2: the over-long text, refused with the counts

@@ -63,6 +63,7 @@ def config(triton: TritonServer, production: str, verdict: dict[str, Any],
                 {"name": "direct", "backend": "triton", "backend_model": production,
                  "filters": []},
                 {"name": "canary", "backend": "triton", "backend_model": "clip_demo",
+                 "internal": False,  # the tests warm it up directly
                  "filters": [{"fault": {"experiments": [CHAOS] if chaos else []}}]}]}
 
 

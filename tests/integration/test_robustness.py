@@ -80,6 +80,7 @@ def chaos_config(ort_models: Path, triton: TritonServer, canary_model: str) -> d
                                  "compare": {"outputs": ["image_embeds", "text_embeds"]}}}]},
         {"name": "clip_direct", "backend": "ort", "backend_model": "clip_demo", "filters": []},
         {"name": "clip_canary", "backend": "triton", "backend_model": canary_model,
+         "internal": False,  # warmed up directly below
          "filters": [{"fault": {"experiments": [CHAOS]}}]},
     ]
     return cfg

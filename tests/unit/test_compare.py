@@ -399,3 +399,23 @@ def test_empty_snapshot() -> None:
     snap = json.loads(json.dumps(v.snapshot(), allow_nan=False))
     assert snap["state"] == "collecting" and snap["agreement"] is None
     assert snap["metrics"] == {} and snap["histograms"] == {"metrics": {}, "latency_ms": {}}
+
+
+def test_a_floor_estimated_low_never_lowers_the_promote_bar_to_a_bad_canary() -> None:
+    """The red team's case: a floor read low (37 %: faults on production's copies, or a noisy
+    primary) put L(agreement) / U(self) over 100 % for a canary wrong on half its inputs. A
+    promote needs the floor itself shown ≥ ``min_self_agreement``."""
+    v = Verdict(VerdictConfig(), ManualClock(), expect_noise=True)
+    feed(v, 7, 19, noise=True)  # the floor, 37 % over 19: its upper bound is far under 1
+    for _ in range(10):
+        feed(v, 10, 10)  # the canary agrees with the copies it saw
+    assert v.state() == "hold"
+    assert any("a promote needs it shown ≥ 50.0%" in m for m in v.snapshot()["missing"])
+    # the same canary beside a steady floor promotes
+    steady = Verdict(VerdictConfig(), ManualClock(), expect_noise=True)
+    for _ in range(300):  # the 99.5 % bar takes ~1,200 agreeing pairs
+        feed(steady, 10, 10, noise=True)
+        feed(steady, 10, 10)
+        if steady.state() == "promote":
+            break
+    assert steady.state() == "promote"

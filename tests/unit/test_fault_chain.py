@@ -4,11 +4,15 @@ act on the registry the runtime keeps across reloads."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+
+import pytest
 
 from filters.fault import FaultFactory
 from filters.fault.registry import EXPERIMENTS
 from proxy.call import LocalReply, Result
+from proxy.config.model import ConfigError, parse_config
 from proxy.errors import ErrorKind
 from proxy.lifecycle import Access, AdminRequest
 from tests.support.chain_harness import ChainHarness
@@ -78,3 +82,33 @@ async def test_the_same_seed_and_request_give_the_same_delay() -> None:
             assert (h.decision("mmguard-fault") or "").startswith("outage/delay; delay ")
         assert isinstance(reply, Result)
     assert waits[0] == waits[1] and 0.001 <= waits[0] <= 0.5
+
+
+async def test_the_kill_switch_ends_a_delay_already_in_progress() -> None:
+    """A call sleeping in an injected delay when the experiment stops goes on at once as a
+    clean call (it waited 20 s after stop-all: only new calls were spared)."""
+    routes = {(r.method, r.path): r for r in FaultFactory().admin_routes}
+    stop_all = routes[("POST", "/admin/experiments/stop-all")]
+    async with ChainHarness.open(faulty({"kind": "delay", "ms": 30000})) as h:
+        h.clock.sleep = asyncio.sleep  # type: ignore[method-assign,assignment]  # real waits
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        call = asyncio.ensure_future(h.infer("m", canary=True))
+        await asyncio.sleep(0.2)
+        assert not call.done()  # sleeping in the delay
+        status, _ = await stop_all.handler(admin(h))
+        reply = await asyncio.wait_for(call, 5)
+        took = loop.time() - started
+    assert status == 200 and isinstance(reply, Result)
+    assert took < 5  # generous: the stop is looked at every 50 ms
+    assert len(h.backend.calls) == 1  # the call went on to the backend
+
+
+async def test_a_delay_past_ten_minutes_or_infinite_is_refused() -> None:
+    for ms in (600_001, float("inf"), 1e309):
+        doc = faulty({"kind": "delay", "ms": ms})
+        doc["backends"] = [{"kind": "onnxruntime", "name": "b", "model_dir": "."}]
+        doc["models"][0]["backend"] = "b"
+        with pytest.raises(ConfigError) as err:
+            parse_config(doc, "test")
+        assert "actions[0].delay.ms" in str(err.value), err.value

@@ -11,8 +11,9 @@ import pytest
 from filters.shadow import ShadowFactory
 from filters.shadow.copies import Copy, Sent, paired_latency
 from filters.shadow.filter import SHADOWS
-from proxy.call import Call, Result, Target
+from proxy.call import Call, LocalReply, Result, Target
 from proxy.clock import ManualClock
+from proxy.errors import ErrorKind, ProxyError
 from proxy.keys import Store
 from proxy.lifecycle import AdminRequest
 from proxy.tensor import Tensor
@@ -181,3 +182,100 @@ async def test_the_gauges_are_rebuilt_at_most_every_interval_and_land_on_the_las
         samples = shadow.m_evidence.labels("prod", "cand", "agreement", "samples")._value.get()
     assert rebuilt_in_burst <= intervals + 2, (rebuilt_in_burst, intervals)
     assert samples == 31
+
+
+BACKLOG = {"models": [
+    {"name": "prod", "filters": [{"shadow": {"canary": "cand", "percent": 100, "workers": 1,
+                                             "queue_size": 2}}]},
+    {"name": "cand", "filters": [{"fault": {"experiments": [{
+        "name": "slow", "actions": [{"kind": "delay", "ms": 60000, "percent": 50}],
+        "stop": {"max_error_rate": None, "max_p99_ms": None}}]}}]}]}
+
+
+async def test_delayed_copies_past_the_queue_size_are_dropped_not_waited_for() -> None:
+    """At most ``queue_size`` faulted copies wait off the lane; more are dropped (counted as
+    ``fault-backlog``: never judged, so nothing is lost) and every clean copy is compared."""
+    gate = asyncio.Event()
+
+    async def held(seconds: float) -> None:
+        await gate.wait()
+
+    async with ChainHarness.open(BACKLOG) as h:
+        h.clock.sleep = held  # type: ignore[method-assign]
+        for i in range(16):
+            await h.infer("prod", [x(value=float(i + 1))])
+            for _ in range(20):  # the lane takes each copy before the next call
+                await asyncio.sleep(0)
+        shadow = (h.runtime.local.get(SHADOWS) or {})["prod"]
+        dropped = shadow.m_dropped.labels("prod", "cand", "fault-backlog")
+        for _ in range(1000):
+            if shadow.state.compared + len(shadow.waiting) + dropped._value.get() >= 16:
+                break
+            await asyncio.sleep(0)
+        snap = shadow.snapshot()
+        backlog = int(dropped._value.get())
+        gate.set()
+        await compared(h, snap["compared"] + snap["waiting"])
+    assert snap["waiting"] == 2 and backlog >= 1  # 16 calls, half delayed: more than 2
+    assert snap["compared"] + snap["waiting"] + backlog == 16
+    assert snap["queued"] == 0 and snap["samples"] == snap["compared"]
+
+
+NOISY = {"models": [
+    {"name": "prod", "filters": [
+        {"shadow": {"canary": "cand", "percent": 100, "noise_floor_percent": 100}},
+        {"fault": {"experiments": [{
+            "name": "chaos", "actions": [{"kind": "abort", "http_status": 503,
+                                          "grpc_code": "UNAVAILABLE", "percent": 50}],
+            "stop": {"max_error_rate": None, "max_p99_ms": None}}]}}]},
+    {"name": "cand"}]}
+
+
+async def test_a_noise_floor_copy_a_fault_touched_is_not_the_floor() -> None:
+    """A fault on production's route aborts some of the floor's copies (they go through the
+    rest of production's chain as canary traffic): those are counted, never judged, so the
+    floor stays production's own agreement (1 here: both models answer alike)."""
+    async with ChainHarness.open(NOISY) as h:
+        for i in range(12):
+            await h.infer("prod", [x(value=float(i + 1))])
+        await compared(h, 12)
+        shadow = (h.runtime.local.get(SHADOWS) or {})["prod"]
+        for _ in range(1000):
+            snap = shadow.snapshot()
+            if snap["noise_samples"] + snap["excluded"] >= 12:
+                break
+            await asyncio.sleep(0)
+    assert snap["excluded"] >= 1 and snap["noise_samples"] >= 1, snap
+    assert snap["noise_samples"] + snap["excluded"] == 12
+    assert snap["self_agreement"] == 1.0 and snap["agreement"] == 1.0
+
+
+def shedding(call: Call, target: Target) -> Result:
+    """The canary's route sheds every call, as mmguard's ``limits`` does under load."""
+    if target.model == "cand":
+        raise ProxyError(ErrorKind.OVERLOADED, "too many calls in flight on 'cand'")
+    return echo(call, target)
+
+
+async def test_a_copy_shed_on_the_canarys_route_is_counted_not_judged() -> None:
+    """A client that loads the canary's route must not turn its load into disagreements."""
+    async with ChainHarness.open(SHADOWED, answer=shedding) as h:
+        for i in range(4):
+            await h.infer("prod", [x(value=float(i + 1))])
+        shadow = (h.runtime.local.get(SHADOWS) or {})["prod"]
+        for _ in range(1000):
+            if shadow.state.unjudged.get("canary-overload", 0) >= 4:
+                break
+            await asyncio.sleep(0)
+        snap = shadow.snapshot()
+    assert snap["unjudged"]["canary-overload"] == 4 and snap["samples"] == 0
+
+
+async def test_a_shadows_canary_is_not_served_to_clients_unless_the_route_says_so() -> None:
+    async with ChainHarness.open(SHADOWED) as h:
+        reply = await h.infer("cand", [x(value=1.0)])
+        assert isinstance(reply, LocalReply) and reply.kind is ErrorKind.NOT_FOUND
+        assert "cand" not in h.runtime.served and "cand" in h.runtime.routes
+    open_canary = {"models": [SHADOWED["models"][0], {"name": "cand", "internal": False}]}
+    async with ChainHarness.open(open_canary) as h:
+        assert isinstance(await h.infer("cand", [x(value=1.0)]), Result)
