@@ -279,3 +279,21 @@ async def test_a_shadows_canary_is_not_served_to_clients_unless_the_route_says_s
     open_canary = {"models": [SHADOWED["models"][0], {"name": "cand", "internal": False}]}
     async with ChainHarness.open(open_canary) as h:
         assert isinstance(await h.infer("cand", [x(value=1.0)]), Result)
+
+
+async def test_a_replay_is_queued_but_never_counted_as_mirrored() -> None:
+    """The header can only say ``queued`` (the replay check runs off the request path); the
+    counters say what was sent: one copy of three identical requests."""
+    async with ChainHarness.open(SHADOWED) as h:
+        for _ in range(3):
+            await h.infer("prod", [x(value=5.0)])
+            assert h.decision("mmguard-shadow") == "queued; to 'cand'"
+        shadow = (h.runtime.local.get(SHADOWS) or {})["prod"]
+        for _ in range(1000):
+            if shadow.state.compared + shadow.state.unjudged.get("replay", 0) >= 3:
+                break
+            await asyncio.sleep(0)
+        snap = shadow.snapshot()
+        sent = shadow.m_mirrored.labels("prod", "cand")._value.get()
+    assert (snap["mirrored"], snap["compared"], snap["unjudged"]["replay"], sent) == (1, 1, 2, 1)
+    assert sorted(c.target.model for c in h.backend.calls if c.target) == ["cand"] + ["prod"] * 3
