@@ -49,13 +49,7 @@ from proxy.errors import (
     unknown_model_statistics,
 )
 from proxy.lifecycle import StateKey
-from proxy.telemetry import (
-    RequestMetrics,
-    Telemetry,
-    end_server_span,
-    server_span,
-    tracing_on,
-)
+from proxy.telemetry import RequestMetrics, Telemetry, end_server_span, server_span, tracing_on
 
 EXTENSIONS = ("classification", "binary_tensor_data", "statistics", "model_configuration")
 MMGUARD_EXTENSION = "mmguard"
@@ -355,12 +349,14 @@ class DataPlane:
             m.in_flight.dec()
             runtime.leave()
             elapsed = time.perf_counter_ns() - start
+            late = call.deadline is not None and time.monotonic() >= call.deadline - 0.005
             if not ended and failure is None:
-                failure = LocalReply(ErrorKind.CANCELLED, "the client left before the stream "
-                                     "ended")
+                failure = LocalReply(*((ErrorKind.DEADLINE_EXCEEDED, "the deadline passed")
+                                       if late else (ErrorKind.CANCELLED, "the client left")))
                 broken = first_ns is not None
             code = _code(failure) if failure is not None else "ok"
-            if broken and code not in ("injected", "cancelled"):
+            if broken and code not in ("injected", "cancelled") and not (
+                    late and code == "deadline_exceeded"):  # the client's deadline: as it says
                 code = STREAM_BROKEN
             self._settle(call, route, m, failure or Result(call.model), code, elapsed,
                          None if first_ns is None else first_ns - start)

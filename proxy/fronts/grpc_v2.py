@@ -41,7 +41,8 @@ from proxy.wire import kserve_grpc
 SERVICE = "inference.GRPCInferenceService"
 log = logging.getLogger("mmguard.grpc")
 STREAM_QUEUE = 8
-"""Answers of one ModelStreamInfer stream that may wait for a client that does not read."""
+"""Messages of one ModelStreamInfer stream that may wait for a client that does not read (an
+answer waits in it until gRPC takes it, and only then counts)."""
 STREAM_IN_FLIGHT = 8
 """Requests of one ModelStreamInfer stream at the backend at once (decoupled ones stream on)."""
 _REFUSED = {"TraceSetting": "trace", "LogSettings": "logging"}
@@ -221,14 +222,19 @@ class GrpcFront:
         ``_OrderedStream``); responses go out in the backend's order, decoupled ones
         interleaved as they come. Errors are stream messages with ``error_message``, as Triton
         sends them, and the stream stays open."""
-        out: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=STREAM_QUEUE)
+        out: asyncio.Queue[Outgoing | None] = asyncio.Queue(maxsize=STREAM_QUEUE)
+        remaining = context.time_remaining()  # the stream's deadline is each request's
         stream = _OrderedStream(self.plane, client_headers(context), out,
                                 _StreamMemory(self.shm, self.shm.grpc_connection(context.peer()),
-                                              self.plane.serves, self.shm_budget))
+                                              self.plane.serves, self.shm_budget),
+                                None if remaining is None else time.monotonic() + remaining)
         reader = asyncio.create_task(stream.run(requests))
         try:
-            while (msg := await out.get()) is not None:
-                yield msg
+            while (entry := await out.get()) is not None:
+                msg, delivered = entry
+                yield msg  # handed to gRPC: only now is its answer counted (``_delivering``)
+                if delivered is not None and not delivered.done():
+                    delivered.set_result(None)
             await reader  # a failure of the pump surfaces as the stream's status
         finally:
             if not reader.done():
@@ -249,11 +255,13 @@ class _OrderedStream:
     reads. Everything is cancelled (backend calls included) when the client goes."""
 
     def __init__(self, plane: DataPlane, headers: dict[str, str],
-                 out: asyncio.Queue[bytes | None], shm: _StreamMemory) -> None:
+                 out: asyncio.Queue[Outgoing | None], shm: _StreamMemory,
+                 deadline: float | None = None) -> None:
         self.plane = plane
         self.headers = headers
         self.out = out
         self.shm = shm
+        self.deadline = deadline
         self.slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
         self.running: set[asyncio.Task[None]] = set()
         self.memory = StreamMemory()  # what filters keep for the stream's later requests
@@ -265,10 +273,11 @@ class _OrderedStream:
                     call = await decode(body, shared_memory=True)
                 except ProxyError as err:
                     # Triton names the request by its id only, before it knows the model
-                    await self.out.put(kserve_grpc.stream_error(
-                        err.message, "", kserve_grpc.request_id(body)))
+                    await self.out.put((kserve_grpc.stream_error(
+                        err.message, "", kserve_grpc.request_id(body)), None))
                     continue
                 call.headers = self.headers
+                call.deadline = self.deadline
                 call.state[STREAM_MEMORY] = self.memory
                 await self.slots.acquire()
                 reached = asyncio.Event()
@@ -293,12 +302,14 @@ class _OrderedStream:
         try:
             # Closed here, not by the garbage collector: a cancelled stream cancels its
             # backend call at once.
-            items_of = (self.shm.items(call, self.plane.stream) if uses_shared_memory(call)
-                        else self.plane.stream(call, _encode_streamed(call)))
+            deliver = _delivering(call, self.out)
+            items_of = (self.shm.items(call, self.plane.stream, deliver)
+                        if uses_shared_memory(call) else self.plane.stream(call, deliver))
             async with contextlib.aclosing(items_of) as items:
                 async for item in items:
                     reached.set()
-                    await self.out.put(_stream_item(call, item))
+                    if not isinstance(item, Result):  # an answer went out as it was counted
+                        await self.out.put((_stream_item(call, item), None))
         finally:
             reached.set()
             self.slots.release()
@@ -314,26 +325,34 @@ class _StreamMemory:
     serves: Callable[[str], bool]
     budget: Budget
 
-    def items(self, call: Call, stream: Stream) -> AsyncGenerator[StreamItem, None]:
-        return self.shm.stream(call, self.connection, stream, self.serves, self.budget,
-                               _encode_streamed(call))
+    def items(self, call: Call, stream: Stream, deliver: Finish
+              ) -> AsyncGenerator[StreamItem, None]:
+        return self.shm.stream(call, self.connection, stream, self.serves, self.budget, deliver)
 
 
-def _encode_streamed(call: Call) -> Finish:
-    """Each answer of a stream encoded as its message, before the data plane counts it."""
-    async def encode(result: Result) -> None:
+Outgoing = tuple[bytes, "asyncio.Future[None] | None"]
+"""A stream message for the client, and what to resolve once gRPC has taken it."""
+
+
+def _delivering(call: Call, out: asyncio.Queue[Outgoing | None]) -> Finish:
+    """Each answer of a stream encoded as its message and handed to the client, before the
+    data plane counts it: an answer still queued when the client leaves (or its deadline
+    passes) is counted as the client saw it, cancelled, never as ok."""
+    async def deliver(result: Result) -> None:
         result.encoded = kserve_grpc.stream_response(kserve_grpc.encode_response(call, result))
-    return encode
+        taken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        await out.put((result.encoded, taken))
+        await taken
+    return deliver
 
 
 def _stream_item(call: Call, item: StreamItem) -> bytes:
+    """A stream item that is not an answer (those go out as they are counted): an error
+    message, as Triton sends one in the stream."""
     if isinstance(item, LocalReply):
         return kserve_grpc.stream_error(item.message, call.model, call.id)
-    if not isinstance(item, Result):
-        return kserve_grpc.stream_error(f"model '{call.model}' streams server-sent events; "
-                                       "call it through the OpenAI front", call.model, call.id)
-    assert item.encoded is not None  # by _encode_streamed, before the call counted it
-    return item.encoded
+    return kserve_grpc.stream_error(f"model '{call.model}' streams server-sent events; "
+                                   "call it through the OpenAI front", call.model, call.id)
 
 
 def _authorization(context: grpc.aio.ServicerContext) -> str | None:

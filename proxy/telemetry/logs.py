@@ -97,6 +97,24 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+class _WriteAfterLeaving(logging.Filter):
+    """grpc.aio logs a streaming answer written after its client left (cancelled, past its
+    deadline) at ERROR, with a traceback: ``ExecuteBatchError raised in core by servicer
+    method``. That is the client's leaving, which the call's count already says (``cancelled``
+    / ``deadline_exceeded``); at ERROR any client could write a line per stream it abandons.
+    DEBUG here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("ExecuteBatchError raised in core"):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            record.exc_info = record.exc_text = None
+            return logging.getLogger("mmguard").isEnabledFor(logging.DEBUG)
+        return True
+
+
+_WRITE_AFTER_LEAVING = _WriteAfterLeaving()
+
+
 def setup_logging(level: str = "info", fmt: str = "json") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
@@ -109,6 +127,7 @@ def setup_logging(level: str = "info", fmt: str = "json") -> None:
         lib.handlers[:] = [handler]
         lib.setLevel(max(logging.WARNING, root.level))
         lib.propagate = False
+    logging.getLogger("grpc._cython.cygrpc").addFilter(_WRITE_AFTER_LEAVING)  # once: a set
 
 
 REPEAT_SUMMARY_S = 60.0

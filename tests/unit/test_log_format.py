@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from proxy.pod.state import POD, Role
-from proxy.telemetry.logs import JsonFormatter, TextFormatter
+from proxy.telemetry.logs import LIBRARY_LOGGERS, JsonFormatter, TextFormatter, setup_logging
 
 
 @pytest.fixture
@@ -35,3 +35,28 @@ def test_worker_and_supervisor_lines_carry_their_process() -> None:
     POD.role = Role.SINGLE
     assert "worker" not in json.loads(JsonFormatter().format(_record()))
     assert "worker" not in TextFormatter().format(_record())
+
+
+def test_a_grpc_write_after_its_client_left_is_debug_not_an_error(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """grpc.aio logs an answer written after its client left at ERROR with a traceback; any
+    client could write one such line per stream it abandons. At INFO it is not written; other
+    grpc errors still are."""
+    touched = [logging.getLogger(n) for n in ("mmguard", *LIBRARY_LOGGERS)]
+    was = [(lg, lg.level, list(lg.handlers), lg.propagate) for lg in touched]
+    setup_logging("info", "json")
+    try:
+        core = logging.getLogger("grpc._cython.cygrpc")
+        try:
+            raise RuntimeError("Failed \"execute_batch\": (<grpc._cython.cygrpc.SendMessage>,)")
+        except RuntimeError:
+            core.exception("ExecuteBatchError raised in core by servicer method [/inference."
+                           "GRPCInferenceService/ModelStreamInfer]")
+        core.error("something else broke")
+        lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    finally:
+        for lg, level, handlers, propagate in was:
+            lg.setLevel(level)
+            lg.handlers[:] = handlers
+            lg.propagate = propagate
+    assert [line["msg"] for line in lines] == ["something else broke"]
