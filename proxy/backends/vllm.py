@@ -15,6 +15,7 @@ import base64
 import functools
 import json
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -229,7 +230,7 @@ class VllmBackend(HttpBackend):
             status, release = streamed.status, streamed.release
             read_body: Callable[[], Awaitable[bytes]] = streamed.body.read_all
             streamed.body.watch_idle(self.cfg.stream_idle_timeout_s)
-            chunks = _lean_chunks(streamed.body)
+            chunks = _lean_chunks(streamed.body, call.deadline)
         else:
             try:
                 # The deadline bounds the wait for the answer to start; a long stream may run on.
@@ -241,7 +242,7 @@ class VllmBackend(HttpBackend):
                 raise self._transport_error(exc, target.model) from None
             status, release = resp.status, resp.release
             read_body = functools.partial(self._read, resp, target.model)
-            chunks = _session_chunks(resp, self.cfg.stream_idle_timeout_s)
+            chunks = _session_chunks(resp, self.cfg.stream_idle_timeout_s, call.deadline)
         try:
             if status != 200:
                 raise self._status_error(status, await read_body())
@@ -262,7 +263,13 @@ class VllmBackend(HttpBackend):
                                  f"backend '{self.name}' ended the stream mid-event")
         except (AnswerTooLarge, SseEventTooLarge) as exc:
             raise self.too_large_error(exc, target.model) from None
-        except TimeoutError:  # nothing came for stream_idle_timeout_s (the body's watch)
+        except TimeoutError:  # the call's deadline, or nothing came for stream_idle_timeout_s
+            if call.deadline is not None and time.monotonic() >= call.deadline:
+                raise ProxyError(ErrorKind.DEADLINE_EXCEEDED,
+                                 f"the deadline of the call to model '{call.model}' passed "
+                                 f"during its stream from backend '{self.name}'; mmguard ended "
+                                 "the stream (mmguard-timeout-ms, the gRPC deadline or the "
+                                 "route's timeout_s)") from None
             raise ProxyError(ErrorKind.DEADLINE_EXCEEDED,
                              f"backend '{self.name}' ({self.base}) sent nothing on the stream of "
                              f"model '{target.model}' for {self.cfg.stream_idle_timeout_s:g} s; "
@@ -276,20 +283,30 @@ class VllmBackend(HttpBackend):
             release()
 
 
-async def _lean_chunks(body: Body) -> AsyncIterator[tuple[bytes, bool]]:
+def _left(deadline: float | None) -> float | None:
+    """Seconds to the call's deadline (``time.monotonic()``), None without one. The whole
+    stream is bounded by it: each read waits at most that long (never across a ``yield``,
+    which would cancel whoever reads the stream)."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+async def _lean_chunks(body: Body, deadline: float | None) -> AsyncIterator[tuple[bytes, bool]]:
     """Each socket read of a streamed answer, and whether the answer ended with it
-    (``TimeoutError`` from a body watched for silence, ``Body.watch_idle``)."""
+    (``TimeoutError`` from a body watched for silence, ``Body.watch_idle``, or at the call's
+    deadline)."""
     ended = False
     while not ended:
-        chunk, ended = await body.read()
+        async with asyncio.timeout(_left(deadline)):
+            chunk, ended = await body.read()
         if chunk:
             yield chunk, ended
 
 
-async def _session_chunks(resp: aiohttp.ClientResponse, idle_s: float
+async def _session_chunks(resp: aiohttp.ClientResponse, idle_s: float, deadline: float | None
                           ) -> AsyncIterator[tuple[bytes, bool]]:
     while True:
-        async with asyncio.timeout(idle_s):
+        left = _left(deadline)
+        async with asyncio.timeout(idle_s if left is None else min(idle_s, left)):
             chunk = await resp.content.readany()
         if not chunk:
             return

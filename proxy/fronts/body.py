@@ -19,11 +19,17 @@ What MUST hold:
 - A body that is not valid for its encoding is a 400 that says so (Triton 2.51 answers a
   corrupt gzip body with 200 and empty tensors); an encoding we do not speak is a 501, as
   Triton's; the 413 messages name the setting that sets the limit.
+
+And what bounds a request's time over HTTP, read alike by every HTTP front (KServe v2 and
+OpenAI: the OpenAI front ignored it, and answered 200 long after the client's deadline):
+``mmguard-timeout-ms`` (``header_deadline``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,6 +39,27 @@ from aiohttp import web
 
 from proxy.errors import ErrorKind, ProxyError
 from proxy.wire.numbers import json_loads
+
+TIMEOUT_HEADER = "mmguard-timeout-ms"
+
+
+def header_deadline(headers: Mapping[str, str]) -> float | None:
+    """The deadline (``time.monotonic()``) a request's ``mmguard-timeout-ms`` sets (lower-cased
+    ``headers``), None without it; a value that is not a positive number of milliseconds is
+    the client's mistake (400)."""
+    value = headers.get(TIMEOUT_HEADER)
+    if value is None:
+        return None
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = -1
+    if not math.isfinite(ms) or ms <= 0:  # nan compares false both ways; inf never expires
+        raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                         f"{TIMEOUT_HEADER} must be a positive number of milliseconds, got "
+                         f"{value!r}")
+    return time.monotonic() + ms / 1000
+
 
 INLINE_INFLATE_BYTES = 1024 * 1024
 """Output inflated on the event loop before the rest moves to a worker thread."""

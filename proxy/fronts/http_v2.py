@@ -15,8 +15,6 @@ import base64
 import binascii
 import json
 import logging
-import math
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +26,14 @@ from proxy.backends.base import RepositoryParameter
 from proxy.call import Call, LocalReply, Result
 from proxy.engine.dataplane import DataPlane, refused_extension
 from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
-from proxy.fronts.body import BodyBounds, body_bounds, decoded, read_json, read_raw
+from proxy.fronts.body import (
+    BodyBounds,
+    body_bounds,
+    decoded,
+    header_deadline,
+    read_json,
+    read_raw,
+)
 from proxy.fronts.openai import OpenAIFront, drop_connection
 from proxy.fronts.openai_refusals import speaks_vllm, vllm_miss
 from proxy.shm import fronts
@@ -37,7 +42,6 @@ from proxy.shm.regions import Budget, SharedMemory, uses_shared_memory
 from proxy.wire import kserve_http, kserve_raw
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-TIMEOUT_HEADER = "mmguard-timeout-ms"
 log = logging.getLogger("mmguard.http")
 DECODE_INLINE_BYTES = 256 * 1024
 """JSON (a body's, an answer's) up to this is parsed (written) on the event loop; bigger in a
@@ -340,9 +344,7 @@ class HttpFront:
         else:
             call = kserve_http.decode_request(*decode_args)
         call.headers = {k.lower(): v for k, v in req.headers.items()}
-        timeout_ms = call.headers.get(TIMEOUT_HEADER)
-        if timeout_ms is not None:
-            call.deadline = time.monotonic() + _positive_ms(timeout_ms) / 1000
+        call.deadline = header_deadline(call.headers)
         return call
 
 
@@ -404,15 +406,3 @@ def answer_coding(accept_encoding: str) -> str | None:
         if name in _ANSWER_CODINGS and params.replace(" ", "").lower() not in ("q=0", "q=0.0"):
             return name
     return None
-
-
-def _positive_ms(value: str) -> float:
-    try:
-        ms = float(value)
-    except ValueError:
-        ms = -1
-    if not math.isfinite(ms) or ms <= 0:  # nan compares false both ways; inf never expires
-        raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                         f"{TIMEOUT_HEADER} must be a positive number of milliseconds, got "
-                         f"{value!r}")
-    return ms

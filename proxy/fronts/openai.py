@@ -35,7 +35,7 @@ from proxy.call import Api, Call, LocalReply, Result, SseEvent, SseEvents
 from proxy.config.model import OpenAIConfig
 from proxy.engine.dataplane import DataPlane
 from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
-from proxy.fronts.body import INLINE_JSON_BYTES, BodyBounds, body_bounds, decoded
+from proxy.fronts.body import INLINE_JSON_BYTES, BodyBounds, body_bounds, decoded, header_deadline
 from proxy.fronts.exchange import AiohttpExchange, Exchange, Plain
 from proxy.fronts.media_fetch import FetchBudget, ImageFetcher
 from proxy.fronts.openai_answers import AnswerCounts, rename_answer
@@ -191,6 +191,7 @@ class OpenAIFront:
             self._media.labels("fetched").inc(fetched)
             call.decisions["mmguard-remote-images"] = f"fetched {fetched}, sent inline"
         call.headers = {k.lower(): v for k, v in ex.headers.items()}
+        call.deadline = header_deadline(call.headers)  # as the KServe v2 front reads it
         return call
 
     async def models(self, request: web.Request) -> web.Response:
