@@ -103,6 +103,15 @@ class GrpcListener(ClientTrust):
     port: int = Field(9001, ge=0, le=65535)
     max_request_bytes: int = Field(64 * MiB, gt=0)
     """Messages above this are refused by gRPC with RESOURCE_EXHAUSTED."""
+    max_stream_bytes: int | None = Field(None, gt=0)
+    """What one ``ModelStreamInfer`` stream may hold: its requests in flight and the answers
+    its client has not taken yet. Past it the stream reads no more requests until some are
+    answered (HTTP/2 flow control holds the client back); one request always runs. Absent:
+    ``max_request_bytes``, what one unary call holds."""
+    max_streams_bytes: int = Field(256 * MiB, gt=0)
+    """The same, for every stream of the listener together. A request that would pass it, on
+    a stream that holds nothing yet, is refused in the stream (RESOURCE_EXHAUSTED's words,
+    the stream stays open); a stream that holds something waits for its own answers."""
     tls: TlsServer | None = None
     """TLS (and mutual TLS with ``client_ca_file``); plaintext HTTP/2 when absent."""
     max_header_bytes: int = Field(16 * 1024, gt=0)

@@ -31,7 +31,7 @@ from proxy.call import (
 )
 from proxy.config.listeners import GrpcListener
 from proxy.engine.dataplane import DataPlane, refused_extension
-from proxy.errors import STATUS, ProxyError, retry_after
+from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.shm import fronts
 from proxy.shm.peer import Connection
@@ -77,10 +77,15 @@ async def abort(context: grpc.aio.ServicerContext, reply: LocalReply,
 
 class GrpcFront:
     def __init__(self, plane: DataPlane, shm: SharedMemory | None = None,
-                 max_request_bytes: int = GrpcListener().max_request_bytes) -> None:
+                 max_request_bytes: int = GrpcListener().max_request_bytes,
+                 max_stream_bytes: int | None = None,
+                 max_streams_bytes: int = GrpcListener().max_streams_bytes) -> None:
         self.plane = plane
         self.shm = shm or SharedMemory()
         self.shm_budget = Budget(max_request_bytes, "listeners.grpc.max_request_bytes")
+        self.stream_bytes = max_stream_bytes or max_request_bytes
+        self.streams_held = _Held(max_streams_bytes)
+        """Every stream's requests in flight and answers not taken, together."""
 
     def handler(self) -> grpc.GenericRpcHandler:
         typed: dict[str, tuple[Callable[..., Awaitable[Message]], type[Message]]] = {
@@ -227,7 +232,8 @@ class GrpcFront:
         stream = _OrderedStream(self.plane, client_headers(context), out,
                                 _StreamMemory(self.shm, self.shm.grpc_connection(context.peer()),
                                               self.plane.serves, self.shm_budget),
-                                None if remaining is None else time.monotonic() + remaining)
+                                None if remaining is None else time.monotonic() + remaining,
+                                _Held(self.stream_bytes, self.streams_held))
         reader = asyncio.create_task(stream.run(requests))
         try:
             while (entry := await out.get()) is not None:
@@ -256,12 +262,13 @@ class _OrderedStream:
 
     def __init__(self, plane: DataPlane, headers: dict[str, str],
                  out: asyncio.Queue[Outgoing | None], shm: _StreamMemory,
-                 deadline: float | None = None) -> None:
+                 deadline: float | None = None, held: _Held | None = None) -> None:
         self.plane = plane
         self.headers = headers
         self.out = out
         self.shm = shm
         self.deadline = deadline
+        self.held = held or _Held(GrpcListener().max_request_bytes)
         self.slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
         self.running: set[asyncio.Task[None]] = set()
         self.memory = StreamMemory()  # what filters keep for the stream's later requests
@@ -279,9 +286,15 @@ class _OrderedStream:
                 call.headers = self.headers
                 call.deadline = self.deadline
                 call.state[STREAM_MEMORY] = self.memory
+                if not await self.held.take(len(body)):  # the listener's streams hold enough
+                    refused = self.held.refusal(len(body))
+                    self.plane.count_undecoded("grpc", refused)
+                    await self.out.put((kserve_grpc.stream_error(refused.message, call.model,
+                                                                 call.id), None))
+                    continue
                 await self.slots.acquire()
                 reached = asyncio.Event()
-                task = asyncio.create_task(self._answer(call, reached))
+                task = asyncio.create_task(self._answer(call, reached, len(body)))
                 self.running.add(task)
                 task.add_done_callback(self.running.discard)
                 await reached.wait()
@@ -298,11 +311,11 @@ class _OrderedStream:
             self.memory.close()
         await self.out.put(None)
 
-    async def _answer(self, call: Call, reached: asyncio.Event) -> None:
+    async def _answer(self, call: Call, reached: asyncio.Event, size: int) -> None:
         try:
             # Closed here, not by the garbage collector: a cancelled stream cancels its
             # backend call at once.
-            deliver = _delivering(call, self.out)
+            deliver = _delivering(call, self.out, self.held)
             items_of = (self.shm.items(call, self.plane.stream, deliver)
                         if uses_shared_memory(call) else self.plane.stream(call, deliver))
             async with contextlib.aclosing(items_of) as items:
@@ -313,6 +326,7 @@ class _OrderedStream:
         finally:
             reached.set()
             self.slots.release()
+            self.held.give(size)
 
 
 @dataclass(frozen=True)
@@ -334,16 +348,67 @@ Outgoing = tuple[bytes, "asyncio.Future[None] | None"]
 """A stream message for the client, and what to resolve once gRPC has taken it."""
 
 
-def _delivering(call: Call, out: asyncio.Queue[Outgoing | None]) -> Finish:
+def _delivering(call: Call, out: asyncio.Queue[Outgoing | None], held: _Held) -> Finish:
     """Each answer of a stream encoded as its message and handed to the client, before the
     data plane counts it: an answer still queued when the client leaves (or its deadline
-    passes) is counted as the client saw it, cancelled, never as ok."""
+    passes) is counted as the client saw it, cancelled, never as ok. Held (``_Held``) until
+    gRPC takes it."""
     async def deliver(result: Result) -> None:
-        result.encoded = kserve_grpc.stream_response(kserve_grpc.encode_response(call, result))
+        result.encoded = msg = kserve_grpc.stream_response(kserve_grpc.encode_response(call,
+                                                                                    result))
         taken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        await out.put((result.encoded, taken))
-        await taken
+        held.hold(len(msg))
+        try:
+            await out.put((msg, taken))
+            await taken
+        finally:
+            held.give(len(msg))
     return deliver
+
+
+class _Held:
+    """The bytes a stream holds (its requests in flight, the answers its client has not
+    taken), within ``limit``, and within its listener's (``within``) for all streams. A
+    stream past its own limit reads no more requests until its answers free some (HTTP/2
+    flow control then holds the client back): a client that sends 32 MiB requests and never
+    reads took 2.5 GB before, 8 requests and 8 answers at a time, each copied on its way."""
+
+    def __init__(self, limit: int, within: _Held | None = None) -> None:
+        self.limit, self.within = limit, within
+        self.held = 0
+        self._freed = asyncio.Event()
+
+    async def take(self, n: int) -> bool:
+        """Room for a request of ``n`` bytes: waits for this stream's answers while it holds
+        any; False (refuse it) when it holds none and the listener's streams hold too much."""
+        while self.held and (self.held + n > self.limit or self._over(n)):
+            self._freed.clear()
+            await self._freed.wait()
+        if self._over(n):
+            return False
+        self.hold(n)
+        return True
+
+    def _over(self, n: int) -> bool:
+        return self.within is not None and self.within.held + n > self.within.limit
+
+    def hold(self, n: int) -> None:
+        self.held += n
+        if self.within is not None:
+            self.within.held += n
+
+    def give(self, n: int) -> None:
+        self.held -= n
+        if self.within is not None:
+            self.within.held -= n
+        self._freed.set()
+
+    def refusal(self, n: int) -> ProxyError:
+        assert self.within is not None
+        return ProxyError(ErrorKind.OVERLOADED, f"the streams of this listener hold "
+                          f"{self.within.held} bytes of requests and answers not yet taken; a "
+                          f"request of {n} bytes would pass listeners.grpc.max_streams_bytes "
+                          f"({self.within.limit}): retry it once answers are read")
 
 
 def _stream_item(call: Call, item: StreamItem) -> bytes:
