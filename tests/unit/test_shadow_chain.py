@@ -91,16 +91,19 @@ LANES = {"models": [
         "stop": {"max_error_rate": None, "max_p99_ms": None}}]}}]}]}
 
 
+def hold_delays(h: ChainHarness, gate: asyncio.Event) -> None:
+    """Every injected delay lasts until the test sets ``gate``."""
+    async def held(seconds: float) -> None:
+        await gate.wait()
+    h.clock.sleep = held  # type: ignore[method-assign]
+
+
 async def test_a_delayed_copy_never_holds_the_lane_of_clean_ones() -> None:
     # one worker; half the copies are delayed, and their delay lasts until the test ends it:
     # every clean copy is still compared, none queued behind a delayed one
     gate = asyncio.Event()
-
-    async def held(seconds: float) -> None:
-        await gate.wait()
-
     async with ChainHarness.open(LANES) as h:
-        h.clock.sleep = held  # type: ignore[method-assign]
+        hold_delays(h, gate)
         for i in range(12):
             await h.infer("prod", [x(value=float(i + 1))])
         shadow = (h.runtime.local.get(SHADOWS) or {})["prod"]
@@ -196,12 +199,8 @@ async def test_delayed_copies_past_the_queue_size_are_dropped_not_waited_for() -
     """At most ``queue_size`` faulted copies wait off the lane; more are dropped (counted as
     ``fault-backlog``: never judged, so nothing is lost) and every clean copy is compared."""
     gate = asyncio.Event()
-
-    async def held(seconds: float) -> None:
-        await gate.wait()
-
     async with ChainHarness.open(BACKLOG) as h:
-        h.clock.sleep = held  # type: ignore[method-assign]
+        hold_delays(h, gate)
         for i in range(16):
             await h.infer("prod", [x(value=float(i + 1))])
             for _ in range(20):  # the lane takes each copy before the next call
