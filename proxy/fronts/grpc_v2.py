@@ -315,7 +315,7 @@ class _OrderedStream:
         try:
             # Closed here, not by the garbage collector: a cancelled stream cancels its
             # backend call at once.
-            deliver = _delivering(call, self.out, self.held)
+            deliver = _delivering(call, self.out, self.held, reached)
             items_of = (self.shm.items(call, self.plane.stream, deliver)
                         if uses_shared_memory(call) else self.plane.stream(call, deliver))
             async with contextlib.aclosing(items_of) as items:
@@ -348,12 +348,15 @@ Outgoing = tuple[bytes, "asyncio.Future[None] | None"]
 """A stream message for the client, and what to resolve once gRPC has taken it."""
 
 
-def _delivering(call: Call, out: asyncio.Queue[Outgoing | None], held: _Held) -> Finish:
+def _delivering(call: Call, out: asyncio.Queue[Outgoing | None], held: _Held,
+                reached: asyncio.Event) -> Finish:
     """Each answer of a stream encoded as its message and handed to the client, before the
     data plane counts it: an answer still queued when the client leaves (or its deadline
     passes) is counted as the client saw it, cancelled, never as ok. Held (``_Held``) until
-    gRPC takes it."""
+    gRPC takes it. The backend has shown it holds the request (``reached``) once an answer
+    came, not once the client took it: the next request goes ahead meanwhile."""
     async def deliver(result: Result) -> None:
+        reached.set()
         result.encoded = msg = kserve_grpc.stream_response(kserve_grpc.encode_response(call,
                                                                                     result))
         taken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
