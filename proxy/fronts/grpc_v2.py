@@ -286,13 +286,15 @@ class _OrderedStream:
                 call.headers = self.headers
                 call.deadline = self.deadline
                 call.state[STREAM_MEMORY] = self.memory
+                await self.slots.acquire()
+                # no wait between taking the bytes and the task that gives them back
                 if not await self.held.take(len(body)):  # the listener's streams hold enough
+                    self.slots.release()
                     refused = self.held.refusal(len(body))
                     self.plane.count_undecoded("grpc", refused)
                     await self.out.put((kserve_grpc.stream_error(refused.message, call.model,
                                                                  call.id), None))
                     continue
-                await self.slots.acquire()
                 reached = asyncio.Event()
                 task = asyncio.create_task(self._answer(call, reached, len(body)))
                 self.running.add(task)

@@ -165,8 +165,8 @@ class Server:
                 _pick(self._ports.admin, lc.admin.port))
         self._grpc = grpc.aio.server(options=_grpc_options(lc.grpc, self._caps.grpc),
                                      maximum_concurrent_rpcs=lc.grpc.max_concurrent_requests)
-        front = GrpcFront(self.plane, self.shm, lc.grpc.max_request_bytes,
-                          lc.grpc.max_stream_bytes, lc.grpc.max_streams_bytes)
+        front = self.grpc_front = GrpcFront(self.plane, self.shm, lc.grpc.max_request_bytes,
+                                            lc.grpc.max_stream_bytes, lc.grpc.max_streams_bytes)
         self._grpc.add_generic_rpc_handlers((front.handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
         address = f"{lc.grpc.host}:{_pick(self._ports.grpc, lc.grpc.port)}"

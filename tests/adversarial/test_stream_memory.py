@@ -86,3 +86,13 @@ def test_streams_past_the_listeners_bound_are_refused_in_the_stream(
         for ch in channels:
             ch.close()
     assert "listeners.grpc.max_streams_bytes" in msg.error_message, msg.error_message
+
+
+def test_streams_that_left_give_their_bytes_back(proxy: RunningMmguard) -> None:
+    """After the streams above were cancelled mid-flight (some requests waiting for a slot
+    or for room), the listener holds nothing: a leak would refuse every stream later."""
+    front = proxy.server.grpc_front  # type: ignore[union-attr]
+    deadline = time.monotonic() + 30
+    while front.streams_held.held and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert front.streams_held.held == 0
