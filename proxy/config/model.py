@@ -311,11 +311,12 @@ class Config(Strict):
         """The file's bytes as read when this config was loaded (None when not from a file)."""
         return self._source
 
-    def internal(self, route: ModelRoute) -> bool:
-        """Whether clients may not call ``route`` (``ModelRoute.internal``)."""
-        if route.internal is not None:
-            return route.internal
-        return any(route.name in refs.internal for _, refs in _route_references(self))
+    def internal_routes(self) -> frozenset[str]:
+        """The routes clients may not call (``ModelRoute.internal``; unset: named internal by
+        a filter, e.g. a shadow's canary)."""
+        named = {name for _, refs in _route_references(self) for name in refs.internal}
+        return frozenset(r.name for r in self.models
+                         if (r.internal if r.internal is not None else r.name in named))
 
     def chain(self, route: ModelRoute) -> tuple[FilterSpec, ...]:
         """The route's filters with their typed configs, validated once (``parse_config``

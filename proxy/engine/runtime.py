@@ -109,8 +109,9 @@ class Runtime:
         """Filter name → route → its config there (what ``activated`` hands each factory)."""
         for spec in config.models:
             self.routes[spec.name] = Route(spec, self._build_chain(spec))
+        internal = config.internal_routes()
         self.served: dict[str, Route] = {name: route for name, route in self.routes.items()
-                                         if not config.internal(route.spec)}
+                                         if name not in internal}
         """The routes clients may call and see (``ModelRoute.internal``); ``routes`` are all,
         for mmguard's own calls (``reroute``)."""
         self.observers: list[Observer] = [

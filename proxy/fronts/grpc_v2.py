@@ -262,13 +262,13 @@ class _OrderedStream:
 
     def __init__(self, plane: DataPlane, headers: dict[str, str],
                  out: asyncio.Queue[Outgoing | None], shm: _StreamMemory,
-                 deadline: float | None = None, held: _Held | None = None) -> None:
+                 deadline: float | None, held: _Held) -> None:
         self.plane = plane
         self.headers = headers
         self.out = out
         self.shm = shm
         self.deadline = deadline
-        self.held = held or _Held(GrpcListener().max_request_bytes)
+        self.held = held
         self.slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
         self.running: set[asyncio.Task[None]] = set()
         self.memory = StreamMemory()  # what filters keep for the stream's later requests

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from proxy.fronts.body import (
     read_raw,
 )
 from proxy.fronts.openai import OpenAIFront, drop_connection
-from proxy.fronts.openai_refusals import speaks_vllm, vllm_miss
+from proxy.fronts.openai_refusals import compact, speaks_vllm, vllm_miss
 from proxy.shm import fronts
 from proxy.shm.peer import Connection
 from proxy.shm.regions import Budget, SharedMemory, uses_shared_memory
@@ -59,7 +58,7 @@ def error_parts(reply: LocalReply, decisions: dict[str, str] | None = None
     headers = {**(decisions or {}), "mmguard-error-origin": reply.origin}
     if reply.retry_after_s is not None:
         headers["Retry-After"] = retry_after(reply.retry_after_s)
-    return STATUS[reply.kind].http, headers, _compact({"error": reply.message}).encode()
+    return STATUS[reply.kind].http, headers, compact({"error": reply.message}).encode()
 
 
 def error_response(reply: LocalReply, decisions: dict[str, str] | None = None) -> web.Response:
@@ -108,11 +107,6 @@ class InferAnswer:
                 else kserve_http.JSON_TYPE)
 
 
-def _compact(doc: Any) -> str:
-    """JSON as Triton writes its error bodies: no spaces (``{"error":"..."}``)."""
-    return json.dumps(doc, separators=(",", ":"))
-
-
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
@@ -131,7 +125,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if speaks_vllm(request.path):
             return await vllm_miss(request, 405, frozenset(exc.allowed_methods))
         return web.Response(  # Triton's words first; its 405 has no Allow, RFC 9110 wants one
-            body=_compact({"error": f"Method Not Allowed: {request.method} is not served on "
+            body=compact({"error": f"Method Not Allowed: {request.method} is not served on "
                                     f"{request.path}"}).encode(), status=405,
             headers={"mmguard-error-origin": "mmguard",
                      "Allow": ", ".join(sorted(exc.allowed_methods))},

@@ -89,7 +89,7 @@ async def vllm_miss(request: web.Request, status: int,
     its trailing slash toggled is served: then a ``307`` there, as vLLM redirects it."""
     headers = {"mmguard-error-origin": "mmguard"}
     if status == 405:
-        return web.json_response({"detail": "Method Not Allowed"}, status=405, dumps=_compact,
+        return web.json_response({"detail": "Method Not Allowed"}, status=405, dumps=compact,
                                  headers={**headers, "Allow": ", ".join(sorted(allowed))})
     path = request.path
     if path != "/":
@@ -99,10 +99,10 @@ async def vllm_miss(request: web.Request, status: int,
         if not isinstance(match, MatchInfoError) or match.http_exception.status == 405:
             location = request.url.with_path(other).with_query(request.query_string)
             return web.Response(status=307, headers={**headers, "Location": str(location)})
-    return web.json_response({"detail": "Not Found"}, status=404, dumps=_compact,
+    return web.json_response({"detail": "Not Found"}, status=404, dumps=compact,
                              headers=headers)
 
 
-def _compact(doc: object) -> str:
-    """JSON as FastAPI writes it: no spaces."""
+def compact(doc: object) -> str:
+    """JSON without spaces, as FastAPI (vLLM) and Triton write their error bodies."""
     return json.dumps(doc, separators=(",", ":"))
