@@ -33,6 +33,7 @@ from proxy.fronts.body import (
     read_json,
     read_raw,
 )
+from proxy.fronts.generate import GenerateFront
 from proxy.fronts.openai import OpenAIFront, drop_connection
 from proxy.fronts.openai_refusals import compact, speaks_vllm, vllm_miss
 from proxy.shm import fronts
@@ -142,6 +143,7 @@ class HttpFront:
         self.max_json_bytes = min(max_json_bytes or max_request_bytes, max_request_bytes)
         self.openai = OpenAIFront(plane, self.max_json_bytes)  # its bodies are JSON
         self.shm_budget = Budget(max_request_bytes, "listeners.http.max_request_bytes")
+        self.generate = GenerateFront(plane, self.max_json_bytes, error_response)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_request_bytes, middlewares=[_errors])
@@ -158,6 +160,7 @@ class HttpFront:
         bases = ("/v2/models/{model}", "/v2/models/{model}/versions/{version:[0-9]+}")
         for base in bases:  # first: aiohttp tries these patterns in order, infer is the hot one
             r.add_post(base + "/infer", self.infer)
+        self.generate.register(r, bases)
         for base in bases:
             r.add_get(base, self.model_metadata, allow_head=False)
             r.add_get(base + "/ready", self.model_ready, allow_head=False)
