@@ -25,6 +25,7 @@ import numpy as np
 from prometheus_client import Counter, Gauge
 from pydantic import Field, model_validator
 
+from filters.call_keys import touched_by_fault
 from proxy.call import Call, Reply, Result
 from proxy.chain import FilterContext, Next
 from proxy.pod.state import Shared, decided, share
@@ -92,7 +93,7 @@ class SimilarityAlarm(Shared):
         return []
 
     def observe(self, call: Call, reply: Reply) -> None:
-        if not isinstance(reply, Result) or reply.stream is not None:
+        if not isinstance(reply, Result) or reply.stream is not None or touched_by_fault(call):
             return
         why = self.scored(self._scores(reply))
         if why:  # the call that tripped it says so (in a pod, the supervisor's log does)

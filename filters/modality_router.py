@@ -25,7 +25,8 @@ from prometheus_client import Gauge
 from pydantic import Field, model_validator
 
 from filters.answer_reads import Confidence, confidence_of
-from filters.call_keys import UNUSABLE_MODALITIES
+from filters.call_keys import UNUSABLE_MODALITIES, touched_by_fault
+from filters.outcomes import clients_own
 from proxy.call import Api, Call, LocalReply, Reply, Result
 from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind
@@ -118,10 +119,15 @@ class ModalityRouter(Shared):
         self._text_of: dict[str, float] | None = None
         self.gauge = ctx.telemetry.metric(Gauge, "mmguard_router_weight",
                                           "Share of traffic each path gets.", ["model", "path"])
-        for p in cfg.paths:
-            self.gauge.labels(ctx.route, p.route).set(self.weights[p.route])
         ctx.local.setdefault(ROUTERS, dict)[ctx.route] = self
-        ctx.on_activate(lambda: share(self, f"router/{ctx.route}"))
+        ctx.on_activate(self._activate)
+
+    def _activate(self) -> None:
+        """Once its runtime serves (a rejected reload's router never writes the gauges that
+        the serving one keeps): its weights shown, then the pod's taken over."""
+        for p in self.cfg.paths:
+            self.gauge.labels(self.ctx.route, p.route).set(self.weights[p.route])
+        share(self, f"router/{self.ctx.route}")
 
     # --- weights ----------------------------------------------------------------------------
 
@@ -240,7 +246,11 @@ class ModalityRouter(Shared):
         confidence = None
         if isinstance(reply, Result) and path.confidence is not None:
             confidence = confidence_of(reply, path.confidence, call)
-        self.record(path.route, time.monotonic() - start, failed, confidence)
+        # a fault's delay or failure is not the path's, nor is the client's own failure (a
+        # deadline shorter than the path's usual latency, a version that does not exist)
+        if not touched_by_fault(call) and not clients_own(
+                call, reply, self.stats[path.route].latency_ewma):
+            self.record(path.route, time.monotonic() - start, failed, confidence)
         return reply
 
     def _weights_text(self) -> str:

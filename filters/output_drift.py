@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import Field, model_validator
 
 from filters.answer_reads import Confidence, answer_reads
+from filters.call_keys import touched_by_fault
 from filters.degradation import SimilarityAlarm, SimilarityAlarmConfig
 from filters.quality.drift import DriftConfig, DriftGauges, DriftMonitor, drift_gauges
 from proxy.call import Call, Reply, Result
@@ -73,7 +74,7 @@ class OutputDrift:
 
     async def _watch(self, call: Call, next: Next) -> Reply:
         reply = await next(call)
-        if isinstance(reply, Result) and reply.stream is None:
+        if isinstance(reply, Result) and reply.stream is None and not touched_by_fault(call):
             values = []
             reads = answer_reads(call, reply)  # read once with the router's and fallback's
             for name, spec in self.cfg.outputs.items():

@@ -25,7 +25,8 @@ from prometheus_client import Counter, Gauge
 from pydantic import Field
 
 from filters.answer_reads import answer_reads
-from filters.call_keys import FAULTS
+from filters.call_keys import FAULTS, touched_by_fault
+from filters.fallback.adapt import adapt
 from filters.fallback.admin import BREAKERS, CACHED_ANSWERS, ROUTES, breakers_summary
 from filters.fallback.breaker import Breaker, BreakerSettings, State
 from filters.fallback.cache import AnswerCache as AnswerCache
@@ -33,14 +34,14 @@ from filters.fallback.cache import CacheConfig as CacheConfig
 from filters.fallback.cache_key import KeyParts, key_parts
 from filters.fallback.clone import clone_call
 from filters.fallback.fuse_log import log_mismatch
-from proxy.call import CLIENT_DEADLINE, Api, Call, LocalReply, Reply, Result
+from filters.outcomes import clients_own
+from proxy.call import Api, Call, LocalReply, Reply, Result
 from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind, ProxyError
 from proxy.lifecycle import AdminRequest, ConfigReferences, FilterFactoryBase, Summary
 from proxy.pod.state import share
 from proxy.strict import Strict
 from proxy.tensor import Tensor
-from proxy.wire.openai import ChatView
 
 log = logging.getLogger("mmguard.fallback")
 
@@ -191,7 +192,6 @@ class Fallback:
         status = self.ctx.telemetry.one_hot(
             "mmguard_breaker_status", "The breaker's state, one-hot (sum by state across pods).",
             ["model", "level"], [st.name.lower() for st in State])
-        status.set((self.ctx.route, level), State.CLOSED.name.lower())
 
         def changed(old: State, new: State, reason: str) -> None:
             gauge.set(int(new))
@@ -205,10 +205,16 @@ class Fallback:
             gauge.set(int(new))
             status.set((self.ctx.route, level), new.name.lower())
 
-        gauge.set(0)
         breaker = Breaker(settings, self.ctx.clock, changed, imported)
-        # Named pod-wide once its runtime serves: a rejected reload's breakers take nothing over.
-        self.ctx.on_activate(lambda: share(breaker, f"breaker/{self.ctx.route}/{level}"))
+
+        def activate() -> None:
+            # Once its runtime serves: a rejected reload's breakers neither take anything over
+            # nor write the gauges the serving ones keep (a reload that failed had set every
+            # breaker's gauges back to closed while they stayed open).
+            imported(State.CLOSED)
+            share(breaker, f"breaker/{self.ctx.route}/{level}")
+
+        self.ctx.on_activate(activate)
         return breaker
 
     async def __call__(self, call: Call, next: Next) -> Reply:
@@ -239,7 +245,7 @@ class Fallback:
                 continue
             attempt = self._clone(call)
             if i > 0:
-                why = self._adapt(attempt, level)
+                why = adapt(attempt, level, self.ctx)
                 if why:
                     reasons.append(f"L2 '{level}': {why}")
                     continue
@@ -247,10 +253,11 @@ class Fallback:
             start = self.ctx.clock.monotonic()
             faults_before = _fault_count(call)
             reply, failed = await self._tries(attempt, send)
-            if _fault_count(call) == faults_before and not self._clients_timeout(call, reply):
+            own = clients_own(call, reply, self.cfg.breaker.slow_call_s)
+            if _fault_count(call) == faults_before and not own:
                 breaker.record(failed, self.ctx.clock.monotonic() - start)
-            # else: a fault experiment, or the client's short deadline, made this outcome; the
-            # backend's breaker never counts it
+            # else: a fault experiment, or the client (its short deadline, a version that does
+            # not exist), made this outcome; the backend's breaker never counts it
             if not failed:
                 call.target = attempt.target
                 if isinstance(reply, LocalReply):
@@ -329,18 +336,10 @@ class Fallback:
             for task in tries:
                 task.cancel()  # the slower try (a done one ignores it)
 
-    def _clients_timeout(self, call: Call, reply: Reply) -> bool:
-        """A timeout under a deadline the client set shorter than a slow call
-        (``breaker.slow_call_s``): the client's budget ran out, the backend did not fail. Else
-        one header (``mmguard-timeout-ms: 0.001``) on a few calls would open the breaker for
-        every client (issue 26)."""
-        if not isinstance(reply, LocalReply) or reply.kind is not ErrorKind.DEADLINE_EXCEEDED:
-            return False
-        asked = call.state.get(CLIENT_DEADLINE)
-        return asked is not None and asked - call.started < self.cfg.breaker.slow_call_s
-
     def _failed(self, call: Call, reply: Reply) -> bool:
         if isinstance(reply, LocalReply):
+            if reply.kind is ErrorKind.NOT_FOUND and call.version:
+                return False  # the client's version does not exist: its own error, no fallback
             return reply.kind.value in self.cfg.failure_kinds or reply.dropped_by_backend
         if not self.cfg.nan_is_failure or reply.stream is not None:
             return False
@@ -363,33 +362,6 @@ class Fallback:
                                   expected=expected, actual=actual)
         return why
 
-    def _adapt(self, call: Call, level: str) -> str:
-        """Fit the call to an L2 route's contract, or say why it cannot be."""
-        found = self.ctx.lookup(level)
-        contract = found[1] if found else None
-        if contract is None:
-            return "its contract is not known yet"
-        if call.api is Api.OPENAI:
-            view = ChatView(call)
-            images = view.images()
-            if images and contract.accepts_images is False:
-                for image in reversed(images):
-                    view.drop_image(image)
-                self.ctx.telemetry.decide(call, "fallback", "adapt", f"dropped {len(images)} "
-                                          f"image(s) for text-only '{level}'", header="adapt")
-            return ""
-        keep = [t for t in call.inputs if contract.input(t.name) is not None]
-        dropped = [t.name for t in call.inputs if contract.input(t.name) is None]
-        missing = [s.name for s in contract.inputs
-                   if not s.optional and s.name not in {t.name for t in keep}]
-        if missing:
-            return f"cannot adapt: it needs input(s) {missing} the call does not have"
-        if dropped:
-            call.set_inputs(keep)
-            self.ctx.telemetry.decide(call, "fallback", "adapt", f"dropped input(s) {dropped} "
-                                      f"for '{level}'", header="adapt")
-        return ""
-
     # --- answers ------------------------------------------------------------------------------
 
     def _count(self, model: str, level: str) -> None:
@@ -404,7 +376,7 @@ class Fallback:
         n = min(index + 1, 2)
         self._count(call.model, str(n))
         if n == 1:
-            if self.cache is not None and key is not None:
+            if self.cache is not None and key is not None and not touched_by_fault(call):
                 self._keep(call, key, result)
             return result
         self.ctx.telemetry.decide(call, "fallback", str(n), f"answered by '{level}': "

@@ -48,7 +48,7 @@ from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry, Gauge
 from pydantic import Field, model_validator
 
-from filters.call_keys import UNUSABLE_MODALITIES
+from filters.call_keys import UNUSABLE_MODALITIES, touched_by_fault
 from filters.quality import native
 from filters.quality.align import AlignmentConfig, AlignmentUnavailable, EncoderPair
 from filters.quality.drift import DriftConfig, DriftMonitor, drift_gauges
@@ -256,7 +256,8 @@ class Quality:
             remember(memory, self._stream_key, earlier, report)
         self._announce(call, report)
         publish_scores(call, report.published(self.weights))
-        await self._observe(report)
+        if not touched_by_fault(call):  # a fault that perturbed the input is not drift
+            await self._observe(report)
         refusal = self._apply_rules(call, report)
         if refusal is not None:
             return refusal

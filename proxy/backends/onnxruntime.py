@@ -32,7 +32,7 @@ from proxy.call import BACKEND_TIMED_S, Call, Result, Target
 from proxy.config.backends import OnnxRuntimeBackendConfig
 from proxy.config.refs import find_models
 from proxy.contract import ModelContract, TensorSpec
-from proxy.errors import ErrorKind, ProxyError, name_list
+from proxy.errors import ErrorKind, ProxyError, name_list, unknown_model
 from proxy.tensor import Tensor
 from proxy.wire.answers import answer_source, check_outputs
 
@@ -145,9 +145,8 @@ class OnnxRuntimeBackend(Backend):
     async def infer(self, call: Call, target: Target) -> Result:
         m = self._model(target.model)
         if target.version and target.version not in m.contract.versions:
-            raise ProxyError(ErrorKind.NOT_FOUND,
-                             f"model '{target.model}' has no version {target.version} "
-                             f"(have {list(m.contract.versions)})")
+            # in process, mmguard is the backend: Triton's words, with the client's name
+            raise unknown_model(call.model, target.version)
         expected = {t.name: t for t in m.contract.inputs}
         given = [t.name for t in call.inputs]
         unknown_in = [n for n in given if n not in expected]

@@ -105,6 +105,8 @@ class Runtime:
         runtime a reload retired closes its backends once it has none left."""
         self._idle: asyncio.Event | None = None
         self._activations: list[Callable[[], None]] = []
+        self._active = False
+        """Whether this runtime serves (``activate``): until then it writes no shared series."""
         self._filter_configs: dict[str, dict[str, BaseModel]] = {}
         """Filter name → route → its config there (what ``activated`` hands each factory)."""
         for spec in config.models:
@@ -123,6 +125,7 @@ class Runtime:
         over shared state) happens now, then each filter factory hears of its configs in the
         runtime (experiments the new config dropped end). Building did none of it, so a
         runtime that is never swapped in changed nothing."""
+        self._active = True
         for hook in self._activations:
             hook()
         self._activations.clear()
@@ -229,14 +232,24 @@ class Runtime:
 
     async def start(self, started: set[str] | None = None) -> None:
         """Start backends not already started (reused ones are) and watch contracts. Every
-        new backend and every route without a contract has its readiness series at 0 from
-        now: an alert on ``== 0`` sees a backend that never comes up."""
-        for name in self.backends:
-            if started is None or name not in started:
-                self.telemetry.backend_ready.labels(name).set(0)
-        for route in self.routes.values():
-            if route.name not in self.contracts:
-                self.telemetry.route_ready.labels(route.name, route.spec.backend).set(0)
+        new backend not yet started and every route without a contract has its readiness
+        series at 0 once this runtime serves (now, for the first; at the swap, for a reload's:
+        a reload that is rejected, or still starting, writes nothing over the serving runtime's
+        series of the same names): an alert on ``== 0`` sees a backend that never comes up."""
+        fresh = [name for name in self.backends if started is None or name not in started]
+
+        def unready() -> None:
+            for name in fresh:
+                if not self._started[name].is_set():
+                    self.telemetry.backend_ready.labels(name).set(0)
+            for route in self.routes.values():
+                if route.name not in self.contracts:
+                    self.telemetry.route_ready.labels(route.name, route.spec.backend).set(0)
+
+        if self._active:
+            unready()
+        else:
+            self._activations.insert(0, unready)
         for name, backend in self.backends.items():
             if started is None or name not in started:
                 self._tasks.append(asyncio.create_task(self._start_backend(name, backend)))
