@@ -152,6 +152,10 @@ CLIENT_DEADLINE: CallKey[float] = CallKey("client_deadline")
 """The deadline the client asked for (``mmguard-timeout-ms``, a gRPC deadline), as the front
 set it, before any route or level timeout narrowed it; absent without one. A timeout under a
 deadline the client chose short is the client's doing, not the backend failing."""
+ANSWERED_BY: CallKey[str] = CallKey("answered_by")
+"""Who answered, when it was not the route's own model: a lighter route's backend (fallback's
+L2), ``(cache)`` or ``(static)`` (its L3). The call is counted under that backend in
+``mmguard_requests_total``, and the route's model statistics count no execution for it."""
 BACKEND_S: CallKey[float] = CallKey("backend_s")
 """Seconds the call spent waiting on its backends' unary answers, summed over every try (the
 terminal adds each one); absent for a stream and for a call no backend was asked. What a

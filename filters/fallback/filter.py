@@ -35,7 +35,7 @@ from filters.fallback.cache_key import KeyParts, key_parts
 from filters.fallback.clone import clone_call
 from filters.fallback.fuse_log import log_mismatch
 from filters.outcomes import clients_own
-from proxy.call import Api, Call, LocalReply, Reply, Result
+from proxy.call import ANSWERED_BY, Api, Call, LocalReply, Reply, Result
 from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind, ProxyError
 from proxy.lifecycle import AdminRequest, ConfigReferences, FilterFactoryBase, Summary
@@ -381,6 +381,8 @@ class Fallback:
             return result
         self.ctx.telemetry.decide(call, "fallback", str(n), f"answered by '{level}': "
                                   + "; ".join(reasons), header="level")
+        if call.target is not None:
+            call.state[ANSWERED_BY] = call.target.backend
         return result
 
     def _keep(self, call: Call, key: KeyParts, result: Result) -> None:
@@ -404,12 +406,14 @@ class Fallback:
             self.ctx.telemetry.decide(call, "fallback", "3", f"cached answer, {age:.1f}s old: "
                                       + "; ".join(reasons), header="level")
             call.decisions["mmguard-stale"] = "true"
+            call.state[ANSWERED_BY] = "(cache)"
             return cached[1]
         if self.cfg.static_answer is not None and call.api is Api.KSERVE_V2:
             self._count(call.model, "3")
             self.ctx.telemetry.decide(call, "fallback", "3", "static answer: "
                                       + "; ".join(reasons), header="level")
             call.decisions["mmguard-stale"] = "true"
+            call.state[ANSWERED_BY] = "(static)"
             return Result(call.model, "", call.id, [_static(s) for s in self.cfg.static_answer])
         retry = min((b.retry_after_s() for b in self.breakers.values()
                      if b.state == State.OPEN), default=1.0)

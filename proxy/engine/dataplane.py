@@ -25,6 +25,7 @@ from opentelemetry.trace import Span
 from proxy import __version__
 from proxy.backends.base import Backend
 from proxy.call import (
+    ANSWERED_BY,
     CANARY,
     REFUSED,
     Api,
@@ -298,6 +299,8 @@ class DataPlane:
         to its first event (its whole length is ``mmguard_stream_duration_seconds``)."""
         model = call.model if route is not None else "(unknown)"
         backend = route.spec.backend if route is not None else ""
+        if (by := call.state.get(ANSWERED_BY)) is not None:  # a lighter level, the cache
+            backend, m = by, self.telemetry.request_metrics(model, by, call.front)
         self.telemetry.count_request(m, model, backend, call.front, code)
         self.telemetry.observe_latency(m, (latency_ns or elapsed_ns) / 1e9)
         m.request_bytes.inc(call.nbytes)
@@ -394,9 +397,10 @@ class DataPlane:
         if isinstance(reply, Result):
             st.success_count += 1
             st.success_ns += elapsed_ns
-            st.execution_count += 1
-            st.inference_count += _batch_size(call)
-            st.last_inference_ms = int(time.time() * 1000)
+            if ANSWERED_BY not in call.state:  # the route's own model ran (not L2, not L3)
+                st.execution_count += 1
+                st.inference_count += _batch_size(call)
+                st.last_inference_ms = int(time.time() * 1000)
         else:
             st.fail_count += 1
             st.fail_ns += elapsed_ns

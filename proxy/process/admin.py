@@ -51,7 +51,7 @@ def admin_app(plane: DataPlane, token: str | None = None,
             return await handler(request)
         return checked
 
-    app = web.Application()
+    app = web.Application(middlewares=[_json_misses])
     app.router.add_post("/admin/reload", guarded(Access.MUTATES, _reloader(reload)))
     for route in _filter_routes():
         app.router.add_route(route.method, route.path,
@@ -69,6 +69,24 @@ def admin_app(plane: DataPlane, token: str | None = None,
     app.router.add_get("/admin/pod", workers)
     app.router.add_get("/admin", _index(plane))
     return app
+
+
+@web.middleware
+async def _json_misses(request: web.Request,
+                       handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                       ) -> web.StreamResponse:
+    """A path the admin API does not have, or a method a path does not take, answered in the
+    API's JSON like every other of its answers (aiohttp's are plain text)."""
+    try:
+        return await handler(request)
+    except web.HTTPMethodNotAllowed as exc:
+        return web.json_response(
+            {"error": f"{request.method} is not served on {request.path}; it takes "
+                      f"{', '.join(sorted(exc.allowed_methods))}"},
+            status=405, headers={"Allow": ", ".join(sorted(exc.allowed_methods))})
+    except web.HTTPNotFound:
+        return web.json_response({"error": f"no such admin endpoint: {request.method} "
+                                           f"{request.path}"}, status=404)
 
 
 def _index(plane: DataPlane) -> Handler:

@@ -304,6 +304,21 @@ def _drip_until_closed(url: str, limit_s: float) -> float:
     raise AssertionError(f"still open after {limit_s} s")
 
 
+def test_admin_misses_are_answered_in_the_apis_json(ort_models: Path) -> None:
+    """An unknown admin path, and a method a path does not take, get JSON like every other
+    admin answer (aiohttp's own were plain text), with ``Allow`` on a 405."""
+    with RunningMmguard(_admin_config(ort_models, token="t")) as m:
+        admin = m.admin_url.removeprefix("http://")
+        status, headers, body = _http(admin, "GET", "/admin/nope")
+        assert status == 404 and json.loads(body)["error"] == \
+            "no such admin endpoint: GET /admin/nope"
+        status, headers, body = _http(admin, "GET", "/admin/reload")
+        assert status == 405 and headers["Allow"] == "POST"
+        assert json.loads(body)["error"].startswith("GET is not served on /admin/reload")
+        status, headers, _ = _http(admin, "GET", "/metrics")
+        assert status == 200 and headers["Content-Type"].startswith("text/plain")
+
+
 def test_admin_listener_cuts_a_header_dripper(ort_models: Path) -> None:
     with RunningMmguard(_admin_config(ort_models, header_timeout_s=1.0)) as m:
         assert _drip_until_closed(m.admin_url, limit_s=15) < 1.0 + 5.0

@@ -160,3 +160,27 @@ def test_no_client_and_no_fault_moves_the_routers_weights(ort_models: Path, who:
         assert set(statuses) - {200} <= {504, 503} and set(statuses) != {200}, statuses
         paths = _admin(m, "/admin/routers")["front"]["paths"]
     assert {route: p["error_rate"] for route, p in paths.items()} == {"a": 0.0, "b": 0.0}
+
+
+def test_answers_of_other_levels_are_counted_as_theirs(ort_models: Path) -> None:
+    """An L3 answer is the cache's, not a success of the route's backend: counted under
+    ``backend="(cache)"``, and the model's statistics count one execution for the one time the
+    model ran (red team, round 3: four ``ok`` for ``ort`` and ``execution_count`` 4)."""
+    cfg = _canary_config(ort_models, [{"name": "idf", "backend": "ort",
+                                       "backend_model": "identity_fp32",
+                                       "filters": [{"fallback": {}}]}])
+    with RunningMmguard(cfg) as m:
+        m.wait_ready()
+        assert _infer(m, "idf", X)[0] == 200
+        _admin(m, "/admin/breakers/idf/idf/open", post=True)
+        for _ in range(3):
+            status, headers, _ = _infer(m, "idf", X)
+            assert status == 200 and headers["mmguard-stale"] == "true"
+        metrics = urllib.request.urlopen(m.admin_url + "/metrics", timeout=10).read().decode()
+        req = urllib.request.urlopen(f"http://{m.http_url}/v2/models/idf/stats", timeout=10)
+        stats = json.loads(req.read())["model_stats"][0]
+    assert ('mmguard_requests_total{backend="ort",code="ok",front="http",model="idf"} 1.0'
+            in metrics)
+    assert ('mmguard_requests_total{backend="(cache)",code="ok",front="http",model="idf"} 3.0'
+            in metrics)
+    assert stats["execution_count"] == 1 and stats["inference_stats"]["success"]["count"] == 4
