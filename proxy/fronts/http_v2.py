@@ -14,6 +14,7 @@ import asyncio
 import base64
 import binascii
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,7 @@ from proxy import __version__
 from proxy.backends.base import RepositoryParameter
 from proxy.call import Call, LocalReply, Result
 from proxy.engine.dataplane import DataPlane, refused_extension
-from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after
+from proxy.errors import STATUS, ErrorKind, ProxyError, retry_after, unknown_model
 from proxy.fronts.body import (
     BodyBounds,
     body_bounds,
@@ -111,6 +112,8 @@ class InferAnswer:
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
+        if "%" in request.raw_path and request.raw_path.startswith("/v2"):
+            _escaped(request)  # Triton reads a KServe path as it came: aiohttp decodes it
         return await handler(request)
     except ProxyError as err:
         return error_response(LocalReply.from_error(err))
@@ -343,6 +346,26 @@ class HttpFront:
         call.headers = {k.lower(): v for k, v in req.headers.items()}
         call.deadline = header_deadline(call.headers)
         return call
+
+
+_TRITON_MODEL_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?(?:/(?:infer|generate|"
+                                r"generate_stream|ready|config|stats|trace/setting))?")
+"""The model paths of Triton's HTTP server, matched as Triton matches them: on the path as it
+came, percent-escapes and all."""
+
+
+def _escaped(request: web.Request) -> None:
+    """A KServe v2 path with percent-escapes answered as Triton answers it (it does not decode
+    them): a model path names a model whose name is the escaped text (unknown, unless a route
+    has that very name), any other path is not one of Triton's (404). aiohttp would decode
+    ``identity%5Ffp32`` and serve ``identity_fp32``: the same URL would reach another model
+    through mmguard than directly."""
+    path = request.raw_path.split("?", 1)[0]
+    found = _TRITON_MODEL_PATH.fullmatch(path)
+    if found is None:
+        raise web.HTTPNotFound()
+    if found.group(1) != request.match_info.get("model"):
+        raise unknown_model(found.group(1), found.group(2) or "")
 
 
 def _refused(extension: str) -> Handler:

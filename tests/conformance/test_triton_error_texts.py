@@ -60,6 +60,18 @@ HTTP_CASES: dict[str, Http] = {
     "unknown-model-config": Http("GET", "/v2/models/nope/config", 404, UNKNOWN),
     "unknown-model-stats": Http("GET", "/v2/models/nope/stats", 400,
                                 "requested model 'nope' is not available"),
+    # Triton matches a path as it came: percent-escapes are not decoded (aiohttp decodes them,
+    # and mmguard served identity_fp32 for identity%5Ffp32)
+    "escaped-model-infer": Http("POST", "/v2/models/identity%5Ffp32/infer", 404,
+                                "Request for unknown model: 'identity%5Ffp32' is not found",
+                                _doc(data=[0] * 16)),
+    "escaped-model-metadata": Http("GET", "/v2/models/%69dentity_fp32", 404,
+                                   "Request for unknown model: '%69dentity_fp32' is not found"),
+    "escaped-space-in-model": Http("POST", "/v2/models/identity_fp32%20/infer", 404,
+                                   "Request for unknown model: 'identity_fp32%20' is not found",
+                                   _doc(data=[0] * 16)),
+    "escaped-version": Http("POST", "/v2/models/identity_fp32/versions/%31/infer", 404,
+                            "Not Found", _doc(data=[0] * 16)),
     "version-not-a-number-infer": Http(
         "POST", "/v2/models/small_fp32/versions/wrong_specification/infer", 404, "Not Found",
         _doc(data=[0] * 16)),
