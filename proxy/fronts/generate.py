@@ -45,6 +45,7 @@ from proxy.errors import ErrorKind, ProxyError
 from proxy.fronts.body import INLINE_JSON_BYTES, body_bounds, header_deadline, read_raw
 from proxy.tensor import json_bytes
 from proxy.wire import kserve_http
+from proxy.wire.json_floats import FLOAT_TYPES, Spliced
 
 log = logging.getLogger("mmguard.http")
 
@@ -191,14 +192,20 @@ def answer_document(call: Call, result: Result) -> bytes:
     for key, value in result.parameters.items():
         if key != FINAL_FLAG and isinstance(value, (bool, int, float, str)):
             fields[key] = value
+    floats = Spliced()  # float outputs written as Triton writes them (json_floats)
     for t in result.outputs:
         if t.datatype in kserve_http.NO_JSON_OUTPUT:
             raise kserve_http.bad(f"sending {t.datatype} data via JSON is not supported. "
                                   f"Please use the binary data format for output "
                                   f"(output '{t.name}' is {t.datatype})")
-        values = t.to_list()
-        fields[t.name] = values[0] if len(values) == 1 else values
-    return json_bytes({k: fields[k] for k in sorted(fields, key=lambda k: k.encode())})
+        if t.datatype in FLOAT_TYPES:
+            values = t.numpy().reshape(-1)
+            fields[t.name] = floats.stand_in(values, alone=values.size == 1)
+            continue
+        listed = t.to_list()
+        fields[t.name] = listed[0] if len(listed) == 1 else listed
+    return floats.into(json_bytes({k: fields[k] for k in sorted(fields,
+                                                                key=lambda k: k.encode())}))
 
 
 class GenerateFront:

@@ -29,6 +29,7 @@ from proxy.tensor import (
 )
 from proxy.wire import triton_json as typed
 from proxy.wire.answers import answer_error, output_problem
+from proxy.wire.json_floats import FLOAT_TYPES, Spliced
 from proxy.wire.kserve_raw import check_byte_size, header_length_value
 from proxy.wire.numbers import json_loads
 
@@ -446,6 +447,7 @@ def encode_response(call: Call, result: Result) -> tuple[bytes, int | None]:
     if result.parameters:
         head["parameters"] = result.parameters
     chunks: list[Any] = []
+    floats = Spliced()  # float tensors written as Triton writes them (json_floats)
     in_regions = call.state.get(WRITTEN) or frozenset()
     for t in result.outputs:
         binary = asked.get(t.name, {}).get("binary_data", want_binary_all)
@@ -465,11 +467,12 @@ def encode_response(call: Call, result: Result) -> tuple[bytes, int | None]:
                       f"binary data format for output (output '{t.name}' is {t.datatype}, "
                       "which a JSON answer cannot carry; ask for it with binary_data: true)")
         else:
-            entry["data"] = t.to_list()
+            entry["data"] = (floats.stand_in(t.numpy()) if t.datatype in FLOAT_TYPES
+                             else t.to_list())
         if params:
             entry["parameters"] = params
         head["outputs"].append(entry)
-    header = json_bytes(head)
+    header = floats.into(json_bytes(head))
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)
