@@ -86,7 +86,7 @@ class VllmBackend(HttpBackend):
                                     server_version, tokenizer),
             config={"name": model, "backend": "vllm", "max_model_len": entry.get("max_model_len"),
                     "root": entry.get("root"), "vllm_version": server_version,
-                    "tokenizer": tokenizer},
+                    "tokenizer": tokenizer, "model_entry": entry},
         )
 
     async def _tokenizer_fingerprint(self, model: str) -> dict[str, Any]:

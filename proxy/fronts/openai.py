@@ -41,7 +41,7 @@ from proxy.fronts.media_fetch import FetchBudget, ImageFetcher
 from proxy.fronts.openai_answers import AnswerCounts, rename_answer
 from proxy.fronts.openai_refusals import register_refusals
 from proxy.telemetry.metrics import Observations
-from proxy.wire import openai
+from proxy.wire import openai, vllm_words
 from proxy.wire.media_urls import HostAllowList
 from proxy.wire.openai_parts import UrlSite
 
@@ -67,9 +67,29 @@ def error_plain(reply: LocalReply, decisions: dict[str, str] | None = None) -> P
     if reply.body is not None:  # the backend's own, or vLLM's words (proxy.wire.vllm_words)
         headers["Content-Type"] = "application/json"
         return Plain(reply.status or STATUS[reply.kind].http, headers, reply.body)
-    headers["Content-Type"] = "application/json; charset=utf-8"  # as aiohttp's json_response
-    body = json.dumps(openai.error_body(reply.kind, reply.message, reply.param)).encode()
+    headers["Content-Type"] = "application/json"  # as vLLM's JSONResponse: compact, no charset
+    body = json.dumps(openai.error_body(reply.kind, reply.message, reply.param),
+                      separators=(",", ":")).encode()
     return Plain(STATUS[reply.kind].http, headers, body)
+
+
+def model_entry(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    """A route's ``/v1/models`` entry as its vLLM lists the model (every field, in its order:
+    ``owned_by``, ``parent``, ``permission``), under the route's name, created now as vLLM
+    dates each listing."""
+    entry = dict(config.get("model_entry") or {"id": name, "object": "model", "created": 0,
+                                               "owned_by": "vllm", "root": config.get("root"),
+                                               "parent": None,
+                                               "max_model_len": config.get("max_model_len")})
+    now = int(time.time())
+    entry["id"] = name
+    if "created" in entry:
+        entry["created"] = now
+    permissions = entry.get("permission")
+    if isinstance(permissions, list):
+        entry["permission"] = [{**p, "created": now} if isinstance(p, dict) and "created" in p
+                               else p for p in permissions]
+    return entry
 
 
 def openai_error(reply: LocalReply, decisions: dict[str, str] | None = None) -> web.Response:
@@ -161,9 +181,7 @@ class OpenAIFront:
         once the call is answered."""
         media = ex.headers.get("Content-Type", "").lower().split(";", 1)[0]
         if media != "application/json":  # vLLM's check, in its words (curl -d sends a form)
-            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
-                             "1 validation error:\n  Unsupported Media Type: Only "
-                             "'application/json' is allowed")
+            raise vllm_words.media_type()
         rules = self.rules()
         body = await self._body(ex)
         call = (await asyncio.to_thread(openai.parse_request, body, endpoint)  # big JSON off
@@ -203,10 +221,10 @@ class OpenAIFront:
             contract = runtime.contracts.get(name)
             if contract is None:
                 continue
-            data.append({"id": name, "object": "model", "created": 0, "owned_by": "mmguard",
-                         "root": contract.config.get("root"),
-                         "max_model_len": contract.context_length})
-        return web.json_response({"object": "list", "data": data})
+            data.append(model_entry(name, contract.config))
+        return web.Response(body=json.dumps({"object": "list", "data": data},
+                                            separators=(",", ":")).encode(),
+                            content_type="application/json")
 
     def _infer_handler(self, endpoint: str) -> Any:
         async def handler(request: web.Request) -> web.StreamResponse:

@@ -158,7 +158,9 @@ def parse_request(body: bytes, endpoint: str) -> Call:
         doc = json_loads(body)
     except json.JSONDecodeError as exc:
         raise vllm_words.not_json(exc) from None
-    except (ValueError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError:
+        raise vllm_words.not_utf8() from None
+    except ValueError as exc:
         raise bad(f"malformed JSON in the request body: {exc}") from None
     except RecursionError:
         raise bad("the JSON in the request body is nested too deeply") from None

@@ -40,9 +40,7 @@ def validation_error(loc: str, kind: str, msg: str, value: Any, ctx: str | None 
     text = (f"1 validation error:\n  {{'type': '{kind}', 'loc': '{loc}', 'msg': '{msg}', "
             f"'input': {_shown(value)}" + (f", 'ctx': {{'error': {ctx!r}}}" if ctx else "")
             + "}")
-    body = json.dumps({"error": {"message": text, "type": "Bad Request", "param": loc,
-                                 "code": 400}}, separators=(",", ":")).encode()
-    return ProxyError(ErrorKind.INVALID_ARGUMENT, text, param=loc, status=400, body=body)
+    return validation_error_text(text, loc)
 
 
 def not_json(exc: json.JSONDecodeError) -> ProxyError:
@@ -62,6 +60,28 @@ def not_a_string(loc: str, value: Any) -> ProxyError:
     return validation_error(loc, "string_type", "Input should be a valid string", value)
 
 
+def not_utf8() -> ProxyError:
+    """A body that is not UTF-8: Starlette's words, before vLLM's model reads anything."""
+    body = json.dumps({"detail": "There was an error parsing the body"},
+                      separators=(",", ":")).encode()
+    return ProxyError(ErrorKind.INVALID_ARGUMENT, "There was an error parsing the body",
+                      status=400, body=body)
+
+
+def media_type() -> ProxyError:
+    """A body not sent as ``application/json``: vLLM's check, in its words and shape."""
+    return validation_error_text("1 validation error:\n  Unsupported Media Type: Only "
+                                 "'application/json' is allowed", None)
+
+
+def validation_error_text(text: str, loc: str | None) -> ProxyError:
+    body = json.dumps({"error": {"message": text, "type": "Bad Request", "param": loc,
+                                 "code": 400}}, separators=(",", ":")).encode()
+    return ProxyError(ErrorKind.INVALID_ARGUMENT, text, param=loc, status=400, body=body)
+
+
 def not_an_object(value: Any) -> ProxyError:
+    if value is None:  # a body of ``null`` is no body to FastAPI
+        return missing("body", None)
     return validation_error("body", "model_attributes_type", "Input should be a valid "
                             "dictionary or object to extract fields from", value)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -400,9 +401,25 @@ def test_invocations(side: Side, direct: Side) -> None:
     same_as_direct(side, direct, "invocations", (chat, completion), _invocations)
 
 
-def test_models(side: Side) -> None:
+def test_models(side: Side, direct: Side) -> None:
+    """Each entry as vLLM lists it: every field in its order (``owned_by`` "vllm", ``parent``,
+    ``permission``), ``created`` the listing's time, compact JSON; mmguard wrote its own."""
     models = {m.id: m for m in side.sdk().models.list().data}
     assert models[LLAVA].model_extra["max_model_len"] == 128  # type: ignore[index]
+
+    def listing(s: Side) -> tuple[bytes, dict[str, Any]]:
+        with urllib.request.urlopen(s.llava + "/v1/models", timeout=60) as r:
+            raw = r.read()
+        entry = next(m for m in json.loads(raw)["data"] if m["id"] == LLAVA)
+        return raw, entry
+
+    raw, entry = listing(side)
+    direct_raw, direct_entry = listing(direct)
+    assert list(entry) == list(direct_entry) and entry["owned_by"] == direct_entry["owned_by"]
+    assert abs(entry["created"] - time.time()) < 600
+    assert [list(p) for p in entry["permission"]] == \
+        [list(p) for p in direct_entry["permission"]]
+    assert b'", "' not in raw and b'", "' not in direct_raw  # compact, as vLLM writes it
 
 
 def test_errors_keep_their_status_and_param(side: Side) -> None:
@@ -499,7 +516,7 @@ def test_content_type_is_checked_as_vllm_checks_it(side: Side, direct: Side,
     """vLLM takes a JSON media type only (``curl -d`` sends a form); mmguard served any."""
     body = json.dumps({"model": LLAVA, "messages": USER, "max_tokens": 2}).encode()
 
-    def status(s: Side) -> tuple[int, str]:
+    def status(s: Side) -> tuple[int, bytes]:
         req = urllib.request.Request(s.llava + "/v1/chat/completions", body, method="POST")
         if ctype is not None:
             req.add_header("Content-Type", ctype)
@@ -507,10 +524,10 @@ def test_content_type_is_checked_as_vllm_checks_it(side: Side, direct: Side,
             req.remove_header("Content-type")
         try:
             with urllib.request.urlopen(req, timeout=120) as r:
-                return r.status, ""
+                return r.status, b""
         except urllib.error.HTTPError as e:
-            with e:
-                return e.code, json.loads(e.read())["error"]["message"]
+            with e:  # the whole body: vLLM's type ("Bad Request") and its compact JSON
+                return e.code, e.read()
 
     got = status(side)
     assert got[0] == (200 if ctype and "json" in ctype.lower() else 400), got
@@ -526,6 +543,8 @@ REFUSED_FIRST = {  # case: (path, raw body) mmguard reads before vLLM would
     "body-a-list": ("/v1/chat/completions", b'[1, 2]'),
     "body-empty": ("/v1/chat/completions", b''),
     "body-not-json": ("/v1/chat/completions", b'{nope'),
+    "body-null": ("/v1/completions", b'null'),
+    "body-not-utf8": ("/v1/completions", b'{"model": "tiny-llava", "prompt": "caf\xe9"}'),
     "completion-without-prompt": ("/v1/completions", b'{"model": "tiny-llava"}'),
     "completion-with-messages": ("/v1/completions", b'{"model": "tiny-llava", "prompt": "a", '
                                  b'"max_tokens": 2, "temperature": 0, "messages": [{"role": '
@@ -540,8 +559,9 @@ SERVED = ("completion-with-messages", "completion-token-ids-read-lax")
 @pytest.mark.parametrize("case", list(REFUSED_FIRST))
 def test_a_mistake_mmguard_finds_first_reads_as_vllms(side: Side, direct: Side,
                                                        case: str) -> None:
-    """Status, message, type and param as vLLM's own (its validation errors are pydantic's,
-    in FastAPI's format); mmguard answered in its own words, which no vLLM client knew."""
+    """The error body byte for byte as vLLM's own (its validation errors are pydantic's, in
+    FastAPI's format, written compact); mmguard answered in its own words, which no vLLM
+    client knew, then in vLLM's words with its own spacing."""
     path, body = REFUSED_FIRST[case]
 
     def answer(s: Side) -> tuple[int, Any]:
@@ -552,7 +572,7 @@ def test_a_mistake_mmguard_finds_first_reads_as_vllms(side: Side, direct: Side,
                 return r.status, json.loads(r.read())["object"]
         except urllib.error.HTTPError as e:
             with e:
-                return e.code, json.loads(e.read())["error"]
+                return e.code, e.read()
 
     got = answer(side)
     assert got[0] == (200 if case in SERVED else 400), got
