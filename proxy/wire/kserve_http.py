@@ -304,6 +304,11 @@ def _check_int_range(t: Tensor) -> None:
             raise ValueError(f"{low if low < lo else high} is outside [{lo}, {hi}]")
 
 
+GRPC_ONLY_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
+"""Read by Triton's gRPC front only (for its decoupled streams, which an HTTP backend does not
+carry); its HTTP front refuses any ``triton_`` key."""
+
+
 def encode_request(call: Call) -> tuple[list[Payload], int | None, bool]:
     """Body parts and header length for an HTTP backend; the flag says whether the client's own
     body was forwarded (then the backend's answer is already in the form the client asked for).
@@ -313,8 +318,9 @@ def encode_request(call: Call) -> tuple[list[Payload], int | None, bool]:
     head: dict[str, Any] = {"inputs": []}
     if call.id:
         head["id"] = call.id
-    if call.parameters:
-        head["parameters"] = dict(call.parameters)
+    params = {k: v for k, v in call.parameters.items() if k not in GRPC_ONLY_PARAMETERS}
+    if params:
+        head["parameters"] = params
     chunks: list[Any] = []
     for t in call.inputs:
         raw = t.raw_bytes()
