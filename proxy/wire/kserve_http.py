@@ -30,7 +30,7 @@ from proxy.tensor import (
 from proxy.wire import triton_json as typed
 from proxy.wire.answers import answer_error, output_problem
 from proxy.wire.kserve_raw import check_byte_size, header_length_value
-from proxy.wire.numbers import json_loads
+from proxy.wire.numbers import NumberTooBig, json_loads
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_TYPE = "application/json"
@@ -57,6 +57,8 @@ def split_body(body: bytes, header_length: str | None,
         head = bytes(body if hlen is None else body[:hlen]).decode("utf-8", "surrogateescape")
     try:
         doc = json_loads(head, first_wins=True)  # as Triton reads a repeated key
+    except NumberTooBig as exc:
+        raise bad(f"failed to parse the {what} JSON buffer: {exc}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad(f"failed to parse the {what} JSON buffer: malformed JSON in the {what} body: "
                   f"{exc}") from None
@@ -175,8 +177,8 @@ def _decode_input(i: int, item: Any, view: memoryview, offset: int, has_binary: 
                      f"input '{name}': 'data' is {type(item['data']).__name__}")
         t = Tensor(name, datatype, tuple(shape), data=item["data"], parameters=params)
         t.check_shape()
-        _check_json_count(t)
-        typed.check_data(name, datatype, flatten(item["data"]))
+        t.data = _json_elements(t)  # any nesting, ragged too: Triton reads the elements
+        typed.check_data(name, datatype, t.data)
         _check_json_data(t)
     t.check_payload((model, request_id))
     return t, offset
@@ -204,15 +206,17 @@ def _check_count(where: str, count: int, limit: int, what: str) -> None:
         raise bad(f"{where} has {count} {what}; mmguard takes at most {limit}")
 
 
-def _check_json_count(t: Tensor) -> None:
-    """The shape's element count against the elements of 'data', before any conversion: a
-    shape of [1] with a million numbers is refused without building a million-element array."""
+def _json_elements(t: Tensor) -> list[Any]:
+    """The elements of 'data' in order, whatever its nesting (Triton flattens it, ragged rows
+    and empty ones included, and holds only their count to the shape's), counted before any
+    conversion: a shape of [1] with a million numbers is refused without building them all."""
     assert t.data is not None
     count = t.elements
     limit = 2 * count + 1024  # exact counts for small mistakes, a bound for huge lists
-    held = _count_json_elements(t.data, limit)
+    elements = _flat_elements(t.data, limit)
+    held = len(elements)
     if held == count:
-        return
+        return elements
     exact = held <= limit
     got = f"{held}" if exact else f"more than {limit}"
     size = itemsize(t.datatype)
@@ -228,29 +232,36 @@ _SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'd
 """Triton's words (with HTTP 500 there; a client's mistake is 400 here, as on Triton's gRPC)."""
 
 
-def _count_json_elements(data: list[Any], limit: int) -> int:
-    """The elements of a (possibly nested) JSON list, counted up to ``limit + 1``."""
-    count = 0
+def _flat_elements(data: list[Any], limit: int) -> list[Any]:
+    """The leaves of a (possibly nested) JSON list, in order, up to ``limit + 1`` of them;
+    without recursion (the nesting is as deep as the parser allowed)."""
+    out: list[Any] = []
     stack = [iter(data)]
     while stack:
         for x in stack[-1]:
             if isinstance(x, list):
                 stack.append(iter(x))
                 break
-            count += 1
-            if count > limit:
-                return count
+            out.append(x)
+            if len(out) > limit:
+                return out
         else:
             stack.pop()
-    return count
+    return out
 
 
 def _check_json_data(t: Tensor) -> None:
+    """``t.data`` (flat) converted as Triton converts it; an FP32 element past float32's range
+    becomes ±inf, as Triton's cast of the double makes it."""
     try:
         if t.datatype in _INT_RANGES:
             _check_int_range(t)
-        raw = t.to_raw()
-    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        if t.datatype == "FP32":
+            with np.errstate(over="ignore"):
+                raw = np.asarray(t.data, dtype=np.float64).astype(np.float32).tobytes()
+        else:
+            raw = t.to_raw()
+    except (ValueError, TypeError, OverflowError) as exc:
         raise bad(f"input '{t.name}': data does not fit {t.datatype}: {exc}") from None
     t.raw, t.data = raw, None  # check_payload then reports any count mismatch exactly
 
