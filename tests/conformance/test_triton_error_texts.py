@@ -125,6 +125,20 @@ HTTP_CASES: dict[str, Http] = {
                            mmguard_status=400),
     "no-inputs": Http("POST", "/v2/models/small_fp32/infer", 500, "Unable to parse 'inputs'",
                       b"{}", mmguard_status=400),
+    "no-input-in-the-list": Http(
+        "POST", "/v2/models/small_fp32/infer", 400,
+        "[request id: <id_unknown>] expected 1 inputs but got 0 inputs for model 'small_fp32'. "
+        "Got input(s) [], but missing required input(s) ['x']. Please provide all required "
+        "input(s).", b'{"inputs": []}'),
+    "no-input-in-the-list-with-an-id": Http(
+        "POST", "/v2/models/small_fp32/infer", 400,
+        "[request id: r1] expected 1 inputs but got 0 inputs for model 'small_fp32'.",
+        b'{"id": "r1", "inputs": []}'),
+    **{f"request-parameter-of-{kind}": Http(
+        "POST", "/v2/models/small_fp32/infer", 400, "parameter 'f' has invalid type. It "
+        "should be either 'int', 'bool', or 'string'.",
+        _doc(data=[0] * 16)[:-1] + b', "parameters": {"i": 1, "f": ' + value + b"}}")
+       for kind, value in (("object", b"{}"), ("array", b"[1]"), ("null", b"null"))},
     "data-shorter-than-shape": Http(
         "POST", "/v2/models/small_fp32/infer", 500,
         "Unable to parse 'data': Shape does not match true shape of 'data' field",

@@ -7,12 +7,15 @@ Triton's HTTP front reads them.
 
 from __future__ import annotations
 
+import json
+
 import grpc
 import numpy as np
 import pytest
 
 from proxy.pb import grpc_service_pb2 as pb
 from tests.conformance.conftest import Target
+from tests.support.wire import http_post
 
 P = pb.InferParameter
 KINDS = {"int64": P(int64_param=3), "uint64": P(uint64_param=3), "bool": P(bool_param=True),
@@ -73,3 +76,28 @@ def test_grpc_negative_priority(target: Target) -> None:
 
 def test_grpc_largest_uint64_priority(target: Target) -> None:
     assert _grpc_infer(target, {"priority": P(uint64_param=2**64 - 1)}) == ("OK", "")
+
+
+BIG = {"above-int64": "9223372036854775808", "largest-uint64": "18446744073709551615",
+       "above-uint64": "18446744073709551616", "below-int64": "-9223372036854775809"}
+
+
+@pytest.mark.parametrize("case", list(BIG))
+def test_http_integer_parameter_past_int64_is_a_double(target: Target, case: str) -> None:
+    """Triton reads an integer past int64 as a double and the model sees one (mmguard refused
+    it as outside the int64 range); ``echo_params`` shows what reached the model."""
+    body = ('{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[2],"data":[1,2]}],'
+            f'"parameters":{{"big":{BIG[case]}}}}}').encode()
+    status, _, answer = http_post(target.http_url, "/v2/models/echo_params/infer", body)
+    assert status == 200, answer
+    params = json.loads(next(o for o in json.loads(answer)["outputs"]
+                             if o["name"] == "PARAMS")["data"][0])
+    assert params == {"big": float(int(BIG[case]))}, params
+    assert type(params["big"]) is float
+
+
+def test_http_priority_up_to_uint64_taken(target: Target) -> None:
+    body = (b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,2],"data":[1,2]}],'
+            b'"parameters":{"priority":18446744073709551615}}')
+    status, _, answer = http_post(target.http_url, "/v2/models/identity_fp32/infer", body)
+    assert status == 200, answer

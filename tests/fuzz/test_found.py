@@ -311,8 +311,8 @@ def test_lone_surrogates_and_int64_overflow_in_names_and_parameters_are_400() ->
                   "the request: a parameter name is not valid Unicode text")
     _http_refuses(_v2(outputs=[{"name": "o", "parameters": {"k": 2**63}}]),
                   "output 'o': parameter 'k' is 9223372036854775808, outside the int64 range")
-    _http_refuses(_v2(parameters={"k": [1]}), "the request: parameter 'k' must be a bool, an "
-                  "integer, a number or a string, got list")
+    _http_refuses(_v2(parameters={"k": [1]}), "parameter 'k' has invalid type. It should be "
+                  "either 'int', 'bool', or 'string'.")  # Triton's words
 
 
 @pytest.mark.parametrize("data,came", [([-1, None, 0], "element 0 is -1"),
