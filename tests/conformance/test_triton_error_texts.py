@@ -60,6 +60,9 @@ HTTP_CASES: dict[str, Http] = {
     "unknown-model-config": Http("GET", "/v2/models/nope/config", 404, UNKNOWN),
     "unknown-model-stats": Http("GET", "/v2/models/nope/stats", 400,
                                 "requested model 'nope' is not available"),
+    "version-unknown-stats": Http("GET", "/v2/models/small_fp32/versions/7/stats", 400,
+                                  "requested model version is not available for model "
+                                  "'small_fp32'"),
     "version-not-a-number-infer": Http(
         "POST", "/v2/models/small_fp32/versions/wrong_specification/infer", 404, "Not Found",
         _doc(data=[0] * 16)),
@@ -293,6 +296,10 @@ GRPC_CASES: dict[str, tuple[str, object, grpc.StatusCode, str]] = {
         "ModelStatistics", pb.ModelStatisticsRequest(name="small_fp32",
                                                      version="wrong_specification"),
         grpc.StatusCode.INVALID_ARGUMENT, STOL),
+    "version-unknown-stats": ("ModelStatistics",
+                              pb.ModelStatisticsRequest(name="small_fp32", version="7"),
+                              grpc.StatusCode.INVALID_ARGUMENT, "requested model version is "
+                              "not available for model 'small_fp32'"),
     "version-negative": ("ModelInfer", _infer("-1"), grpc.StatusCode.INVALID_ARGUMENT,
                          NEGATIVE),
     "version-unknown-infer": ("ModelInfer", _infer("7"), grpc.StatusCode.NOT_FOUND, VERSION_7),
