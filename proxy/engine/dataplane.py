@@ -217,22 +217,15 @@ class DataPlane:
 
     def model_stats(self, model: str = "", version: str = ""
                     ) -> dict[str, tuple[str, ModelStats]]:
-        """Each model's counts with the version its entry names, as Triton writes it: the one
-        asked for (refused, as Triton refuses it, when the backend has no such version), else
-        the backend's latest ("" until its metadata came)."""
+        """Each model's counts, and the version its entry names (as Triton writes it; ""
+        until the backend's metadata came)."""
         version = model_version(version)
         if model and model not in self.runtime.served:
             raise unknown_model_statistics(model)
-        out: dict[str, tuple[str, ModelStats]] = {}
-        for name in [model] if model else self.runtime.served:
-            known = self.runtime.contracts.get(name)
-            versions = known.versions if known is not None else ()
-            if version and versions and version not in versions:
-                raise ProxyError(ErrorKind.INVALID_ARGUMENT, "requested model version is not "
-                                 f"available for model '{name}'")
-            latest = max(versions, key=lambda v: (len(v), v), default="")
-            out[name] = (version or latest, self.stats.get(name, ModelStats()))
-        return out
+        contracts = self.runtime.contracts
+        return {name: (contracts[name].statistics_version(name, version) if name in contracts
+                       else version, self.stats.get(name, ModelStats()))
+                for name in ([model] if model else self.runtime.served)}
 
     # --- inference --------------------------------------------------------------------------
 
