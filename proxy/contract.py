@@ -28,6 +28,8 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from tritonclient.grpc import model_config_pb2 as triton_config
 
+from proxy.errors import ErrorKind, ProxyError
+
 
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
@@ -57,6 +59,15 @@ class ModelContract:
 
     def output(self, name: str) -> TensorSpec | None:
         return next((t for t in self.outputs if t.name == name), None)
+
+    def statistics_version(self, model: str, asked: str) -> str:
+        """The version a statistics entry of ``model`` names, as Triton writes it: ``asked``
+        (refused, as Triton refuses it, when the backend has no such version), else the
+        latest."""
+        if asked and self.versions and asked not in self.versions:
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT, "requested model version is not "
+                             f"available for model '{model}'")
+        return asked or max(self.versions, key=lambda v: (len(v), v), default="")
 
     def metadata_json(self) -> dict[str, Any]:
         """The v2 model-metadata object."""

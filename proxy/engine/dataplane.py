@@ -216,13 +216,16 @@ class DataPlane:
             raise unknown_model(model, version)
         return contract
 
-    def model_stats(self, model: str = "", version: str = "") -> dict[str, ModelStats]:
-        model_version(version)
-        if model:
-            if model not in self.runtime.served:
-                raise unknown_model_statistics(model)
-            return {model: self.stats.get(model, ModelStats())}
-        return {name: self.stats.get(name, ModelStats()) for name in self.runtime.served}
+    def model_stats(self, model: str = "", version: str = ""
+                    ) -> dict[str, tuple[str, ModelStats]]:
+        """Each model's ``ModelStats``, and the version its entry names (as Triton writes it)."""
+        version = model_version(version)
+        if model and model not in self.runtime.served:
+            raise unknown_model_statistics(model)
+        contracts = self.runtime.contracts
+        return {name: (contracts[name].statistics_version(name, version) if name in contracts
+                       else version, self.stats.get(name, ModelStats()))
+                for name in ([model] if model else self.runtime.served)}
 
     # --- inference --------------------------------------------------------------------------
 
@@ -427,8 +430,7 @@ class DataPlane:
 UNDECODED = "(undecoded)"
 """The model label of requests refused before they could be read as a call."""
 STREAM_BROKEN = "stream_broken"
-"""The code of a stream that failed after its first event: its client got 200 and a broken
-answer. Counted against the error budget like any failure."""
+"""A stream that failed after its first event (its client got 200 and a broken answer)."""
 
 
 def _code(reply: Reply) -> str:
@@ -495,6 +497,4 @@ def _end_span(span: Span, call: Call, failure: LocalReply | None, broken: bool =
 
 
 def _batch_size(call: Call) -> int:
-    if call.inputs and call.inputs[0].shape:
-        return max(call.inputs[0].shape[0], 1)
-    return 1
+    return max(call.inputs[0].shape[0], 1) if call.inputs and call.inputs[0].shape else 1

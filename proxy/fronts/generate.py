@@ -3,7 +3,7 @@ generate`` (one JSON answer) and ``.../generate_stream`` (server-sent events, on
 read and answered as Triton reads and answers them, through the same data plane and filter
 chain as ``infer`` (a guard a client could step around by changing the path is no guard).
 
-What MUST hold (``tests/integration/test_triton_generate.py`` runs each case against Triton
+What MUST hold (``tests/conformance/test_triton_generate.py`` runs each case against Triton
 itself and through mmguard, with the same assertions):
 
 - The request's top-level keys are read in their order: a key that names an input of the model

@@ -179,8 +179,8 @@ class GrpcFront:
     async def model_statistics(self, req: pb.ModelStatisticsRequest,
                                ctx: Any) -> pb.ModelStatisticsResponse:
         resp = pb.ModelStatisticsResponse()
-        for name, st in self.plane.model_stats(req.name, req.version).items():
-            s = resp.model_stats.add(name=name, version=req.version,
+        for name, (version, st) in self.plane.model_stats(req.name, req.version).items():
+            s = resp.model_stats.add(name=name, version=version,
                                      last_inference=st.last_inference_ms,
                                      inference_count=st.inference_count,
                                      execution_count=st.execution_count)

@@ -247,10 +247,10 @@ class HttpFront:
         return web.json_response(cfg)
 
     async def stats(self, request: web.Request) -> web.Response:
-        version = request.match_info.get("version", "")
         out = []
-        for name, st in self.plane.model_stats(request.match_info.get("model", ""),
-                                               version).items():
+        for name, (version, st) in self.plane.model_stats(
+                request.match_info.get("model", ""), request.match_info.get("version", "")
+        ).items():
             out.append({
                 "name": name, "version": version, "last_inference": st.last_inference_ms,
                 "inference_count": st.inference_count, "execution_count": st.execution_count,

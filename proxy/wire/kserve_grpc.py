@@ -93,7 +93,7 @@ def _call_from(req: pb.ModelInferRequest, raws: list[memoryview],
     return Call(
         model=req.model_name, version=req.model_version, id=req.id, inputs=inputs,
         outputs=[_requested(o) for o in req.outputs],
-        parameters=params_from_pb(req.parameters), front="grpc", wire=Wire("grpc", body),
+        parameters=request_params(req.parameters), front="grpc", wire=Wire("grpc", body),
     )
 
 
@@ -402,11 +402,49 @@ def params_from_pb(params: Any) -> dict[str, Any]:
     return out
 
 
+_CUSTOM_KINDS = (("int64_param", "bool_param", "string_param", "double_param"),
+                 "int64_param, bool_param, or string_param")
+RESERVED_PARAMETERS = {
+    "sequence_id": (("int64_param", "string_param"), "int64_param or string_param"),
+    "sequence_start": (("bool_param",), "bool_param"),
+    "sequence_end": (("bool_param",), "bool_param"),
+    "priority": (("int64_param", "uint64_param"), "int64_param or uint64_param"),
+    "timeout": (("int64_param",), "int64_param"),
+    "triton_enable_empty_final_response": (("bool_param",), "bool_param"),
+}
+"""The request parameters Triton's gRPC front reads itself, with the kinds it takes (any other
+key is the model's, of ``_CUSTOM_KINDS``; Triton's text names no double_param, but takes it)."""
+
+
+def request_params(params: Any) -> dict[str, Any]:
+    """A request's parameters, refused as Triton's gRPC front refuses them, whatever backend
+    follows: a ``triton_http`` backend would read them by its HTTP front's rules (a
+    ``uint64_param`` or an unset value passed, a string ``priority`` an INTERNAL error)."""
+    for key, p in params.items():
+        if key.startswith("triton_") and key not in RESERVED_PARAMETERS:
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             "parameter keys starting with 'triton_' are reserved for Triton "
+                             "usage. Only the following keys starting with 'triton_' are "
+                             "allowed: triton_enable_empty_final_response")
+        kinds, words = RESERVED_PARAMETERS.get(key, _CUSTOM_KINDS)
+        which = p.WhichOneof("parameter_choice")
+        if which not in kinds:
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT, f"invalid value type for '{key}' "
+                             f"parameter, expected {words}. (got "
+                             f"{which or 'no value'})")
+        if key == "priority" and which == "int64_param" and p.int64_param < 0:
+            raise ProxyError(ErrorKind.INVALID_ARGUMENT,
+                             "invalid value for 'priority', expected value >= 0.")
+    return params_from_pb(params)
+
+
 def params_to_pb(target: Any, params: dict[str, Any]) -> None:
     for key, value in params.items():
         p = target[key]
         if isinstance(value, bool):
             p.bool_param = value
+        elif isinstance(value, int) and value >= 2**63:  # a priority may be a uint64
+            p.uint64_param = value
         elif isinstance(value, int):
             p.int64_param = value
         elif isinstance(value, float):

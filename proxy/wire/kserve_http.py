@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import numpy as np
-
 from proxy.call import Call, CallKey, Decoded, RequestedOutput, Result, Wire
 from proxy.errors import ErrorKind, ProxyError, bounded
 from proxy.tensor import (
@@ -24,14 +22,14 @@ from proxy.tensor import (
     Tensor,
     encode_bytes_elements,
     flatten,
-    itemsize,
     json_bytes,
 )
+from proxy.wire import json_data
 from proxy.wire import triton_json as typed
 from proxy.wire.answers import answer_error, output_problem
 from proxy.wire.json_floats import FLOAT_TYPES, Spliced
 from proxy.wire.kserve_raw import check_byte_size, header_length_value
-from proxy.wire.numbers import json_loads
+from proxy.wire.numbers import NumberTooBig, json_loads
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_TYPE = "application/json"
@@ -58,6 +56,8 @@ def split_body(body: bytes, header_length: str | None,
         head = bytes(body if hlen is None else body[:hlen]).decode("utf-8", "surrogateescape")
     try:
         doc = json_loads(head, first_wins=True)  # as Triton reads a repeated key
+    except NumberTooBig as exc:
+        raise bad(f"failed to parse the {what} JSON buffer: {exc}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad(f"failed to parse the {what} JSON buffer: malformed JSON in the {what} body: "
                   f"{exc}") from None
@@ -79,8 +79,9 @@ def decode_request(body: bytes, header_length: str | None, model: str, version: 
     if "id" in doc:
         typed.expect(doc["id"], "string", "Unable to parse 'id'")
     request_id = str(doc.get("id", ""))
-    if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise bad("Unable to parse 'inputs': the request needs a non-empty 'inputs' list")
+    if not isinstance(raw_inputs, list):  # none at all: the backend says which it needs
+        raise typed.refused("Unable to parse 'inputs'", "array",
+                            "the request needs an 'inputs' list")
     _check_count("'inputs'", len(raw_inputs), MAX_TENSORS, "inputs")
     view = memoryview(body)
     offset = hlen or 0
@@ -114,8 +115,7 @@ def decode_request(body: bytes, header_length: str | None, model: str, version: 
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise bad("'parameters' must be an object")
-    _check_params("the request", params)
-    typed.check_request_parameters(params)
+    params = _request_params(params)
     _check_text(request_id, "'id'")
     return Call(model=model, version=version, id=request_id, inputs=inputs,
                 outputs=outputs, parameters=params, front="http",
@@ -176,9 +176,9 @@ def _decode_input(i: int, item: Any, view: memoryview, offset: int, has_binary: 
                      f"input '{name}': 'data' is {type(item['data']).__name__}")
         t = Tensor(name, datatype, tuple(shape), data=item["data"], parameters=params)
         t.check_shape()
-        _check_json_count(t)
-        typed.check_data(name, datatype, flatten(item["data"]))
-        _check_json_data(t)
+        t.data = json_data.elements(t)  # any nesting, ragged too: Triton reads the elements
+        typed.check_data(name, datatype, t.data)
+        json_data.convert(t)
     t.check_payload((model, request_id))
     return t, offset
 
@@ -205,57 +205,6 @@ def _check_count(where: str, count: int, limit: int, what: str) -> None:
         raise bad(f"{where} has {count} {what}; mmguard takes at most {limit}")
 
 
-def _check_json_count(t: Tensor) -> None:
-    """The shape's element count against the elements of 'data', before any conversion: a
-    shape of [1] with a million numbers is refused without building a million-element array."""
-    assert t.data is not None
-    count = t.elements
-    limit = 2 * count + 1024  # exact counts for small mistakes, a bound for huge lists
-    held = _count_json_elements(t.data, limit)
-    if held == count:
-        return
-    exact = held <= limit
-    got = f"{held}" if exact else f"more than {limit}"
-    size = itemsize(t.datatype)
-    if size is None:
-        raise bad(f"{_SHAPE_MISMATCH} (input '{t.name}': shape needs {count} BYTES elements, "
-                  f"got {got} in 'data')")
-    got_bytes = f"{held * size}" if exact else f"more than {limit * size}"
-    raise bad(f"{_SHAPE_MISMATCH} (input '{t.name}': {t.datatype} shape {list(t.shape)} needs "
-              f"{count * size} bytes, got {got_bytes}: {got} elements in 'data')")
-
-
-_SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'data' field"
-"""Triton's words (with HTTP 500 there; a client's mistake is 400 here, as on Triton's gRPC)."""
-
-
-def _count_json_elements(data: list[Any], limit: int) -> int:
-    """The elements of a (possibly nested) JSON list, counted up to ``limit + 1``."""
-    count = 0
-    stack = [iter(data)]
-    while stack:
-        for x in stack[-1]:
-            if isinstance(x, list):
-                stack.append(iter(x))
-                break
-            count += 1
-            if count > limit:
-                return count
-        else:
-            stack.pop()
-    return count
-
-
-def _check_json_data(t: Tensor) -> None:
-    try:
-        if t.datatype in _INT_RANGES:
-            _check_int_range(t)
-        raw = t.to_raw()
-    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
-        raise bad(f"input '{t.name}': data does not fit {t.datatype}: {exc}") from None
-    t.raw, t.data = raw, None  # check_payload then reports any count mismatch exactly
-
-
 def _check_text(text: str, what: str) -> None:
     """JSON may carry lone surrogates (\\ud800) that no UTF-8 protocol can pass on."""
     try:
@@ -264,45 +213,49 @@ def _check_text(text: str, what: str) -> None:
         raise bad(f"{what} is not valid Unicode text ({exc.reason} at {exc.start})") from None
 
 
-def _check_params(where: str, params: dict[str, Any]) -> None:
-    """v2 parameters are bools, 64-bit integers, numbers or strings (what protobuf can hold)."""
+def _check_params(where: str, params: dict[str, Any],
+                  unsigned: frozenset[str] = frozenset()) -> None:
+    """v2 parameters are bools, 64-bit integers, numbers or strings (what protobuf can hold);
+    ``unsigned``: those read as unsigned 64-bit integers (checked by ``triton_json``)."""
     _check_count(f"{where}: 'parameters'", len(params), MAX_PARAMETERS, "entries")
     for key, value in params.items():
         _check_text(key, f"{where}: a parameter name")
         if isinstance(value, str):
             _check_text(value, f"{where}: parameter '{key}'")
         elif isinstance(value, int) and not isinstance(value, bool):
-            if not -2**63 <= value < 2**63:
+            if key not in unsigned and not -2**63 <= value < 2**63:
                 raise bad(f"{where}: parameter '{key}' is {value}, outside the int64 range")
         elif not isinstance(value, (bool, float)):
             raise bad(f"{where}: parameter '{key}' must be a bool, an integer, a number or a "
                       f"string, got {type(value).__name__}")
 
 
-_INT_RANGES = {dt: (int(np.iinfo(t).min), int(np.iinfo(t).max)) for dt, t in (
-    ("INT8", np.int8), ("INT16", np.int16), ("INT32", np.int32), ("INT64", np.int64),
-    ("UINT8", np.uint8), ("UINT16", np.uint16), ("UINT32", np.uint32), ("UINT64", np.uint64))}
+def _request_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The request's parameters as Triton's HTTP front reads them: its own by their types
+    (``triton_json``), any other a bool, a number or a string; an integer past int64 is read as
+    a double (the model sees one), as rapidjson reads it."""
+    typed.check_request_parameters(params)
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if key not in typed.REQUEST_PARAMETERS and key != "sequence_id":
+            if value is None or isinstance(value, (dict, list)):
+                raise bad(f"parameter '{key}' has invalid type. It should be either 'int', "
+                          f"'bool', or 'string'. (got {type(value).__name__})")
+            if type(value) is int and not -2**63 <= value < 2**63:
+                value = float(value)
+        out[key] = value
+    _check_params("the request", out, _UNSIGNED)
+    return out
 
 
-def _check_int_range(t: Tensor) -> None:
-    """numpy 1.x wraps an out-of-range integer (256 → 0 for UINT8) with only a warning, and cuts
-    1.5 to 1: the model would get another value than the client sent. Refuse both instead."""
-    lo, hi = _INT_RANGES[t.datatype]
-    arr = np.asarray(t.data)
-    if arr.dtype.kind == "f":
-        fractional = ~(np.isfinite(arr) & (arr == np.floor(arr)))
-        if fractional.any():  # numpy would cut 1.5 to 1
-            raise ValueError(f"{float(arr[fractional].flat[0])!r} is not a whole number")
-    values = arr.reshape(-1).tolist() if arr.dtype.kind not in "iuf" else None
-    if values is not None:  # an object array: nulls, strings, bools, or ints past 64 bits
-        for x in values:
-            if not isinstance(x, int) or isinstance(x, bool):
-                raise ValueError(f"{x!r} is not an integer")
-    if arr.size:
-        low, high = (min(values), max(values)) if values is not None else (
-            int(arr.min()), int(arr.max()))
-        if low < lo or high > hi:
-            raise ValueError(f"{low if low < lo else high} is outside [{lo}, {hi}]")
+_UNSIGNED = frozenset(k for k, kind in typed.REQUEST_PARAMETERS.items() if kind == "uint") | {
+    "sequence_id"}
+"""Read as unsigned 64-bit integers: checked by ``triton_json``, not held to int64."""
+
+
+GRPC_ONLY_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
+"""Read by Triton's gRPC front only (for its decoupled streams, which an HTTP backend does not
+carry); its HTTP front refuses any ``triton_`` key."""
 
 
 def encode_request(call: Call) -> tuple[list[Payload], int | None, bool]:
@@ -314,8 +267,9 @@ def encode_request(call: Call) -> tuple[list[Payload], int | None, bool]:
     head: dict[str, Any] = {"inputs": []}
     if call.id:
         head["id"] = call.id
-    if call.parameters:
-        head["parameters"] = dict(call.parameters)
+    params = {k: v for k, v in call.parameters.items() if k not in GRPC_ONLY_PARAMETERS}
+    if params:
+        head["parameters"] = params
     chunks: list[Any] = []
     for t in call.inputs:
         raw = t.raw_bytes()

@@ -23,6 +23,7 @@ Rules that MUST hold, on every front:
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from typing import Any
@@ -57,13 +58,64 @@ def _first_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+class NumberTooBig(ValueError):
+    """A number literal past the double range: rapidjson (Triton's parser) refuses it, where
+    Python's ``json`` reads ``1E400`` as infinity (``NaN`` and ``Infinity`` both take)."""
+
+    def __init__(self) -> None:
+        super().__init__("Number too big to be stored in double. (a number literal is past "
+                         "the range of a double)")
+
+
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789E-", b"000000000e+")
+_EXPONENT_OF_3 = re.compile(rb"e\+?000")
+_RUN_OF_309 = b"0" * 309
+_CHUNK = 1 << 20
+
+
+def _maybe_past_double(data: bytes | bytearray | str) -> bool:
+    """Whether ``data`` has what a literal past the double range needs (an exponent of three
+    digits, or 309 digits in a row): a body without it is parsed with ``json``'s fast paths
+    only. Read with digits as ``0`` a chunk at a time (a regex over the body itself took more
+    than the parse)."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    for start in range(0, len(raw), _CHUNK):
+        part = raw[start:start + _CHUNK + len(_RUN_OF_309)].translate(_DIGITS_AS_ZERO)
+        if _EXPONENT_OF_3.search(part) is not None or _RUN_OF_309 in part:
+            return True
+    return False
+
+
+def _double(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise NumberTooBig
+    return value
+
+
+def _int_in_double(text: str) -> int:
+    value = int(text)
+    if len(text) > 308:
+        try:
+            float(value)
+        except OverflowError:
+            raise NumberTooBig from None
+    return value
+
+
 def json_loads(data: bytes | bytearray | str, first_wins: bool = False) -> Any:
     """``json.loads``; a number with more digits than Python converts is a ValueError saying
-    so (not naming an interpreter setting). RecursionError passes through. ``first_wins``: a
-    key repeated in an object keeps its first value (as Triton reads it), not its last."""
+    so (not naming an interpreter setting). RecursionError passes through. ``first_wins``: read
+    as Triton's parser reads it: a key repeated in an object keeps its first value, not its
+    last, and a number literal past the double range is ``NumberTooBig``."""
     try:
-        return json.loads(data, object_pairs_hook=_first_wins) if first_wins else json.loads(data)
-    except UnicodeDecodeError:
+        if not first_wins:
+            return json.loads(data)
+        if not _maybe_past_double(data):
+            return json.loads(data, object_pairs_hook=_first_wins)
+        return json.loads(data, object_pairs_hook=_first_wins, parse_float=_double,
+                          parse_int=_int_in_double)
+    except (UnicodeDecodeError, NumberTooBig):
         raise
     except ValueError as exc:
         found = _DIGITS.search(str(exc))

@@ -72,6 +72,9 @@ HTTP_CASES: dict[str, Http] = {
                                    _doc(data=[0] * 16)),
     "escaped-version": Http("POST", "/v2/models/identity_fp32/versions/%31/infer", 404,
                             "Not Found", _doc(data=[0] * 16)),
+    "version-unknown-stats": Http("GET", "/v2/models/small_fp32/versions/7/stats", 400,
+                                  "requested model version is not available for model "
+                                  "'small_fp32'"),
     "version-not-a-number-infer": Http(
         "POST", "/v2/models/small_fp32/versions/wrong_specification/infer", 404, "Not Found",
         _doc(data=[0] * 16)),
@@ -137,6 +140,20 @@ HTTP_CASES: dict[str, Http] = {
                            mmguard_status=400),
     "no-inputs": Http("POST", "/v2/models/small_fp32/infer", 500, "Unable to parse 'inputs'",
                       b"{}", mmguard_status=400),
+    "no-input-in-the-list": Http(
+        "POST", "/v2/models/small_fp32/infer", 400,
+        "[request id: <id_unknown>] expected 1 inputs but got 0 inputs for model 'small_fp32'. "
+        "Got input(s) [], but missing required input(s) ['x']. Please provide all required "
+        "input(s).", b'{"inputs": []}'),
+    "no-input-in-the-list-with-an-id": Http(
+        "POST", "/v2/models/small_fp32/infer", 400,
+        "[request id: r1] expected 1 inputs but got 0 inputs for model 'small_fp32'.",
+        b'{"id": "r1", "inputs": []}'),
+    **{f"request-parameter-of-{kind}": Http(
+        "POST", "/v2/models/small_fp32/infer", 400, "parameter 'f' has invalid type. It "
+        "should be either 'int', 'bool', or 'string'.",
+        _doc(data=[0] * 16)[:-1] + b', "parameters": {"i": 1, "f": ' + value + b"}}")
+       for kind, value in (("object", b"{}"), ("array", b"[1]"), ("null", b"null"))},
     "data-shorter-than-shape": Http(
         "POST", "/v2/models/small_fp32/infer", 500,
         "Unable to parse 'data': Shape does not match true shape of 'data' field",
@@ -291,6 +308,10 @@ GRPC_CASES: dict[str, tuple[str, object, grpc.StatusCode, str]] = {
         "ModelStatistics", pb.ModelStatisticsRequest(name="small_fp32",
                                                      version="wrong_specification"),
         grpc.StatusCode.INVALID_ARGUMENT, STOL),
+    "version-unknown-stats": ("ModelStatistics",
+                              pb.ModelStatisticsRequest(name="small_fp32", version="7"),
+                              grpc.StatusCode.INVALID_ARGUMENT, "requested model version is "
+                              "not available for model 'small_fp32'"),
     "version-negative": ("ModelInfer", _infer("-1"), grpc.StatusCode.INVALID_ARGUMENT,
                          NEGATIVE),
     "version-unknown-infer": ("ModelInfer", _infer("7"), grpc.StatusCode.NOT_FOUND, VERSION_7),

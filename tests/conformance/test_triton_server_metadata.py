@@ -150,3 +150,23 @@ def test_unknown_model_is_clear_and_lists_nothing(target: Target) -> None:
     finally:
         http.close()
         grpc_client.close()
+
+
+@pytest.mark.parametrize("asked", ["", "1"])
+def test_statistics_entry_names_the_version_as_triton_writes_it(target: Target,
+                                                                 asked: str) -> None:
+    """Each entry's ``version`` is the model's (Triton writes "1" when none was asked; mmguard
+    wrote ""), on both fronts, for one model and for all."""
+    http = httpclient.InferenceServerClient(target.http_url)
+    grpc_client = grpcclient.InferenceServerClient(target.grpc_url)
+    try:
+        one = http.get_inference_statistics("small_fp32", asked)["model_stats"]
+        assert [(m["name"], m["version"]) for m in one] == [("small_fp32", "1")]
+        got = grpc_client.get_inference_statistics("small_fp32", asked).model_stats
+        assert [(m.name, m.version) for m in got] == [("small_fp32", "1")]
+        if not asked:
+            every = http.get_inference_statistics()["model_stats"]
+            assert {m["version"] for m in every if m["name"] == "small_fp32"} == {"1"}
+    finally:
+        http.close()
+        grpc_client.close()
