@@ -48,6 +48,8 @@ class Client:
 def _message(status: int, body: bytes, openai: bool) -> str:
     try:
         doc = json.loads(body)
+        if openai and "detail" in doc:  # a body vLLM (Starlette) cannot parse: its own shape
+            return str(doc["detail"])
         error = doc["error"]
         return str(error["message"] if openai else error)
     except (ValueError, KeyError, TypeError) as exc:
