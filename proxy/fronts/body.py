@@ -75,14 +75,16 @@ def _too_large(what: str, limit: int, setting: str) -> ProxyError:
                       f"{what}; this listener accepts at most {limit} bytes ({setting})")
 
 
-def content_encoding(headers: Mapping[str, str]) -> str:
-    """The body's encoding, lower case; 501 (as Triton answers) for one we do not decode, or
-    a stack of them."""
-    encoding = (headers.get("Content-Encoding") or "identity").strip().lower()
+def content_encoding(headers: Mapping[str, str], exact: bool = False) -> str:
+    """The body's encoding; 501 (in Triton's words) for one we do not decode, or a stack of
+    them. ``exact``: the name as Triton's HTTP front matches it, case and all (``GZIP`` is
+    not one of its codings); else read case-insensitively (the OpenAI front, as aiohttp)."""
+    given = (headers.get("Content-Encoding") or "identity").strip()
+    encoding = given if exact else given.lower()
     if encoding not in _ENCODINGS:
         raise ProxyError(ErrorKind.UNIMPLEMENTED,
-                         f"unsupported Content-Encoding {encoding!r}: this endpoint accepts "
-                         f"gzip, deflate or identity")
+                         f"Unsupported compression type: Content-Encoding {given!r}; this "
+                         f"endpoint accepts gzip, deflate or identity")
     return encoding
 
 
@@ -96,10 +98,12 @@ class BodyBounds:
 
 
 def body_bounds(headers: Mapping[str, str], declared: int | None, limit: int,
-                setting: str = "listeners.http.max_request_bytes") -> BodyBounds:
+                setting: str = "listeners.http.max_request_bytes",
+                exact_coding: bool = False) -> BodyBounds:
     """The body's bounds from its headers; ``ProxyError`` (501, 413) when they already refuse
-    it: an encoding we do not decode, a declared length over ``limit``."""
-    encoding = content_encoding(headers)
+    it: an encoding we do not decode, a declared length over ``limit``. ``exact_coding``: as
+    ``content_encoding``'s ``exact`` (the KServe v2 front)."""
+    encoding = content_encoding(headers, exact_coding)
     if declared is not None and declared > limit:
         raise _too_large(f"request body is {declared} bytes", limit, setting)
     return BodyBounds(limit, setting, encoding)

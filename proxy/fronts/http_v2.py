@@ -14,6 +14,7 @@ import asyncio
 import base64
 import binascii
 import logging
+import math
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from proxy.fronts.openai_refusals import compact, speaks_vllm, vllm_miss
 from proxy.shm import fronts
 from proxy.shm.peer import Connection
 from proxy.shm.regions import Budget, SharedMemory, uses_shared_memory
+from proxy.tensor import json_bytes
 from proxy.wire import kserve_http, kserve_raw
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -50,7 +52,6 @@ worker thread."""
 BINARY_DECODE_INLINE_BYTES = 1024 * 1024
 """A binary body above this is decoded in a worker thread too (see grpc_v2.DECODE_INLINE_BYTES:
 millions of variable-length BYTES elements take a second to walk)."""
-_ANSWER_CODINGS = ("gzip", "deflate")
 
 
 def error_parts(reply: LocalReply, decisions: dict[str, str] | None = None
@@ -66,7 +67,13 @@ def error_parts(reply: LocalReply, decisions: dict[str, str] | None = None
 def error_response(reply: LocalReply, decisions: dict[str, str] | None = None) -> web.Response:
     status, headers, body = error_parts(reply, decisions)
     return web.Response(body=body, status=status, headers=headers,
-                        content_type="application/json", charset="utf-8")
+                        content_type="application/json")
+
+
+def triton_json(doc: Any, headers: dict[str, str] | None = None) -> web.Response:
+    """A KServe v2 answer as Triton's HTTP front writes it: compact JSON, typed
+    ``application/json`` (aiohttp's ``json_response`` spaces it and adds a charset)."""
+    return web.Response(body=json_bytes(doc), headers=headers, content_type="application/json")
 
 
 @dataclass(slots=True)
@@ -178,14 +185,14 @@ class HttpFront:
         return app
 
     async def live(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if self.plane.live() else 503)
+        return _plain(200 if self.plane.live() else 503)
 
     async def ready(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if await self.plane.ready() else 503)
+        return _plain(200 if await self.plane.ready() else 503)
 
     async def server_metadata(self, request: web.Request) -> web.Response:
         meta, source = await self.plane.server_metadata()
-        return web.json_response(meta, headers={"mmguard-version": __version__,
+        return triton_json(meta, headers={"mmguard-version": __version__,
                                                 "mmguard-server-metadata": source})
 
     # --- the repository API (forwarded when v2.repository_api is on) ------------------------
@@ -198,7 +205,7 @@ class HttpFront:
         if not isinstance(ready, bool):
             raise ProxyError(ErrorKind.INVALID_ARGUMENT,
                              f"'ready' must be true or false, got {ready!r:.60}")
-        return web.json_response(await backend.repository_index(ready))
+        return triton_json(await backend.repository_index(ready))
 
     async def repository_load(self, request: web.Request) -> web.Response:
         return await self._repository_change(request, "load")
@@ -232,7 +239,7 @@ class HttpFront:
         model = request.match_info["model"]
         meta = self.plane.contract(model, request.match_info.get("version", "")).metadata_json()
         meta["name"] = model
-        return web.json_response(meta)
+        return triton_json(meta)
 
     async def model_ready(self, request: web.Request) -> web.Response:
         ok = await self.plane.model_ready(request.match_info["model"],
@@ -244,7 +251,7 @@ class HttpFront:
         cfg = dict(self.plane.contract(model, request.match_info.get("version", ""))
                    .config_json())
         cfg["name"] = model
-        return web.json_response(cfg)
+        return triton_json(cfg)
 
     async def stats(self, request: web.Request) -> web.Response:
         out = []
@@ -259,7 +266,7 @@ class HttpFront:
                     "fail": {"count": st.fail_count, "ns": st.fail_ns},
                 },
             })
-        return web.json_response({"model_stats": out})
+        return triton_json({"model_stats": out})
 
     def infer_bounds(self, headers: Mapping[str, str], declared: int | None
                      ) -> tuple[BodyBounds, int | None]:
@@ -270,7 +277,7 @@ class HttpFront:
         if header_length is None:
             return body_bounds(headers, declared, self.max_json_bytes,
                                "listeners.http.max_json_bytes; send big tensors in binary "
-                               "form"), None
+                               "form", exact_coding=True), None
         json_part = kserve_raw.header_length_number(header_length)
         if declared is not None and json_part > declared and "Content-Encoding" not in headers:
             # past the body itself: Triton's 400 (in its words), before any limit of ours
@@ -280,7 +287,8 @@ class HttpFront:
                              f"the JSON header of a binary request is {json_part} bytes "
                              f"({kserve_http.HEADER_LENGTH}); this listener accepts at most "
                              f"{self.max_json_bytes} (listeners.http.max_json_bytes)")
-        return body_bounds(headers, declared, self.max_request_bytes), json_part
+        return body_bounds(headers, declared, self.max_request_bytes,
+                           exact_coding=True), json_part
 
     async def infer(self, request: web.Request) -> web.Response:
         try:
@@ -368,6 +376,13 @@ def _escaped(request: web.Request) -> None:
         raise unknown_model(found.group(1), found.group(2) or "")
 
 
+def _plain(status: int) -> web.Response:
+    """A health answer as Triton sends it: no body, typed ``text/plain``."""
+    response = web.Response(status=status)
+    response.headers["Content-Type"] = "text/plain"
+    return response
+
+
 def _refused(extension: str) -> Handler:
     """A v2 extension mmguard refuses, with the reason its gRPC front gives too."""
     async def handler(request: web.Request) -> web.StreamResponse:
@@ -418,11 +433,44 @@ def repository_parameters(doc: dict[str, Any]) -> dict[str, RepositoryParameter]
 
 
 def answer_coding(accept_encoding: str) -> str | None:
-    """The coding to compress an answer with, from the client's ``Accept-Encoding`` (the first
-    of gzip / deflate it names without ``q=0``), or None for an uncompressed answer."""
+    """The coding to compress an answer with (None: not compressed), chosen from the client's
+    ``Accept-Encoding`` as Triton's HTTP front chooses it: of ``identity``, ``gzip`` and
+    ``deflate`` named exactly (case and all; a name is what comes before ``;q=``, so
+    ``gzip; q=0.5`` names none), the one of the highest weight above 0, the first of equals; a
+    weight C's ``stod`` cannot read drops its part. (mmguard took the first listed whatever its
+    weight, and any case.)"""
+    chosen, weight = "identity", 0.0
     for part in accept_encoding.split(","):
-        name, _, params = part.strip().partition(";")
-        name = name.strip().lower()
-        if name in _ANSWER_CODINGS and params.replace(" ", "").lower() not in ("q=0", "q=0.0"):
-            return name
-    return None
+        name = part.lstrip(" ")
+        at = name.find(";q=")
+        if not name or at == 0:
+            continue
+        found = 1.0
+        if at > 0:
+            read = _stod(name[at + 3:])
+            if read is None:
+                continue
+            name, found = name[:at], read
+        if name in _CHOSEN_CODINGS and found > weight:
+            chosen, weight = name, found
+    return None if chosen == "identity" else chosen
+
+
+_CHOSEN_CODINGS = ("identity", "gzip", "deflate")
+_STOD = re.compile(r"[ \t\n\r\f\v]*([+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
+                   r"|inf(?:inity)?|nan))", re.IGNORECASE)
+
+
+def _stod(text: str) -> float | None:
+    """What C++'s ``std::stod`` reads from ``text`` (its longest leading number), None where it
+    throws (nothing to read, or out of a double's range)."""
+    found = _STOD.match(text)
+    if found is None:
+        return None
+    value = float(found.group(1))
+    literal = found.group(1).lower().lstrip("+-")
+    if math.isinf(value) and not literal.startswith("inf"):
+        return None  # overflow: std::out_of_range
+    if value == 0 and any(c in "123456789" for c in literal.split("e")[0]):
+        return None  # underflow to zero: std::out_of_range
+    return value

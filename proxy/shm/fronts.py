@@ -20,6 +20,7 @@ from proxy.errors import STATUS, ErrorKind, ProxyError
 from proxy.pb import grpc_service_pb2 as pb
 from proxy.shm.peer import Connection, Peer
 from proxy.shm.regions import SharedMemory
+from proxy.tensor import json_bytes
 from proxy.wire.numbers import json_loads
 
 HttpHandler = Callable[[web.Request], Awaitable[web.Response]]
@@ -137,7 +138,8 @@ def add_http_routes(router: web.UrlDispatcher, shm: SharedMemory) -> None:
     async def status(request: web.Request) -> web.Response:
         owner = shm.client(http_connection(request))
         regions = shm.status(owner, request.match_info.get("name", ""))
-        return web.json_response([r.status() for r in regions])
+        return web.Response(body=json_bytes([r.status() for r in regions]),
+                            content_type="application/json")  # compact, as Triton writes it
 
     async def unregister(request: web.Request) -> web.Response:
         owner = shm.client(http_connection(request))
@@ -203,7 +205,7 @@ async def _cuda_status(request: web.Request) -> web.Response:
     if name:
         raise ProxyError(ErrorKind.NOT_FOUND, f"Unable to find cuda shared memory region: "
                                               f"'{name}'")
-    return web.json_response([])
+    return web.Response(body=b"[]", content_type="application/json")
 
 
 async def _cuda_unregister(request: web.Request) -> web.Response:

@@ -427,6 +427,6 @@ def encode_response(call: Call, result: Result) -> tuple[bytes, int | None]:
             entry["parameters"] = params
         head["outputs"].append(entry)
     header = floats.into(json_bytes(head))
-    if not chunks:
-        return header, None
+    if not any(len(c) for c in chunks):  # no binary bytes follow (none asked, or all empty):
+        return header, None  # a JSON answer, as Triton sends it (no header-length header)
     return b"".join([header, *chunks]), len(header)

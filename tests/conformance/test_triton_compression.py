@@ -19,6 +19,8 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as aiohttpclient
 
 from tests.conformance.conftest import Target
+from tests.support.mmguard import RunningMmguard
+from tests.support.triton import TritonServer
 
 CODINGS = [None, "gzip", "deflate"]
 
@@ -91,11 +93,30 @@ def test_corrupt_body_never_becomes_data(target: Target, coding: str) -> None:
         assert status != 200 or json.loads(raw)["outputs"][0]["shape"] == [1, 0]
 
 
-def test_unsupported_encoding_is_501(target: Target) -> None:
+@pytest.mark.parametrize("coding", ["br", "GZIP", "Deflate"])
+def test_unsupported_encoding_is_501(target: Target, coding: str) -> None:
+    """Triton matches the coding's name exactly: ``GZIP`` is none of its codings (mmguard
+    inflated it)."""
     body = gzip.compress(b'{"inputs": []}')
-    status, _, raw = _raw_post(target.http_url, body, {"Content-Encoding": "br"})
+    status, _, raw = _raw_post(target.http_url, body, {"Content-Encoding": coding})
     assert status == 501
-    assert json.loads(raw)["error"]
+    assert json.loads(raw)["error"].startswith("Unsupported compression type")
+
+
+@pytest.mark.parametrize("accept", [
+    "gzip;q=0.5, deflate", "GZIP", "gzip;q=0.000", "gzip;q=0", "identity, gzip;q=0.1",
+    "*;q=0.9, gzip;q=0.1", "gzip; q=0.5", "gzip;level=1", "deflate;q=abc, gzip", "x-gzip",
+    "deflate;q=0, gzip", "  gzip", "gzip;q=0.7, deflate;q=0.7", "deflate, gzip"])
+def test_the_answer_coding_is_chosen_as_triton_chooses_it(triton: TritonServer, target: Target,
+                                                         accept: str) -> None:
+    """By weight, then order; names matched exactly; an unreadable weight drops its part.
+    mmguard took the first gzip or deflate listed, in any case, whatever its weight."""
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 512],
+                                   "data": [0.5] * 512}]}).encode()
+    direct = _raw_post(triton.http_url, body, {"Accept-Encoding": accept})
+    status, headers, _ = _raw_post(target.http_url, body, {"Accept-Encoding": accept})
+    assert direct[0] == status == 200
+    assert headers.get("content-encoding") == direct[1].get("content-encoding")
 
 
 async def test_aio_client_compressed(target: Target) -> None:
@@ -127,3 +148,17 @@ def test_grpc_compressed_messages(target: Target, coding: str) -> None:
         assert got is not None and got.tobytes() == data.tobytes()
     finally:
         client.close()
+
+
+def test_a_weight_past_a_double_is_dropped_and_never_reaches_triton(
+        triton: TritonServer, conformance_proxies: dict[str, RunningMmguard]) -> None:
+    """``Accept-Encoding: gzip;q=1e999`` aborts Triton 2.51 (SIGABRT: seen here, once per
+    request that carries it). mmguard reads the header itself (``std::stod``'s out-of-range
+    drops the part, as Triton means to) and never forwards it: the answer is uncompressed and
+    Triton lives."""
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4],
+                                   "data": [0.5] * 4}]}).encode()
+    for proxy in conformance_proxies.values():
+        status, headers, raw = _raw_post(proxy.http_url, body, {"Accept-Encoding": "gzip;q=1e999"})
+        assert status == 200 and "content-encoding" not in headers, raw[:200]
+    assert triton.is_running()

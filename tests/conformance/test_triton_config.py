@@ -7,6 +7,7 @@ a string is a broken client, not a cosmetic difference."""
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -145,3 +146,29 @@ def test_metadata_and_config_of_every_served_model_agree(target: Target) -> None
             assert cfg.max_batch_size == http_cfg["max_batch_size"]
     finally:
         client.close()
+
+
+def _raw(http_url: str, path: str) -> tuple[int, str, bytes]:
+    try:
+        with urllib.request.urlopen(f"http://{http_url}{path}", timeout=30) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read()
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, e.headers.get("Content-Type", ""), e.read()
+
+
+@pytest.mark.parametrize("model", ["identity_fp32", "small_fp32", "clip_text_trunc"])
+def test_metadata_answers_are_tritons_bytes(target: Target, triton: TritonServer,
+                                            model: str) -> None:
+    """Metadata byte for byte, typed as Triton types it; config and statistics compact and
+    typed alike (mmguard wrote them spaced, with a charset); a health answer typed
+    ``text/plain``, an error ``application/json``."""
+    want = _raw(triton.http_url, f"/v2/models/{model}")
+    assert want[0] == 200
+    assert _raw(target.http_url, f"/v2/models/{model}") == want
+    for path in (f"/v2/models/{model}/config", f"/v2/models/{model}/stats",
+                 "/v2/health/live", "/v2/models/nope"):
+        direct = _raw(triton.http_url, path)
+        got = _raw(target.http_url, path)
+        assert got[:2] == direct[:2], (path, got[:2], direct[:2])
+        assert b'", "' not in got[2] and b'": ' not in got[2], (path, got[2][:120])

@@ -68,3 +68,20 @@ def test_the_writer_is_the_compiled_one_and_the_fallback_writes_the_same() -> No
     text = json_floats.array_text(values)
     assert np.array_equal(np.array(json.loads(text)), values)
     assert text == b"[" + b",".join(json_floats._one(float(v)) for v in values) + b"]"
+
+
+def test_an_empty_output_asked_in_binary_is_a_json_answer(triton: TritonServer,
+                                                          target: Target) -> None:
+    """No binary bytes follow: Triton answers plain JSON (no Inference-Header-Content-Length);
+    mmguard answered with the header over a gRPC backend (the same body bytes)."""
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 0],
+                                   "data": []}],
+                       "outputs": [{"name": "OUTPUT0",
+                                    "parameters": {"binary_data": True}}]}).encode()
+    direct = http_post(triton.http_url, "/v2/models/identity_fp32/infer", body)
+    status, headers, answer = http_post(target.http_url, "/v2/models/identity_fp32/infer", body)
+    assert direct[0] == status == 200
+    assert answer == direct[2]
+    assert ("Inference-Header-Content-Length" in headers) is \
+        ("Inference-Header-Content-Length" in direct[1])
+    assert headers["Content-Type"].split(";")[0] == direct[1]["Content-Type"].split(";")[0]
