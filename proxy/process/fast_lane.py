@@ -373,7 +373,7 @@ class FastLane(asyncio.Protocol):
             _, _, body = error_parts(LocalReply(ErrorKind.INTERNAL, "internal error in mmguard",
                                                 "proxy"))
             self._write(500, {"mmguard-error-origin": "proxy"}, body,
-                        "application/json; charset=utf-8", close=True)
+                        "application/json", close=True)
             self._done(keep_alive=False)
 
     async def _serve_openai(self, taken: _Taken, raw: bytes) -> None:
@@ -425,7 +425,7 @@ class FastLane(asyncio.Protocol):
                 self._done(keep_alive=False)
                 return
             status, headers, body = error_parts(answer.error, answer.decisions)
-            self._write(status, headers, body, "application/json; charset=utf-8", close)
+            self._write(status, headers, body, "application/json", close)
         else:
             headers, body = answer.headers(), answer.body
             if answer.coding is not None:

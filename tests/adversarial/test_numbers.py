@@ -56,10 +56,11 @@ HTTP_CASES: list[tuple[str, str, bytes, dict[str, str], str]] = [
     ("a 5000-digit datum", PROBE_PATH, _v2(shape="[1]", data=f"[{BIG}]"), JSON, "5000 digits"),
     ("a 5000-digit priority", PROBE_PATH, _v2(extra=f', "parameters": {{"priority": {BIG}}}'),
      JSON, "5000 digits"),
+    # Triton's words for a number its unsigned-integer reader cannot take
     ("a priority of 2**200", PROBE_PATH,
-     _v2(extra=f', "parameters": {{"priority": {2**200}}}'), JSON, "int64"),
+     _v2(extra=f', "parameters": {{"priority": {2**200}}}'), JSON, "Unable to parse 'priority'"),
     ("a timeout of 2**200", PROBE_PATH,
-     _v2(extra=f', "parameters": {{"timeout": {2**200}}}'), JSON, "int64"),
+     _v2(extra=f', "parameters": {{"timeout": {2**200}}}'), JSON, "Unable to parse 'timeout'"),
     ("a classification of 2**70", PROBE_PATH,
      _v2(extra=f', "outputs": [{{"name": "OUTPUT0", "parameters": {{"classification": '
                f'{2**70}}}}}]'), JSON, "classification"),

@@ -78,7 +78,11 @@ def test_inflate_refuses_broken_bodies(raw: bytes, why: str) -> None:
 
 @pytest.mark.parametrize(("header", "coding"), [
     ("", None), ("identity", None), ("gzip", "gzip"), ("deflate", "deflate"),
-    ("br, gzip;q=0.8", "gzip"), ("gzip;q=0, deflate", "deflate"), ("GZIP", "gzip"),
+    ("br, gzip;q=0.8", "gzip"), ("gzip;q=0, deflate", "deflate"),
+    # as Triton's HTTP front reads it: names exact, by weight then order, stod's reading
+    ("GZIP", None), ("gzip;q=0.5, deflate", "deflate"), ("gzip; q=0.5", None),
+    ("identity, gzip;q=0.1", None), ("deflate;q=abc, gzip", "gzip"), ("gzip;q=1e999", None),
+    ("gzip;q=0.7, deflate;q=0.7", "gzip"), ("gzip;q=0.5x", "gzip"), ("gzip;q= 0.5", "gzip"),
 ])
 def test_answer_coding_follows_accept_encoding(header: str, coding: str | None) -> None:
     assert answer_coding(header) == coding
