@@ -86,9 +86,16 @@ _REACH = frozenset({ErrorKind.UNAVAILABLE, ErrorKind.OVERLOADED, ErrorKind.DEADL
 """A backend's failures that are not its model's answer: they keep their own status."""
 
 
+_REFUSED = frozenset({ErrorKind.INVALID_ARGUMENT, ErrorKind.NOT_FOUND})
+"""A backend's refusals of the request itself (Triton's core checks inputs, shapes and sizes
+before any model runs): answered as JSON, as Triton answers them before its stream starts."""
+
+
 def _ran(reply: LocalReply) -> bool:
-    """Whether ``reply`` is the model's own failure (Triton's generate: 400)."""
-    return reply.origin == "backend" and reply.kind not in _REACH
+    """Whether ``reply`` is the model's own failure (Triton's generate: 400, and an error event
+    on ``generate_stream``)."""
+    return (reply.origin == "backend" and reply.kind not in _REACH
+            and reply.kind not in _REFUSED)
 
 
 def infer_document(doc: dict[str, Any], contract: ModelContract, model: str) -> dict[str, Any]:
@@ -118,7 +125,8 @@ def infer_document(doc: dict[str, Any], contract: ModelContract, model: str) -> 
         required = [t.name for t in contract.inputs if not t.optional]
         raise ProxyError(ErrorKind.INVALID_ARGUMENT, f"[request id: {out.request_id}] expected "
                          f"{len(required)} inputs but got 0 inputs for model '{model}'. "
-                         f"Got input(s) [], but missing required input(s) {required}. Please "
+                         f"Got input(s) [], but missing required input(s) "
+                         f"[{','.join(repr(n) for n in required)}]. Please "
                          "provide all required input(s).")
     infer: dict[str, Any] = {"inputs": out.inputs}
     if request_id is not None:
@@ -208,6 +216,19 @@ def answer_document(call: Call, result: Result) -> bytes:
                                                                 key=lambda k: k.encode())}))
 
 
+def _read_call(body: bytes, contract: ModelContract, model: str, version: str) -> Call:
+    """The infer call a generate request's body means (pure: may run in a worker thread)."""
+    infer = json_bytes(infer_document(_parse(body), contract, model))
+    return kserve_http.decode_request(infer, None, model, version, "application/json")
+
+
+async def _document(call: Call, result: Result) -> bytes:
+    """``answer_document``, in a worker thread for a large answer."""
+    if sum(t.nbytes for t in result.outputs) > INLINE_JSON_BYTES:
+        return await asyncio.to_thread(answer_document, call, result)
+    return answer_document(call, result)
+
+
 class GenerateFront:
     """The two generate routes of one HTTP front (``HttpFront.app`` adds them)."""
 
@@ -229,16 +250,17 @@ class GenerateFront:
         version = request.match_info.get("version", "")
         try:
             contract = self.plane.contract(model, version)
-            if request.headers.get("Content-Encoding", "identity").lower() != "identity":
+            if request.headers.get("Content-Encoding", "identity") not in ("identity", ""):
+                # matched as Triton matches it, case and all
                 raise ProxyError(ErrorKind.INVALID_ARGUMENT, "Unsupported content-encoding, "
                                  "only 'identity' is supported.")
             setting = "listeners.http.max_json_bytes"
             body_bounds(request.headers, request.content_length, self.max_json_bytes, setting)
             body = await read_raw(request, self.max_json_bytes, setting)
-            doc = (await asyncio.to_thread(_parse, body) if len(body) > INLINE_JSON_BYTES
-                   else _parse(body))
-            infer = json_bytes(infer_document(doc, contract, model))
-            call = kserve_http.decode_request(infer, None, model, version, "application/json")
+            args = (body, contract, model, version)
+            # read, converted and read again as an infer request: off the loop when large
+            call = (await asyncio.to_thread(_read_call, *args) if len(body) > INLINE_JSON_BYTES
+                    else _read_call(*args))
             call.headers = {k.lower(): v for k, v in request.headers.items()}
             call.deadline = header_deadline(call.headers)
         except ProxyError as err:
@@ -262,7 +284,7 @@ class GenerateFront:
         answers: list[Result] = []
 
         async def encode(result: Result) -> None:  # each answer, before it is counted
-            result.encoded = answer_document(call, result)
+            result.encoded = await _document(call, result)
             answers.append(result)
 
         async with contextlib.aclosing(self._answers(call, decoupled, encode)) as items:
@@ -277,6 +299,7 @@ class GenerateFront:
             body = json_bytes({"error": ONE_ANSWER})  # Triton's 200, as it sends it
         else:
             body = answers[0].encoded
+            self.plane.telemetry.count_response_bytes(call.model, "http", len(body))
         return web.Response(body=body, content_type="application/json",
                             headers=call.shown_decisions())
 
@@ -284,7 +307,8 @@ class GenerateFront:
         call, decoupled = await self._call(request)
 
         async def encode(result: Result) -> None:
-            result.encoded = b"data: " + answer_document(call, result) + b"\n\n"
+            result.encoded = b"data: " + await _document(call, result) + b"\n\n"
+            self.plane.telemetry.count_response_bytes(call.model, "http", len(result.encoded))
 
         response: web.StreamResponse | None = None
         async with contextlib.aclosing(self._answers(call, decoupled, encode)) as items:

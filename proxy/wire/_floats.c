@@ -239,7 +239,13 @@ static PyObject *join(PyObject *self, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
         return NULL;
-    if (view.itemsize != 8 || view.format == NULL || strcmp(view.format, "d") != 0) {
+    /* numpy exports a native float64 as "d", or as "=d" / "<d" for an array whose dtype names
+     * its byte order (an FP64 tensor decoded from the wire): all the same on a little-endian
+     * host, the only kind mmguard is built for. */
+    const char *format = view.format == NULL ? "" : view.format;
+    if (*format == '=' || *format == '<' || *format == '@')
+        format++;
+    if (view.itemsize != 8 || strcmp(format, "d") != 0) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_TypeError, "join: a contiguous buffer of float64 is needed");
         return NULL;

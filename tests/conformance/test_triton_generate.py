@@ -41,6 +41,8 @@ CASES: dict[str, tuple[str, object]] = {
     "count-not-spread": ("small_fp32", {"x": [1.0] * 15}),
     "string-for-fixed-dims": ("small_fp32", {"x": "str"}),
     "no-inputs": ("identity_fp32", {}),
+    "no-inputs-of-two": ("clip_demo", {}),
+    "one-input-of-two": ("clip_demo", {"input_ids": [0] * 77}),
     "id-not-string": ("identity_fp32", {"id": 5, "INPUT0": [1.0]}),
     "nested-array": ("identity_fp32", {"INPUT0": [[1, 2], [3, 4]]}),
     "model-fails": ("fail_fp32", {"x": [1.0]}),
@@ -167,3 +169,17 @@ def test_the_filter_chain_runs_on_generate(triton: TritonServer) -> None:
                                 json.dumps({"text": "one two three four five"}).encode())
     assert status == 400, data
     assert json.loads(data)["error"].startswith("input 'text' has 5 tokens")
+
+
+@pytest.mark.parametrize("coding", ["IDENTITY", "gzip"])
+def test_a_coded_body_is_refused_as_triton_refuses_it(triton: TritonServer,
+                                                      proxy: RunningMmguard, coding: str) -> None:
+    """Triton's generate takes no coding but ``identity``, named exactly (mmguard read
+    ``IDENTITY`` as identity)."""
+    body = json.dumps({"INPUT0": [1.0]}).encode()
+    headers = {"Content-Type": "application/json", "Content-Encoding": coding}
+    path = "/v2/models/identity_fp32/generate"
+    direct = http_post(triton.http_url, path, body, headers)
+    got = http_post(proxy.http_url, path, body, headers)
+    assert direct[0] == got[0] == 400
+    assert json.loads(got[2])["error"] == json.loads(direct[2])["error"]

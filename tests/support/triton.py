@@ -211,6 +211,7 @@ _SEQUENCE_BATCHING = """sequence_batching {
 
 _MODELS: tuple[_Model, ...] = (
     _identity("identity_fp32", "TYPE_FP32"),
+    _identity("identity_fp64", "TYPE_FP64"),
     _identity("identity_fp16", "TYPE_FP16"),
     _identity("identity_bf16", "TYPE_BF16"),
     _identity("identity_int64", "TYPE_INT64"),
