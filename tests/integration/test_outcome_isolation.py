@@ -13,13 +13,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import onnx
 import pytest
 from onnx import TensorProto, helper
 
 from tests.conftest import ort_config
 from tests.support.mmguard import RunningMmguard
-from tests.support.models import write_identity
+from tests.support.models import save_graph, write_identity
 
 TOKEN = "isolation-token"
 X = [1.3, 2.7, 0.4]
@@ -100,11 +99,7 @@ def _write_renamed(model_dir: Path) -> str:
         [helper.make_node("Identity", ["INPUT0"], ["OUT_LIGHT"])], "light_renamed",
         [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["n"])],
         [helper.make_tensor_value_info("OUT_LIGHT", TensorProto.FLOAT, ["n"])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path = model_dir / "light_renamed" / "1" / "model.onnx"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, path)
+    save_graph(model_dir, "light_renamed", graph)
     return "light_renamed"
 
 

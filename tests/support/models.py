@@ -15,6 +15,16 @@ IDENTITY_TYPES = {
 }
 
 
+def save_graph(model_dir: Path, name: str, graph: onnx.GraphProto) -> None:
+    """``graph`` as ``<model_dir>/<name>/1/model.onnx`` (opset 17, IR 8: what the installed
+    ONNX Runtime reads)."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = model_dir / name / "1" / "model.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, path)
+
+
 def write_identity(model_dir: Path, datatype: str) -> str:
     """``identity_<dtype>``: INPUT0 [-1] → OUTPUT0, the same bytes."""
     name = f"identity_{datatype.lower()}"
@@ -23,11 +33,7 @@ def write_identity(model_dir: Path, datatype: str) -> str:
         [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], name,
         [helper.make_tensor_value_info("INPUT0", t, ["n"])],
         [helper.make_tensor_value_info("OUTPUT0", t, ["n"])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path = model_dir / name / "1" / "model.onnx"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, path)
+    save_graph(model_dir, name, graph)
     return name
 
 
@@ -54,11 +60,7 @@ def write_text_encoder(model_dir: Path) -> str:
         [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])],
         [helper.make_tensor_value_info("text_embeds", TensorProto.FLOAT, ["batch", 8])],
         initializer=[numpy_helper.from_array(table, "table")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path = model_dir / "text_encoder" / "1" / "model.onnx"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, path)
+    save_graph(model_dir, "text_encoder", graph)
     return "text_encoder"
 
 
@@ -73,9 +75,5 @@ def write_wrong_above_half(model_dir: Path) -> str:
          helper.make_node("Where", ["above", "negated", "INPUT0"], ["OUTPUT0"])], name,
         [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["n"])],
         [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["n"])], [half])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path = model_dir / name / "1" / "model.onnx"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, path)
+    save_graph(model_dir, name, graph)
     return name
