@@ -18,9 +18,9 @@ itself and through mmguard, with the same assertions):
 - The model's own failure is a 400 (Triton's generate answers every failure of an inference with
   400, where its ``infer`` keeps the error's code: 500 for an INTERNAL one); the backend out of
   reach, overloaded or late keeps its status, as do mmguard's own refusals.
-  ``generate_stream``: a refusal before the model ran is a JSON error; then each response is
-  a ``data:`` event, and an error is an ``{"error": ...}`` event (with the error's status when
-  it is the first word).
+  ``generate_stream``: a refusal before the model ran (mmguard's, or the backend's checks of
+  the request itself) is a JSON error; then each response is a ``data:`` event, and an error
+  is an ``{"error": ...}`` event (with the error's status when it is the first word).
 
 The infer protocol's reserved parameter names (``sequence_id``, ``priority``, ``timeout``,
 ``binary_data_output`` ...) keep their infer meaning here: mmguard hands the backend an infer
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
@@ -46,6 +45,7 @@ from proxy.fronts.body import INLINE_JSON_BYTES, body_bounds, header_deadline, r
 from proxy.tensor import json_bytes
 from proxy.wire import kserve_http
 from proxy.wire.json_floats import FLOAT_TYPES, Spliced
+from proxy.wire.numbers import json_loads
 
 log = logging.getLogger("mmguard.http")
 
@@ -69,7 +69,7 @@ def _internal(message: str) -> ProxyError:
 
 def _parse(body: bytes) -> dict[str, Any]:
     try:
-        doc = json.loads(body)
+        doc = json_loads(body, first_wins=True)  # as Triton's reader reads it (proxy.wire.numbers)
     except (ValueError, UnicodeDecodeError) as exc:
         what = "The document is empty." if not body.strip() else str(exc)
         raise _internal(f"failed to parse the request JSON buffer: {what}") from None
