@@ -43,13 +43,7 @@ class Terminal:
         try:
             return await backend.infer(call, target)
         except ProxyError as err:
-            reply = LocalReply.from_error(err)
-            if err.origin == "backend" and target.model != call.model:
-                # A backend names its own model; the client called the route: one name in
-                # every answer, whichever path (Triton's "for model 'clip_demo'" under a
-                # route "pub" read "for model 'pub'" only where mmguard wrote the text).
-                reply.message = reply.message.replace(f"'{target.model}'", f"'{call.model}'")
-            return reply
+            return LocalReply.from_error(err)
         finally:
             took = self.clock.monotonic() - start
             # A backend that timed its own work off the loop (BACKEND_TIMED_S) says what the
