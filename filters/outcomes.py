@@ -12,6 +12,13 @@ from proxy.call import CLIENT_DEADLINE, Call, LocalReply, Reply
 from proxy.errors import ErrorKind
 
 
+def missing_version(call: Call, reply: Reply) -> bool:
+    """NOT_FOUND for a call that named a model version: the version the client asked for does
+    not exist (an unversioned NOT_FOUND, a model gone from the backend, stays the backend's)."""
+    return (isinstance(reply, LocalReply) and reply.kind is ErrorKind.NOT_FOUND
+            and bool(call.version))
+
+
 def clients_own(call: Call, reply: Reply, enough_s: float | None) -> bool:
     """Whether ``reply`` is a failure the client made:
 
@@ -21,11 +28,9 @@ def clients_own(call: Call, reply: Reply, enough_s: float | None) -> bool:
       on this path normally needs: a breaker's slow-call bar, a router path's mean latency;
       None: any deadline the client set), its budget ran out, the backend did not fail.
     """
-    if not isinstance(reply, LocalReply):
-        return False
-    if reply.kind is ErrorKind.NOT_FOUND:
-        return bool(call.version)
-    if reply.kind is not ErrorKind.DEADLINE_EXCEEDED:
+    if missing_version(call, reply):
+        return True
+    if not isinstance(reply, LocalReply) or reply.kind is not ErrorKind.DEADLINE_EXCEEDED:
         return False
     asked = call.state.get(CLIENT_DEADLINE)
     if asked is None:

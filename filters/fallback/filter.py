@@ -34,7 +34,7 @@ from filters.fallback.cache import CacheConfig as CacheConfig
 from filters.fallback.cache_key import KeyParts, key_parts
 from filters.fallback.clone import clone_call
 from filters.fallback.fuse_log import log_mismatch
-from filters.outcomes import clients_own
+from filters.outcomes import clients_own, missing_version
 from proxy.call import ANSWERED_BY, Api, Call, LocalReply, Reply, Result
 from proxy.chain import FilterContext, Next
 from proxy.errors import ErrorKind, ProxyError
@@ -338,7 +338,7 @@ class Fallback:
 
     def _failed(self, call: Call, reply: Reply) -> bool:
         if isinstance(reply, LocalReply):
-            if reply.kind is ErrorKind.NOT_FOUND and call.version:
+            if missing_version(call, reply):
                 return False  # the client's version does not exist: its own error, no fallback
             return reply.kind.value in self.cfg.failure_kinds or reply.dropped_by_backend
         if not self.cfg.nan_is_failure or reply.stream is not None:
