@@ -67,3 +67,13 @@ def test_a_flattened_copy_reads_below_every_source_and_is_caught() -> None:
 def test_the_keystone_ladder_is_measured_on_documents_and_screenshots() -> None:
     assert qe.KIND_LADDERS["keystone"] == ("document", "screenshot")
     assert "keystone" in photos.BY_NAME
+
+
+def test_every_intent_s_rules_and_the_opt_in_ones_apply_to_one_image_s_scores() -> None:
+    # residue compares a request's images (bench/residue_eval.py): a single image has no
+    # score for it, and a rule on it here once stopped the whole evaluation (KeyError)
+    scores = qe.score(next(c.image for c in photos.clean_set() if c.name == "chelsea"))
+    assert "residue" not in qe.opt_in_rules() and "moire" in qe.opt_in_rules()
+    for intent in qe.INTENTS:
+        assert qe.flagged(scores, qe.default_thresholds(intent)) == [], intent
+    assert qe.flagged(scores, qe.opt_in_rules()) == []
