@@ -128,7 +128,7 @@ def image_timings(arr: NDArray[Any], spec: qs.ImageSpec, n: int) -> list[tuple[s
          lambda: washout(plane)),
         ("ghosting (256^2 FFT pair, log; only when a rule names it)",
          lambda: scenes.ghosting(plane)),
-        ("moire (224^2 real FFT, box sums; only when a rule names it)",
+        ("moire (224^2 real FFT and nine 128^2 regions; only when a rule names it)",
          lambda: scenes.moire(plane)),
         ("residue: the image's trace (signs, regions; when a rule names it)",
          lambda: trace(plane)),

@@ -900,6 +900,8 @@ static PyMethodDef methods[] = {
     {"laplacian", laplacian, METH_VARARGS, "A window's Laplacian, as moire and ghosting take it."},
     {"windowed", windowed, METH_VARARGS, "moire's centred, Hann-windowed Laplacian and its energy."},
     {"moire_peak", moire_peak, METH_VARARGS, "moire's twin peak from its half power spectrum."},
+    {"moire_regional", moire_regional, METH_VARARGS,
+     "moire's relaxed twin peak of one region's half power spectrum."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -125,6 +125,7 @@ PyObject *image_pass(PyObject *self, PyObject *args);
 PyObject *laplacian(PyObject *self, PyObject *args);
 PyObject *windowed(PyObject *self, PyObject *args);
 PyObject *moire_peak(PyObject *self, PyObject *args);
+PyObject *moire_regional(PyObject *self, PyObject *args);
 
 /* _blocks.c: a large image's block means, before its luminance. */
 PyObject *block_mean(PyObject *self, PyObject *args);

@@ -177,6 +177,20 @@ static void extend(const double *spectrum, Py_ssize_t side, Py_ssize_t width, in
             ext[i * cw + k] = ext[(i - 1) * cw + k] + ext[i * cw + k];
 }
 
+/* Per frequency of the first `cols` columns of the half spectrum, the box sum of radius `small`
+ * (peak) and the mean of the rest of the box of radius `big` scaled to 3 x 3, plus `lift`
+ * (around): moire_peak's and moire_regional's shared first steps. */
+static void peak_and_around(const double *spectrum, Py_ssize_t side, Py_ssize_t width,
+                            int truncated, Py_ssize_t big, Py_ssize_t small, double lift,
+                            double *ext, Py_ssize_t cw, Py_ssize_t cols, double *row,
+                            double *peak, double *around) {
+    extend(spectrum, side, width, truncated, big, ext, cw);
+    box_sums(ext, cw, side, cols, big, small, row, peak);
+    box_sums(ext, cw, side, cols, big, big, row, around);
+    for (Py_ssize_t i = 0; i < side * cols; i++)
+        around[i] = (around[i] - peak[i]) * 0.125 + lift;
+}
+
 VEC static void ratios(double *restrict peak, const double *restrict around,
                        const unsigned char *restrict band, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -259,15 +273,130 @@ PyObject *moire_peak(PyObject *self, PyObject *args) {
     double value;
     Py_ssize_t at;
     Py_BEGIN_ALLOW_THREADS
-    extend((const double *)spectrum.view.buf, side, width, truncated, big, ext, cw);
-    box_sums(ext, cw, side, cols, big, small, row, peak);
-    box_sums(ext, cw, side, cols, big, big, row, around);
-    for (Py_ssize_t i = 0; i < side * cols; i++)
-        around[i] = (around[i] - peak[i]) * 0.125 + lift;
+    peak_and_around((const double *)spectrum.view.buf, side, width, truncated, big, small, lift,
+                    ext, cw, cols, row, peak, around);
     at = twin_peak(peak, around, (const unsigned char *)band.view.buf, side, cols, &value);
     Py_END_ALLOW_THREADS
     free(ext);
     release(&spectrum);
     release(&band);
     return Py_BuildValue("dnn", value, at, cols);
+}
+
+/* The ratio map (side x cols, the half spectrum's) with a border of `r` bins around it, as
+ * the isolation test reads it: rows wrapped (fy is periodic), the columns before fx = 0 read
+ * at their mirror (P(fy, -c) = P(-fy, c)), those past the last column 0 (outside the band). */
+static void bordered(const double *ratio, Py_ssize_t side, Py_ssize_t cols, Py_ssize_t r,
+                     double *out) {
+    Py_ssize_t w = cols + 2 * r;
+    for (Py_ssize_t i = 0; i < side + 2 * r; i++) {
+        Py_ssize_t fy = ((i - r) % side + side) % side, mirror = (side - fy) % side;
+        double *o = out + i * w;
+        for (Py_ssize_t c = -r; c < cols + r; c++)
+            o[c + r] = c < 0 ? ratio[mirror * cols - c] : c < cols ? ratio[fy * cols + c] : 0.0;
+    }
+}
+
+/* moire_regional(spectrum, side, width, big, small, lift, band, half, radius, count, turn,
+ * pitch) -> (value, period): one region's half spectrum as moire_peak reads it, the same
+ * ratio per frequency (zero outside `band`), its isolated peaks (at least every ratio within
+ * `radius` bins, the spectrum periodic in fy and mirrored at fx = 0) where `half` holds, the
+ * `count` highest, and of their pairs whose directions are at least 90 - turn degrees apart
+ * (|cos| <= cos(90 - turn), given as `turn`) and whose distances from zero are within `pitch`
+ * of each other, the highest lower ratio, with the pair's mean period (side / mean distance).
+ * As moire.py's numpy code (_region_ratios, _relaxed_twin): the same value, but where two
+ * peaks tie for the last of the `count`. */
+PyObject *moire_regional(PyObject *self, PyObject *args) {
+    PyObject *o_spectrum, *o_band, *o_half;
+    Py_ssize_t side, width, big, small, radius, count;
+    double lift, turn, pitch;
+    if (!PyArg_ParseTuple(args, "OnnnndOOnndd", &o_spectrum, &side, &width, &big, &small, &lift,
+                          &o_band, &o_half, &radius, &count, &turn, &pitch))
+        return NULL;
+    int truncated = width < side / 2 + 1;
+    Py_ssize_t cols = truncated ? width - big : width;
+    if (side < 2 * big + 1 || small < 0 || small > big || width > side / 2 + 1 || cols < 1 ||
+        width <= big || radius < 0 || radius >= side || count < 2 || count > 64) {
+        PyErr_SetString(PyExc_ValueError, "moire_regional: the spectrum does not fit the boxes");
+        return NULL;
+    }
+    Buf spectrum, band, half;
+    if (get_f64(o_spectrum, &spectrum, 2 * side * width, 0, "spectrum") < 0)
+        return NULL;
+    if (get_values(o_band, &band, side * cols, 0, "band", '?', 1, "bool") < 0) {
+        release(&spectrum);
+        return NULL;
+    }
+    if (get_values(o_half, &half, side * cols, 0, "half", '?', 1, "bool") < 0) {
+        release(&spectrum);
+        release(&band);
+        return NULL;
+    }
+    Py_ssize_t cw = cols + 2 * big + 1, rows = side + 2 * big + 1;
+    Py_ssize_t bw = cols + 2 * radius;
+    double *ext = (double *)malloc(sizeof(double) * (size_t)(rows * cw + 4 * cw + 2 * side * cols +
+                                                            (side + 2 * radius) * bw));
+    if (ext == NULL) {
+        release(&spectrum);
+        release(&band);
+        release(&half);
+        return PyErr_NoMemory();
+    }
+    double *border = ext + rows * cw + 4 * cw + 2 * side * cols;
+    double *row = ext + rows * cw, *peak = row + 4 * cw, *around = peak + side * cols;
+    double value = 0.0, period = 0.0, top[64];
+    Py_ssize_t ty[64], tx[64], found = 0;
+    const unsigned char *in_half = (const unsigned char *)half.view.buf;
+    Py_BEGIN_ALLOW_THREADS
+    peak_and_around((const double *)spectrum.view.buf, side, width, truncated, big, small, lift,
+                    ext, cw, cols, row, peak, around);
+    ratios(peak, around, (const unsigned char *)band.view.buf, side * cols);
+    bordered(peak, side, cols, radius, border);
+    for (Py_ssize_t fy = 0; fy < side; fy++)
+        for (Py_ssize_t c = 0; c < cols; c++) {
+            double v = peak[fy * cols + c];
+            if (!(v > 0.0) || !in_half[fy * cols + c] || (found == count && !(v > top[count - 1])))
+                continue; /* not a candidate, or below the ten kept so far */
+            const double *near = border + fy * bw + c; /* its (2r+1)^2 box, top left */
+            int isolated = 1;
+            for (Py_ssize_t dy = 0; dy <= 2 * radius && isolated; dy++)
+                for (Py_ssize_t dx = 0; dx <= 2 * radius; dx++)
+                    if (near[dy * bw + dx] > v) {
+                        isolated = 0;
+                        break;
+                    }
+            if (!isolated)
+                continue;
+            Py_ssize_t k = found < count ? found++ : count;
+            if (k == count && !(v > top[count - 1]))
+                continue;
+            if (k == count)
+                k = count - 1;
+            while (k > 0 && top[k - 1] < v) {
+                top[k] = top[k - 1];
+                ty[k] = ty[k - 1];
+                tx[k] = tx[k - 1];
+                k--;
+            }
+            top[k] = v;
+            ty[k] = (fy + side / 2) % side - side / 2;
+            tx[k] = c;
+        }
+    for (Py_ssize_t i = 0; i < found; i++)
+        for (Py_ssize_t j = i + 1; j < found; j++) {
+            double ri = hypot((double)ty[i], (double)tx[i]), rj = hypot((double)ty[j], (double)tx[j]);
+            double lo = ri < rj ? ri : rj, hi = ri < rj ? rj : ri;
+            double cosine = fabs((double)(ty[i] * ty[j] + tx[i] * tx[j])) / (ri * rj);
+            double both = top[j]; /* the lower of the two: the list is sorted */
+            if (cosine <= turn && hi <= pitch * lo && both > value) {
+                value = both;
+                period = 2.0 * (double)side / (ri + rj);
+            }
+        }
+    Py_END_ALLOW_THREADS
+    free(ext);
+    release(&spectrum);
+    release(&band);
+    release(&half);
+    return Py_BuildValue("dd", value, period);
 }

@@ -8,8 +8,9 @@ shifted copy of the frame (the seeds' "OCR residue", a previous video frame: AUC
 gamma 2.2-3 curve (AUC 0.51-0.63 on the exposure signal) and an over-exposure by 1.5-2×. Each is
 a ``Signal`` of the luminance plane at ~224 px (``luma.luminance``): score in [0, 1], 1 =
 nothing wrong; what each catches and confuses on real photographs is in docs/quality.md. The
-ghosted frame's signal is read from the cepstrum in its own module (``echo``), imported here so
-every scene signal is found in one place.
+ghosted frame's signal is read from the cepstrum in its own module (``echo``), and moiré from
+the spectrum in its own (``moire``), both imported here so every scene signal is found in one
+place.
 
 Rules that MUST hold: scores are finite and in [0, 1]; a degraded copy never scores above its
 clean source on the signal that measures that degradation, on the evaluation set (one stated
@@ -20,7 +21,6 @@ brick and one rocket crop).
 from __future__ import annotations
 
 import math
-from functools import cache
 
 import numpy as np
 from numpy.typing import NDArray
@@ -30,6 +30,7 @@ from filters.quality.echo import ghosting as ghosting  # its code: echo.py
 from filters.quality.measure import BLOWN as _BLOWN
 from filters.quality.measure import F32, Levels, Signal, levels, tile_sums
 from filters.quality.measure import ramp as _ramp
+from filters.quality.moire import moire as moire  # its code: moire.py
 
 SCENE_SIGNALS = ("perspective", "tone", "shake", "ghosting", "moire", "washout")
 # Measured only when a rule names it: ghosting and moire for their cost; washout because no
@@ -49,10 +50,6 @@ _BLACK = np.float32(0.02)  # at or below: crushed black, as flat in a photo as i
 _FLAT_STEP = np.float32(0.5 / 255)  # luminance: neighbours closer than this are one flat colour
 FLAT_PHOTO, FLAT_GRAPHIC = 0.16, 0.19  # share of flat-colour pixels; see graphic()
 RAMPED_GRAPHIC, RAMPED_PHOTO = 0.2, 0.35  # near-white over blown-white share; see graphic()
-MOIRE_BAD, MOIRE_GOOD = 12.0, 4.0  # twin peak over its surround; see moire()
-_MOIRE_N = 224  # the window read: a model's input side
-_MOIRE_RING = 4  # the surround: the 9 × 9 bins around a peak's 3 × 3
-_MOIRE_PERIODS = (2.5, 32.0)  # px: a beat finer is gone in the resize, coarser is the scene's
 
 
 def graphic(plane: F32, ramped: float) -> float:
@@ -205,171 +202,6 @@ def tone(plane: F32, lv: Levels | None = None) -> Signal:
         return Signal(dark, key, "log-average luminance (key)")
     return Signal(bright, blown, f"share of white clipped from a gradient ({clipped:.0%} at "
                   f"white, {near:.0%} just below)")
-
-
-def moire(plane: F32) -> Signal:
-    """A phone photo of a screen that fills the frame: moiré, the beat between the screen's
-    pixel grid and the camera's, a faint crosshatch over the whole picture.
-
-    A pixel grid has two perpendicular directions of the same pitch, so its beats with the
-    sensor's grid are two narrow peaks in the spectrum at the same distance from zero and at
-    right angles. Per frequency (periods 2.5-32 px) of the Hann-windowed Laplacian of the
-    central 224² window, the power of its 3 × 3 bins over the mean of the 9 × 9 around them
-    (a peak one window-width wide stands out; a photograph's spectrum, smooth and fluctuating
-    bin by bin, reads 2-5), and the value is the highest, over all frequencies, of the lower
-    of that ratio and the same at the frequency turned by 90°. A texture's or a page's
-    periodicity is one direction (text lines), or two of different periods (brick's rows and
-    joints): without the twin test, brick reads 25-107 and a page 40, with it 3.9 and 4.7.
-    12 scores 0, 4 scores 1 (0.5 at 8, above the highest clean input of any kind but a
-    checkerboard, 6.4: a rendered dark-mode screenshot). One 224² real FFT, and the box sums
-    and the twin test on its half only (a real image's spectrum is symmetric): still dearer
-    than every default signal together, so measured only when a rule names it
-    (docs/quality.md, "Cost" and "Round 6").
-
-    Known confusions: a picture of a regular grid (a checkerboard, tiles, a fence seen square
-    on, graph paper) is a grid and reads as moiré; moiré along one direction only (a screen
-    whose subpixel stripes beat but whose rows do not) is not seen, nor a beat coarser than
-    32 px (a broad colour wave); a beat that a perspective chirps across the frame spreads its
-    peak (the keystoned moiré ladder: AUC 0.889 square on, 0.813 / 0.677 / 0.576 at corner
-    shifts 0.1 / 0.2 / 0.3)."""
-    side = min(plane.shape[0], plane.shape[1], _MOIRE_N)
-    if side < 32:
-        return Signal(1.0, 0.0, "twin spectral peaks (image too small)")
-    half, mean_power = _moire_power(plane, side)
-    if mean_power <= 1e-20:
-        return Signal(1.0, 0.0, "twin spectral peaks (no edges)")
-    value, at, cols = _twin_peak(half, side, mean_power)
-    fy, fx = divmod(at, cols)
-    fy = (fy + side // 2) % side - side // 2
-    period = side / max(math.hypot(fy, fx), 1e-9)
-    return Signal(_ramp(value, MOIRE_BAD, MOIRE_GOOD), value,
-                  f"twin spectral peaks (period {period:.1f} px)")
-
-
-def _moire_power(plane: F32, side: int) -> tuple[NDArray[np.complex128], float]:
-    """The spectrum of the Hann-windowed Laplacian of the plane's central side² window, over the
-    columns of the half spectrum the band (periods down to 2.5 px: |fx| <= 0.4) and its
-    surround reach (the second FFT pass runs over those only), and the mean power over every
-    frequency (by Parseval: the sum of |F|² is side² × the sum of lap²)."""
-    top, left = (plane.shape[0] - side) // 2, (plane.shape[1] - side) // 2
-    lap = np.zeros((side, side), np.float32)
-    inner = lap[1:-1, 1:-1]
-    kernels = native.kernels
-    if kernels is not None and plane.dtype == np.float32 and plane.flags.c_contiguous:
-        kernels.laplacian(plane, plane.shape[0], plane.shape[1], top, left, side, side, lap,
-                          side, side + 1)
-        mean_power: float = kernels.windowed(lap, side, inner.mean(), _hann(side))
-    else:
-        p = plane[top:top + side, left:left + side]
-        inner += p[1:-1, 1:-1] * np.float32(4)
-        inner -= p[:-2, 1:-1]
-        inner -= p[2:, 1:-1]
-        inner -= p[1:-1, :-2]
-        inner -= p[1:-1, 2:]
-        inner -= inner.mean()
-        inner *= _hann(side)[1:-1, 1:-1]
-        mean_power = float(np.dot(inner.ravel().astype(np.float64), inner.ravel()))
-    cols = side // 2 + 1
-    reach = min(cols, int(side / _MOIRE_PERIODS[0]) + 1 + _MOIRE_RING)
-    rows_done = np.fft.rfft(lap, axis=1)
-    half = np.fft.fft(rows_done[:, :reach] if reach < cols else rows_done, axis=0)
-    return half, mean_power
-
-
-def _twin_peak(half: NDArray[np.complex128], side: int, mean_power: float
-               ) -> tuple[float, int, int]:
-    """Per frequency in the band, the power of its 3 × 3 bins over the mean of the 9 × 9 ring
-    around them, the lower of that and the same at the frequency turned by 90°: the highest,
-    its flat index and the columns of the result it indexes."""
-    kernels = native.kernels
-    width = half.shape[1]
-    cols = width - _MOIRE_RING if width < side // 2 + 1 else width
-    if kernels is not None:  # the same powers and sums in the same order, in one pass
-        by_column = np.ascontiguousarray(half.T).view(np.float64)  # numpy's FFT: no copy
-        value, at, cols = kernels.moire_peak(by_column, side, width, _MOIRE_RING, 1,
-                                             mean_power * 1e-6, _moire_band(side, cols))
-        return value, at, cols
-    power = half.real ** 2
-    power += half.imag ** 2
-    peak, around = _half_box_sums(power, side, 1, _MOIRE_RING)
-    cols = peak.shape[1]
-    around -= peak
-    around *= 9.0 / 72.0
-    around += mean_power * 1e-6  # an empty surround (a flat picture) is no peak
-    ratio = np.divide(peak, around, out=peak)
-    ratio[~_moire_band(side, cols)] = 0.0
-    twin = np.minimum(ratio, ratio.flat[_turned(side, cols)])
-    at = int(np.argmax(twin))
-    return float(twin.flat[at]), at, cols
-
-
-def _half_box_sums(power: NDArray[np.float64], side: int, small: int, big: int
-                   ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """The sums of the (2r + 1)² powers around every frequency of ``rfft2``'s half (rows: fy,
-    periodic; columns: fx = 0 ..), for r = ``small`` and ``big``: the columns a box reaches
-    below fx = 0 are read off the mirrored half (P(fy, -fx) = P(-fy, fx)), then one running
-    sum down the rows and one along them. ``power`` holds every column of the half, or its
-    first ones only: then the sums are of all but its last ``big`` columns (they are the
-    surround of the others) and nothing is read past its end."""
-    width = power.shape[1]
-    truncated = width < side // 2 + 1
-    out_cols = width - big if truncated else width
-    flipped = power[(-np.arange(side)) % side]  # P(-fy, fx)
-    ext = np.empty((side + 2 * big + 1, out_cols + 2 * big + 1))
-    body = ext[1 + big:1 + big + side, 1:]
-    body[:, :big] = flipped[:, big:0:-1]  # fx = -big .. -1
-    if truncated:
-        body[:, big:] = power
-    else:
-        body[:, big:big + width] = power
-        last = width - 1 if side % 2 else width - 2  # the last column mirrored past the end
-        body[:, big + width:] = flipped[:, last:last - big:-1]  # fx = width .. width + big - 1
-    ext[1:1 + big, 1:] = body[-big:]
-    ext[1 + big + side:, 1:] = body[:big]
-    ext[0] = 0.0
-    ext[:, 0] = 0.0
-    np.cumsum(ext, axis=0, out=ext)
-    out = []
-    for r in (small, big):
-        lo, hi = big - r, big + r + 1
-        rows = ext[hi:hi + side] - ext[lo:lo + side]
-        np.cumsum(rows, axis=1, out=rows)
-        out.append(rows[:, hi:hi + out_cols] - rows[:, lo:lo + out_cols])
-    return out[0], out[1]
-
-
-@cache
-def _turned(side: int, cols: int) -> NDArray[np.intp]:
-    """Per frequency (fy, fx) of the first ``cols`` columns of ``rfft2``'s half, the flat
-    index there of the frequency turned by 90°, (fx, -fy), or of its mirror (-fx, fy) where
-    -fy < 0 (a power and every box sum of it are the same at f and -f). A turned frequency
-    past the columns kept is outside the band, as its own is: it reads the last column."""
-    fy = (np.arange(side)[:, None] + side // 2) % side - side // 2
-    fx = np.arange(cols)[None, :]
-    row = np.where(fy <= 0, fx, -fx) % side
-    index: NDArray[np.intp] = (row * cols + np.minimum(np.abs(fy), cols - 1)).astype(np.intp)
-    index.flags.writeable = False
-    return index
-
-
-@cache
-def _hann(side: int) -> F32:
-    w = np.hanning(side).astype(np.float32)
-    out: F32 = np.outer(w, w)
-    out.flags.writeable = False
-    return out
-
-
-@cache
-def _moire_band(side: int, cols: int) -> NDArray[np.bool_]:
-    """The frequencies of the first ``cols`` columns of ``rfft2``'s half whose period is in
-    ``_MOIRE_PERIODS``."""
-    f = np.fft.fftfreq(side)
-    r = np.hypot(f[:, None], np.fft.rfftfreq(side)[None, :cols])
-    lo, hi = _MOIRE_PERIODS
-    band: NDArray[np.bool_] = (r >= 1.0 / hi) & (r <= 1.0 / lo)
-    band.flags.writeable = False
-    return band
 
 
 SHAKE_BAD, SHAKE_GOOD = 0.3, 0.7  # noise-free edge ratio of the edge tiles; see shake()

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
+from filters.quality import moire as moire_module
 from filters.quality.scenes import moire
 from filters.quality.signals import ImageSpec, image_signals, luminance
 from tests.support import photos
@@ -56,6 +57,60 @@ def test_stripes_in_one_direction_or_two_unequal_ones_are_not_moire() -> None:
                     + 0.025 * grating(14.0, 0.3 + np.pi / 2, ()))
     assert stripes.score == 1.0, stripes
     assert unequal.score == 1.0, unequal
+
+
+def whole_frame_only(p: NDArray[np.float32], monkeypatch: pytest.MonkeyPatch) -> float:
+    """moire's value without its regions: the whole frame's twin peak alone."""
+    with monkeypatch.context() as m:
+        m.setattr(moire_module, "_regional", lambda *_: (0.0, 0.0))
+        return moire(p).value
+
+
+def crosshatch(turn_degrees: float, second_period: float) -> NDArray[np.float32]:
+    """Noise and two gratings of 0.05 each, 9 px and ``second_period`` px, their directions
+    ``turn_degrees`` apart: a grid seen square on (90°, 9 px) or sheared and scaled."""
+    noise = np.random.default_rng(0).random((224, 224)).astype(np.float32)
+    return noise + np.float32(0.05) * (grating(9.0, 0.3, ()) + grating(
+        second_period, 0.3 + np.radians(turn_degrees), ()))
+
+
+def test_a_grid_sheared_and_scaled_as_a_perspective_leaves_it_reads_in_regions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # 80° apart and 9 / 10 px: no exact twin in the whole frame (2.7, as the noise alone
+    # reads), the regions' relaxed twin (within 15° of a right angle, 1.3× of one pitch) finds it
+    sheared = crosshatch(80.0, 10.0)
+    found = moire(sheared)
+    assert whole_frame_only(sheared, monkeypatch) < 4.0
+    assert found.score == 0.0 and "in 2 of 4 regions" in found.what, found
+    assert "period 9." in found.what, found.what
+
+
+@pytest.mark.parametrize(("turn", "period"), [(60.0, 9.0), (90.0, 14.0), (0.0, 9.0)])
+def test_directions_or_pitches_a_perspective_cannot_leave_are_no_twin(turn: float,
+                                                                     period: float) -> None:
+    # 60° apart, or pitches 1.56× apart (a brick's rows and joints), or one direction
+    assert moire(crosshatch(turn, period)).score == 1.0
+
+
+@pytest.mark.parametrize(("name", "seed"), [("coffee", 2), ("rocket", 2), ("camera", 2)])
+def test_a_screen_photographed_at_an_angle_is_read_by_its_regions(
+        name: str, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the picture shown on a screen (grid contrast 0.4) photographed at an angle (corner
+    # shift 0.2): the chirped beat spreads the whole frame's peak, a region's stays narrow
+    rng = np.random.default_rng(seed)
+    source = clean(name)
+    shot = plane(photos.keystone(photos.moire(source, 0.4, rng), 0.2, rng))
+    found = moire(shot)
+    assert moire(plane(source)).score == 1.0
+    assert whole_frame_only(shot, monkeypatch) < 8.0 < found.value, found
+    assert found.score < 0.5 and "in 2 of 4 regions" in found.what, found
+
+
+def test_a_plane_too_small_for_its_corners_regions_reads_the_whole_frame_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    small = crosshatch(90.0, 9.0)[:159, :159]
+    assert moire_module._regional(small, 0, 0, 159) == (0.0, 0.0)
+    assert moire(small).value == whole_frame_only(small, monkeypatch)
 
 
 @pytest.mark.parametrize("name", ["astronaut", "coffee", "chelsea", "motorcycle_left"])

@@ -1,7 +1,8 @@
 """moire's and ghosting's C passes around their FFTs (``filters/quality/_spectra.c``) give what
 their numpy code gives: the Laplacian bit for bit, moire's twin-peak search bit for bit on the
-same spectrum (the same box sums in the same order), and moire's windowed energy to the last
-bits of its sum; so on real photographs, their screen-photo and ghosted copies, and planes of
+same spectrum (the same box sums in the same order), its regional twin to the last bits (the
+C reads the half spectrum, numpy the whole), and moire's windowed energy to the last bits of
+its sum; so on real photographs, their screen-photo and ghosted copies, and planes of
 every size the search meets, both signals read the same value, score and message."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from filters.quality import echo, native, scenes
+from filters.quality import echo, moire, native, scenes
 from tests.support import photos
 
 F32 = NDArray[np.float32]
@@ -51,6 +52,8 @@ def planes() -> list[tuple[str, F32]]:
     for clean in photos.clean_set()[::9]:
         out.append((clean.name, luminance(clean.image)))
         out.append((f"{clean.name}/moire", luminance(photos.moire(clean.image, 0.4, rng))))
+        out.append((f"{clean.name}/keystoned moire",
+                    luminance(photos.keystone_moire(clean.image, 0.2, rng))))
         out.append((f"{clean.name}/ghost", luminance(photos.ghost(clean.image, 0.1, rng))))
     return out
 
@@ -73,19 +76,19 @@ def test_the_twin_peak_is_numpys_bit_for_bit_on_the_same_spectrum(name: str, pla
                                                                   ) -> None:
     kernels()
     side = min(plane.shape[0], plane.shape[1], 224)
-    half, mean_power = scenes._moire_power(plane, side)
+    half, mean_power = moire._moire_power(plane, side)
     if mean_power <= 1e-20:
         pytest.fail(f"{name}: no edges to search")
-    assert scenes._twin_peak(half, side, mean_power) == numpy_path(
-        scenes._twin_peak, half, side, mean_power)
+    assert moire._twin_peak(half, side, mean_power) == numpy_path(
+        moire._twin_peak, half, side, mean_power)
 
 
 def test_a_nan_in_the_spectrum_is_the_peak_on_either_path_as_argmax_has_it() -> None:
     plane = PLANES[5][1]
-    half, mean_power = scenes._moire_power(plane, 224)
+    half, mean_power = moire._moire_power(plane, 224)
     half[40, 12] = complex(math.nan, 0.0)
-    value, at, cols = scenes._twin_peak(half, 224, mean_power)
-    want_value, want_at, want_cols = numpy_path(scenes._twin_peak, half, 224, mean_power)
+    value, at, cols = moire._twin_peak(half, 224, mean_power)
+    want_value, want_at, want_cols = numpy_path(moire._twin_peak, half, 224, mean_power)
     assert math.isnan(value) and math.isnan(want_value)
     assert (at, cols) == (want_at, want_cols)
 
@@ -127,8 +130,8 @@ def test_the_window_is_numpys_and_its_energy_equal_to_the_last_bits() -> None:
     inner = want[1:-1, 1:-1]
     mean = inner.mean()
     inner -= mean
-    inner *= scenes._hann(side)[1:-1, 1:-1]
-    energy = k.windowed(lap, side, mean, scenes._hann(side))
+    inner *= moire._hann(side)[1:-1, 1:-1]
+    energy = k.windowed(lap, side, mean, moire._hann(side))
     assert np.array_equal(lap, want)
     assert energy == pytest.approx(float(np.dot(inner.ravel().astype(np.float64),
                                                 inner.ravel())), rel=1e-6)
@@ -155,3 +158,13 @@ def test_refused_arguments_are_named_and_their_buffers_let_go() -> None:
         k.moire_peak(spectrum.astype(np.float32), 64, 30, 4, 1, 1e-6, band)
     for held in (plane, out, spectrum, band):
         held.resize(held.size + 1, refcheck=False)  # BufferError if a refused call held it
+
+
+@pytest.mark.parametrize(("name", "plane"), PLANES, ids=[n for n, _ in PLANES])
+def test_the_regional_twin_is_numpys_on_every_plane(name: str, plane: F32) -> None:
+    kernels()
+    side = min(plane.shape[0], plane.shape[1], 224)
+    top, left = (plane.shape[0] - side) // 2, (plane.shape[1] - side) // 2
+    got = moire._regional(plane, top, left, side)
+    want = numpy_path(moire._regional, plane, top, left, side)
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-12), name
