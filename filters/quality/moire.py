@@ -236,8 +236,8 @@ def _regional(plane: F32, top: int, left: int, side: int) -> tuple[float, float]
     mean of the 72 around it in its 9 × 9 (the whole frame's ratio), its isolated peaks (the
     highest in their 5 × 5) in the band, and of the strongest ten the best pair whose
     directions are within 15° of a right angle and whose periods are within 1.3× of each
-    other: the lower of the two ratios. In C where the kernels are built (one
-    call per region after numpy's FFT), the same in numpy otherwise."""
+    other: the lower of the two ratios. In C where the kernels are built (one call per
+    region after numpy's FFT), the same in numpy otherwise."""
     starts = _region_starts(side)
     if not starts:
         return 0.0, 0.0
@@ -267,8 +267,8 @@ def _regional(plane: F32, top: int, left: int, side: int) -> tuple[float, float]
 
 
 def _region_starts(side: int) -> tuple[int, ...]:
-    """Where the regions of a side² window start along each axis: its two corners' 128 px
-    (at 224: 0 and 96), none where they would overlap by more than 96 px."""
+    """Where the regions of a side² window start along each axis: at its two ends' 128 px
+    (at 224: 0 and 96; at 160, the least, they overlap by 96 px), none on a smaller side."""
     return (0, side - _REGION) if side >= _REGION + _REGION_OVERLAP else ()
 
 
