@@ -17,7 +17,7 @@ message is the copy's shift (either sign: the cepstrum of a real picture is symm
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -35,6 +35,11 @@ _HARMONIC_WEIGHT = 3.0
 # a tiny peak into a large one (the AUC at 5 % moves 0.926 -> 0.933 with it).
 _SPREAD_FLOOR = 0.005
 _N = 256  # the FFT's side: the ~224 px plane, zero-padded
+# A copy's echo does not repeat: the Laplacian's signs agree with themselves at twice its lag
+# about as little as the picture's own do (at most 0.24 of the agreement at the lag, 10-15 %
+# ghosts of the evaluation set), where a pattern's repeat recurs (a UI's text lines: 0.33-0.99).
+_PERIODIC = 0.3
+_FLAT = 1e-5  # a Laplacian within this of zero has no sign (a flat patch), as residue's
 _MIN, _MAX = 4, 28  # lags searched (px): beyond an edge's own width, within a frame's tenth
 _AROUND = 2  # a peak is over every value up to this far (its 5 × 5 neighbourhood)
 _REACH = _MAX + _AROUND
@@ -53,6 +58,9 @@ class Echo:
     height: float  # over the highest of its 24 neighbours (and over 0)
     harmonic: float  # the same at twice its lag (0 when none)
     spread: float  # the cepstrum's robust spread over the lags searched (1.4826 × MAD)
+    # The Laplacian's signs' agreement with themselves at twice the lag over that at the lag:
+    # measured only for an echo that stands out (z over 1; else 0). At 0.3 and over, a repeat.
+    recurs: float = 0.0
 
     @property
     def z(self) -> float:
@@ -69,8 +77,12 @@ def cepstrum(plane: F32, rows: NDArray[np.intp] | None = None) -> NDArray[np.flo
     at the frame's border for the padding to smear. The inverse runs down the columns, then
     along the rows asked for only: numpy's ``irfft2`` is those two passes, so the rows are its
     rows bit for bit, at a quarter of the second pass for ``echo``'s 61."""
-    lap = laplacian(plane)
-    lap -= lap.mean()
+    return _cepstrum(laplacian(plane), rows)
+
+
+def _cepstrum(lap: F32, rows: NDArray[np.intp] | None) -> NDArray[np.float64] | None:
+    """``cepstrum`` of the plane's Laplacian ``lap`` (centred here, on a copy)."""
+    lap = lap - lap.mean()
     size = (_N, _N)
     spectrum = np.fft.rfft2(lap[:_N, :_N], s=size)
     power = spectrum.real ** 2
@@ -100,7 +112,8 @@ def echo(plane: F32) -> Echo | None:
     brick wall) has a rough cepstrum everywhere, a ghost stands out of a smooth one."""
     if min(plane.shape) < 32:
         return None
-    near = cepstrum(plane, _NEAR_ROWS)  # row k is the lag dy = k - _AROUND
+    lap = laplacian(plane)
+    near = _cepstrum(lap, _NEAR_ROWS)  # row k is the lag dy = k - _AROUND
     if near is None:
         return None
     # The cepstrum of a real picture is symmetric (c(-d) = c(d)): the lags with dy > 0, and
@@ -120,8 +133,27 @@ def echo(plane: F32) -> Echo | None:
     dx -= _MAX
     values = inner[ring]
     spread = 1.4826 * float(np.median(np.abs(values - np.median(values))))
-    return Echo(dy, dx, float(height.flat[at]), max(_height_at(near, 2 * dy, 2 * dx), 0.0),
-                spread)
+    found = Echo(dy, dx, float(height.flat[at]), max(_height_at(near, 2 * dy, 2 * dx), 0.0),
+                 spread)
+    if found.z <= GHOST_GOOD:
+        return found
+    signs = (lap > _FLAT).astype(np.int8)
+    signs -= lap < -_FLAT
+    once = _agreement(signs, dy, dx)
+    return replace(found, recurs=_agreement(signs, 2 * dy, 2 * dx) / once if once > 0 else 0.0)
+
+
+def _agreement(signs: NDArray[np.int8], dy: int, dx: int) -> float:
+    """The mean product of the signs with themselves shifted by (dy, dx), dy >= 0, over the
+    pixels where both have one (0 where none do, or where the shift leaves no overlap)."""
+    h, w = signs.shape
+    if dy >= h or abs(dx) >= w:
+        return 0.0
+    a = signs[dy:, max(dx, 0):w + min(dx, 0)]
+    b = signs[:h - dy, max(-dx, 0):w - max(dx, 0)]
+    both = np.multiply(a, b, dtype=np.int8)
+    n = int(np.count_nonzero(both))
+    return float(both.sum(dtype=np.int64)) / n if n else 0.0
 
 
 def ghosting(plane: F32) -> Signal:
@@ -133,6 +165,13 @@ def ghosting(plane: F32) -> Signal:
     rendered UI (ui0, 11.1). One 256² FFT pair and a logarithm: the dearest signal with moire
     (docs/quality.md, "Cost"), so it is measured only when a rule names it.
 
+    A copy's echo does not repeat; a pattern's does (round 19): where the echo stands out (z
+    over 1), the Laplacian's signs are read at the lag and at twice it, and an echo whose
+    agreement recurs at twice its lag at 0.3 of its own or more scores 1 ("a repeating
+    pattern, not a copy"): the text lines of 6 of 48 rendered UIs, which read as ghosts
+    before; the 10-15 % ghosts of the evaluation recur at most 0.24 (docs/quality.md,
+    "Round 19").
+
     Known confusions: a periodic pattern without harmonics in range (one repeated object; a
     brick wall near its own period) reads as a ghost or hides one; a long camera shake is a
     smear of shifted copies (15 px: about a quarter read as ghosts); a ghost of another scene
@@ -141,9 +180,13 @@ def ghosting(plane: F32) -> Signal:
     if found is None:
         why = "image too small" if min(plane.shape) < 32 else "no edges"
         return Signal(1.0, 0.0, f"cepstral echo off zero ({why})")
-    z = found.z
+    z, at = found.z, f"at {found.dx:+d}, {found.dy:+d} px"
+    if found.recurs >= _PERIODIC:
+        return Signal(1.0, z, f"cepstral echo off zero, over its spread ({at}; it recurs at "
+                      f"twice its lag, {found.recurs:.2f} of its agreement: a repeating pattern, "
+                      "not a copy)")
     return Signal(_ramp(z, GHOST_BAD, GHOST_GOOD), z,
-                  f"cepstral echo off zero, over its spread (at {found.dx:+d}, {found.dy:+d} px)")
+                  f"cepstral echo off zero, over its spread ({at})")
 
 
 def _height_at(near: NDArray[np.float64], dy: int, dx: int) -> float:
