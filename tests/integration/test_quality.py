@@ -435,6 +435,22 @@ def test_chat_images_are_scored_annotated_and_dropped(llava: RunningMmguard) -> 
 
 
 @pytest.mark.vllm
+def test_a_transparent_image_is_scored_as_vllm_shows_it_over_white(llava: RunningMmguard) -> None:
+    # a sharp, well-exposed scene sent fully transparent: vLLM gives its model a white frame
+    # (convert_image_mode), so the scores are the white frame's, not the hidden scene's
+    picture = scene()
+    hidden = np.dstack([picture, np.zeros(picture.shape[:2], np.uint8)])
+    headers, completion = chat(llava, hidden, "what is in this picture?")
+    white, _ = chat(llava, np.full_like(picture, 255), "what is in this picture?")
+    assert completion.choices
+    assert headers["mmguard-quality-scores"] == white["mmguard-quality-scores"]
+    assert scores(headers["mmguard-quality-scores"])["image"] < 0.5, headers
+    visible, _ = chat(llava, np.dstack([picture, np.full(picture.shape[:2], 255, np.uint8)]),
+                      "what is in this picture?")
+    assert scores(visible["mmguard-quality-scores"])["image"] == 1.0  # opaque: the scene
+
+
+@pytest.mark.vllm
 def test_chat_garbage_text_is_refused_with_the_signal(llava: RunningMmguard) -> None:
     with pytest.raises(openai.UnprocessableEntityError) as exc:
         chat(llava, scene(), "the " * 20)

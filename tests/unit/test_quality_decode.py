@@ -111,3 +111,37 @@ def test_an_image_larger_than_the_whole_budget_decodes_alone() -> None:
     budget = DecodeBudget(pixels=10, wait_s=0.05)
     out = decode_rgb(encoded(photo(64), "PNG"), "img", budget=budget)
     assert out.shape == (64, 64, 3) and budget.peak == 64 * 64
+
+
+def _with_alpha(mode: str) -> Image.Image:
+    """32 × 32, grey 20 everywhere; the right half opaque, the top left quarter's rows half
+    transparent (RGBA and LA) and the rest of the left half fully transparent."""
+    alpha = np.zeros((32, 32), np.uint8)
+    alpha[:, 16:] = 255
+    alpha[:8, :16] = 128
+    grey = np.full((32, 32), 20, np.uint8)
+    if mode == "RGBA":
+        return Image.fromarray(np.dstack([grey, grey, grey, alpha]), "RGBA")
+    if mode == "LA":
+        return Image.fromarray(np.dstack([grey, alpha]), "LA")
+    img = Image.fromarray((alpha == 255).astype(np.uint8), "P")  # a palette with a tRNS entry
+    img.putpalette([20, 20, 20, 20, 20, 20])
+    img.info["transparency"] = 0
+    return img
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "P"])
+@pytest.mark.parametrize("max_side", [None, 8])
+def test_transparent_pixels_are_scored_over_white_as_vllm_shows_them(
+        mode: str, max_side: int | None) -> None:
+    # vLLM flattens transparency onto white before its model sees the image (its
+    # convert_image_mode); the colour under a transparent pixel is not what the model gets
+    got = decode_rgb(encoded(_with_alpha(mode), "PNG"), "img", max_side=max_side)
+    if max_side is None:
+        assert (got[:, 16:] == 20).all()  # opaque: as sent
+        assert (got[8:, :16] == 255).all()  # transparent: white
+        if mode != "P":  # half transparent: halfway to white
+            assert np.abs(got[:8, :16].astype(int) - (20 * 128 + 255 * 127) // 255).max() <= 1
+    else:  # reduced by 4 after the flattening: the same halves
+        assert got.shape[:2] == (8, 8)
+        assert (got[:, 4:] == 20).all() and (got[2:, :4] == 255).all()
