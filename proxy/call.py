@@ -214,7 +214,9 @@ class Call:
     deadline: float | None = None  # time.monotonic() by which the answer is due
     wire: Wire | None = None
     document: dict[str, Any] | None = None  # OpenAI requests: the parsed JSON body
-    endpoint: str = ""  # OpenAI requests: /v1/chat/completions, /v1/completions
+    # OpenAI requests: /v1/chat/completions, /v1/completions; v2 HTTP: generate or
+    # generate_stream ("": infer)
+    endpoint: str = ""
     target: Target | None = None
     state: Store = field(default_factory=Store)
     decisions: dict[str, str] = field(default_factory=dict)

@@ -263,6 +263,7 @@ class GenerateFront:
                     else _read_call(*args))
             call.headers = {k.lower(): v for k, v in request.headers.items()}
             call.deadline = header_deadline(call.headers)
+            call.endpoint = request.path.rsplit("/", 1)[1]  # generate | generate_stream
         except ProxyError as err:
             self.plane.count_undecoded("http", err)  # refused before the data plane saw it
             raise

@@ -94,9 +94,10 @@ def server_span(call: Call, scheme: str = "http") -> tuple[str, dict[str, Any]]:
                       gen_ai.GEN_AI_REQUEST_MODEL: call.model})
         return f"POST {route}", attrs
     version = f"/versions/{call.version}" if call.version else ""
-    route = "/v2/models/{model_name}" + ("/versions/{model_version}" if version else "") + "/infer"
+    verb = f"/{call.endpoint or 'infer'}"  # infer, generate or generate_stream
+    route = "/v2/models/{model_name}" + ("/versions/{model_version}" if version else "") + verb
     attrs.update({http_attrs.HTTP_REQUEST_METHOD: "POST", http_attrs.HTTP_ROUTE: route,
-                  url.URL_PATH: f"/v2/models/{call.model}{version}/infer",
+                  url.URL_PATH: f"/v2/models/{call.model}{version}{verb}",
                   url.URL_SCHEME: scheme})
     return f"POST {route}", attrs
 

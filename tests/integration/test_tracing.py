@@ -143,3 +143,23 @@ def test_a_backend_stream_is_one_client_span_with_gen_ai_usage(
     assert hop.attributes["gen_ai.usage.output_tokens"] == 2
     assert tuple(hop.attributes["gen_ai.response.finish_reasons"]) == ("length",)  # type: ignore[arg-type]  # a str-sequence attribute
     assert hop.attributes["server.port"] == 8000
+
+
+@pytest.mark.parametrize("verb", ["infer", "generate", "generate_stream"])
+def test_a_v2_http_request_s_span_names_the_endpoint_it_came_to(
+        setup: tuple[RunningMmguard, FakeV2], exporter: InMemorySpanExporter, verb: str) -> None:
+    # generate and generate_stream are Triton's own endpoints: their spans are not infer's
+    proxy, _ = setup
+    exporter.clear()
+    body = (http_binary_body([X])[0] if verb == "infer"
+            else b'{"INPUT0": [1.5, -2]}')
+    headers = ({"Inference-Header-Content-Length": str(http_binary_body([X])[1])}
+               if verb == "infer" else {"Content-Type": "application/json"})
+    status, _, answer = http_post(proxy.http_url, f"/v2/models/via_http/{verb}", body,
+                                  headers)
+    assert status == 200, answer
+    root = next(s for s in exporter.get_finished_spans() if s.kind == trace.SpanKind.SERVER)
+    assert root.name == f"POST /v2/models/{{model_name}}/{verb}"
+    assert root.attributes is not None
+    assert root.attributes["http.route"] == f"/v2/models/{{model_name}}/{verb}"
+    assert root.attributes["url.path"] == f"/v2/models/via_http/{verb}"
