@@ -36,6 +36,12 @@ class Backend(abc.ABC):
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Open connections / load models. May raise; the caller retries."""
 
+    async def reach(self) -> str | None:
+        """After ``start``: None when the server answers at its address (any answer, ready or
+        not), else why not. A remote backend's start opens a lazy channel or a session, which
+        proves nothing of the address; an in-process one has loaded its models."""
+        return None
+
     @abc.abstractmethod
     async def ready(self) -> bool: ...
 

@@ -56,6 +56,17 @@ class HttpBackend(Backend):
     async def start(self) -> None:
         _ = self.session
 
+    live_path = "/"
+    """What ``reach`` asks for: any answer, whatever its status, is a server there."""
+
+    async def reach(self) -> str | None:
+        try:
+            async with self.session.get(self.base + self.live_path,
+                                        timeout=aiohttp.ClientTimeout(total=2.0)):
+                return None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return f"{self.base} did not answer ({type(exc).__name__}: {exc})"
+
     async def _ok(self, path: str) -> bool:
         try:
             async with self.session.get(self.base + path,

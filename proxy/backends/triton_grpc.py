@@ -84,6 +84,14 @@ class TritonGrpcBackend(Backend):
         self._stubs = [pb_grpc.GRPCInferenceServiceStub(c)  # type: ignore[no-untyped-call]
                        for c in self._channels]
 
+    async def reach(self) -> str | None:
+        try:
+            await self._stubs[0].ServerLive(pb.ServerLiveRequest(), timeout=2.0)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                return f"{self.cfg.url} did not answer ({exc.code().name}: {exc.details()})"
+        return None  # an answer, even an error, comes from a server at that address
+
     async def ready(self) -> bool:
         try:
             resp = await self._stubs[0].ServerReady(pb.ServerReadyRequest(), timeout=2.0)

@@ -47,6 +47,8 @@ class TritonHttpBackend(HttpBackend):
                         if cfg.shared_memory == "system" else None)
         self._use_lean_client(cfg.infer_client)
 
+    live_path = "/v2/health/live"
+
     async def ready(self) -> bool:
         return await self._ok("/v2/health/ready")
 

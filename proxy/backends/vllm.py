@@ -61,6 +61,8 @@ class VllmBackend(HttpBackend):
         self._use_lean_client(cfg.infer_client)
         self._accepts_images: dict[str, bool | None] = {}
 
+    live_path = "/health"
+
     async def ready(self) -> bool:
         return await self._ok("/health")
 

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from pydantic import BaseModel
@@ -258,8 +258,9 @@ class Runtime:
         for route in self.routes.values():
             self._tasks.append(asyncio.create_task(self._watch_contract(route)))
 
-    async def wait_started(self, within_s: float) -> list[str]:
-        """Wait (up to ``within_s``) for every backend to have started; the names still not."""
+    async def wait_started(self, within_s: float, answering: Collection[str] = ()) -> list[str]:
+        """Wait (up to ``within_s``) for every backend to have started, and those of them named
+        in ``answering`` to answer at their address; the names still not."""
         pending = [n for n, e in self._started.items() if not e.is_set()]
         if pending:
             waits = [asyncio.ensure_future(self._started[n].wait()) for n in pending]
@@ -268,7 +269,25 @@ class Runtime:
             finally:  # also when the reload itself is cancelled
                 for w in waits:
                     w.cancel()
-        return [n for n, e in self._started.items() if not e.is_set()]
+        slow = [n for n, e in self._started.items() if not e.is_set()]
+        return slow + await self._unreachable(
+            [n for n in answering if n in self.backends and n not in slow], within_s)
+
+    async def _unreachable(self, names: Collection[str], within_s: float) -> list[str]:
+        """Of the started backends ``names``, those whose server has not answered within
+        ``within_s`` (asked every 0.5 s), each one's reason in ``start_errors``: a reload
+        replaces a backend only with one that answers at its address."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        pending = list(names)
+        while pending:
+            reasons = await asyncio.gather(*(self.backends[n].reach() for n in pending))
+            self.start_errors.update({n: r for n, r in zip(pending, reasons, strict=True) if r})
+            pending = [n for n, r in zip(pending, reasons, strict=True) if r]
+            if not pending or loop.time() >= deadline:
+                break
+            await asyncio.sleep(0.5)
+        return pending
 
     async def _start_backend(self, name: str, backend: Backend) -> None:
         delay = 0.2

@@ -316,8 +316,9 @@ class Server:
             slow: list[str] = []
             if POD.role is not Role.SUPERVISOR:  # the pod's control copy starts no backend
                 await new.start(started=reused)
-                # New backends connect before the swap, so calls never meet one half made.
-                slow = await new.wait_started(within_s=self.backend_start_s)
+                # New backends connect, replaced ones answer, before the swap: calls never
+                # meet one half made, nor a backend at an address where no server answers.
+                slow = await new.wait_started(self.backend_start_s, old.backends.keys() - reused)
             replaced = [n for n in slow if n in old.backends]
             if replaced:  # the old one serves: keep it rather than answer 503 until fixed
                 await new.close(keep=reused)

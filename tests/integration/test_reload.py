@@ -25,6 +25,7 @@ from tests.integration.test_tls import make_pki, peer_serial, tls_config
 from tests.support.adversary import PROBE_BODY, PROBE_PATH, http_call, serve
 from tests.support.models import write_identity
 from tests.support.process import MmguardProcess
+from tests.support.triton import TritonServer
 
 TOKEN = "reload-test-token"
 
@@ -194,3 +195,46 @@ def test_rotated_certificates_are_served_without_a_signal(tmp_path: Path,
         assert "listener.pem" in str(p.wait_log("config reload: ")["msg"])
     finally:
         assert p.stop() == 0
+
+
+def _triton_infer(proc: MmguardProcess, model: str) -> int:
+    """The status of one infer of Triton's identity_fp32 (batched: [1, 2]) through ``model``."""
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2],
+                                   "data": [1.0, 2.0]}]}).encode()
+    status, _, answer = http_call(proc.ports["http"], "POST", f"/v2/models/{model}/infer", body)
+    assert status == 200, answer
+    return status
+
+
+def test_a_reload_that_points_triton_backends_at_no_server_changes_nothing(
+        tmp_path: Path, token_env: None, triton: TritonServer) -> None:
+    # a gRPC channel and an HTTP session open without a server: the replaced backends must
+    # answer at their new address before the swap, or the old ones keep serving
+    cfg = {"backends": [{"kind": "triton_grpc", "name": "tg", "url": triton.grpc_url},
+                        {"kind": "triton_http", "name": "th", "url": triton.http_url}],
+           "models": [{"name": "g", "backend": "tg", "backend_model": "identity_fp32"},
+                      {"name": "h", "backend": "th", "backend_model": "identity_fp32"}],
+           "listeners": {"admin": {"token_env": "MMGUARD_TEST_ADMIN_TOKEN"}},
+           "watch_config_s": 0}
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with serve(tmp_path, cfg) as proc:
+        assert _triton_infer(proc, "g") == _triton_infer(proc, "h") == 200
+        dead = json.loads(json.dumps(cfg))
+        dead["backends"][0]["url"] = "127.0.0.1:1"
+        dead["backends"][1]["url"] = "127.0.0.1:1"
+        _write(tmp_path / "mmguard.yaml", dead)
+        status, _, body = http_call(proc.ports["admin"], "POST", "/admin/reload", headers=auth)
+        answer = json.loads(body)
+        assert status == 409 and answer["applied"] is False, answer
+        assert "replaced backends" in answer["message"], answer
+        assert "tg: 127.0.0.1:1 did not answer (UNAVAILABLE" in answer["message"], answer
+        assert "th: http://127.0.0.1:1 did not answer" in answer["message"], answer
+        assert _triton_infer(proc, "g") == _triton_infer(proc, "h") == 200
+        # replaced by backends that answer (a changed timeout, the same server): applied
+        moved = json.loads(json.dumps(cfg))
+        for backend in moved["backends"]:
+            backend["timeout_s"] = 7
+        _write(tmp_path / "mmguard.yaml", moved)
+        status, _, body = http_call(proc.ports["admin"], "POST", "/admin/reload", headers=auth)
+        assert status == 200 and json.loads(body)["applied"] is True, body
+        assert _triton_infer(proc, "g") == _triton_infer(proc, "h") == 200
