@@ -181,6 +181,11 @@ def test_a_breaker_opens_once_on_both_workers_failures_and_holds_in_every_worker
 
     _until(opened, "the pod's breaker open on the two workers' failures together")
     fake.bad_answer = ""  # the backend is healthy again; the breaker still holds (300 s)
+
+    def refused_by_all() -> bool:  # each worker reads a replica the supervisor updates
+        return all(_infer(http, "echo")[0] == 503 for _ in range(6))
+
+    _until(refused_by_all, "every worker's replica of the open breaker")
     codes = set()
     for _ in range(30):
         status, _, answer = _infer(http, "echo")
