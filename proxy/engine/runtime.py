@@ -282,8 +282,12 @@ class Runtime:
         pending = list(names)
         while pending:
             reasons = await asyncio.gather(*(self.backends[n].reach() for n in pending))
-            self.start_errors.update({n: r for n, r in zip(pending, reasons, strict=True) if r})
-            pending = [n for n, r in zip(pending, reasons, strict=True) if r]
+            for n, why in zip(pending, reasons, strict=True):
+                if why is None:
+                    self.start_errors.pop(n, None)
+                else:
+                    self.start_errors[n] = why
+            pending = [n for n, why in zip(pending, reasons, strict=True) if why]
             if not pending or loop.time() >= deadline:
                 break
             await asyncio.sleep(0.5)

@@ -155,19 +155,23 @@ def _pixels(img: object, max_side: int | None) -> NDArray[np.uint8]:
 
     assert isinstance(img, Image.Image)
     img.load()
-    if img.mode in ("RGBA", "LA", "PA") or "transparency" in img.info:
-        # What vLLM hands the model: transparent pixels over white (its convert_image_mode),
-        # not the colour values under them, which a plain convert("RGB") would keep
-        rgba = img if img.mode == "RGBA" else img.convert("RGBA")
-        flat = Image.new("RGB", rgba.size, (255, 255, 255))
-        flat.paste(rgba, mask=rgba.getchannel("A"))
+    if (img.mode in ("LA", "PA") or "transparency" in img.info) and img.mode != "RGBA":
+        rgba = img.convert("RGBA")  # a palette's or a colour key's transparency as alpha
         img.close()
-        img = flat
+        img = rgba
     factor = 1 if max_side is None else min(img.size) // max_side
     if factor >= 2:
         # reduce() is a box filter of integer factor; palette and odd modes go to RGB first
-        small = img.reduce(factor) if img.mode in ("L", "RGB") else (
+        small = img.reduce(factor) if img.mode in ("L", "RGB", "RGBA") else (
             img.convert("RGB").reduce(factor))
         img.close()  # the full-size pixels go now, not when the caller's frame ends
         img = small
+    if img.mode == "RGBA":
+        # What vLLM hands the model: transparent pixels over white (its convert_image_mode),
+        # not the colours under them, which a plain convert("RGB") keeps. Flattened once
+        # reduced: a huge image's alpha costs no full-size copy
+        flat = Image.new("RGB", img.size, (255, 255, 255))
+        flat.paste(img, mask=img.getchannel("A"))
+        img.close()
+        img = flat
     return np.asarray(img if img.mode == "RGB" else img.convert("RGB"), dtype=np.uint8)
