@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numpy.typing import NDArray
 
-from filters.quality.measure import F32, Signal, laplacian
+from filters.quality.measure import F32, LAPLACIAN_FLAT, Signal, laplacian
 from filters.quality.measure import ramp as _ramp
 
 GHOST_BAD, GHOST_GOOD = 12.0, 1.0  # echo's height over the cepstrum's spread; see ghosting()
@@ -39,7 +39,6 @@ _N = 256  # the FFT's side: the ~224 px plane, zero-padded
 # about as little as the picture's own do (at most 0.24 of the agreement at the lag, 10-15 %
 # ghosts of the evaluation set), where a pattern's repeat recurs (a UI's text lines: 0.33-0.99).
 _PERIODIC = 0.3
-_FLAT = 1e-5  # a Laplacian within this of zero has no sign (a flat patch), as residue's
 _MIN, _MAX = 4, 28  # lags searched (px): beyond an edge's own width, within a frame's tenth
 _AROUND = 2  # a peak is over every value up to this far (its 5 × 5 neighbourhood)
 _REACH = _MAX + _AROUND
@@ -137,8 +136,8 @@ def echo(plane: F32) -> Echo | None:
                  spread)
     if found.z <= GHOST_GOOD:
         return found
-    signs = (lap > _FLAT).astype(np.int8)
-    signs -= lap < -_FLAT
+    signs = (lap > LAPLACIAN_FLAT).astype(np.int8)
+    signs -= lap < -LAPLACIAN_FLAT
     once = _agreement(signs, dy, dx)
     return replace(found, recurs=_agreement(signs, 2 * dy, 2 * dx) / once if once > 0 else 0.0)
 

@@ -23,6 +23,11 @@ class Signal:
     what: str  # how to read the value in a message, e.g. "NaN/Inf values"
 
 
+LAPLACIAN_FLAT = np.float32(1e-5)
+"""A Laplacian within this of zero has no sign: a flat patch, whose rounding noise would
+otherwise read as edges (1/255 of luminance is 4e-3). ``residue`` and ``ghosting`` read signs."""
+
+
 def laplacian(plane: F32) -> F32:
     """The plane's 4-neighbour Laplacian, 4·centre less its neighbours, over its interior
     ((h - 2) × (w - 2)): in one C pass where the kernels are built, the same values in numpy

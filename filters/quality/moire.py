@@ -354,10 +354,11 @@ def _region_band() -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
 
 @cache
 def _region_half_band(cols: int) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
-    """``_region_band`` over the first ``cols`` columns of a region's ``rfft2`` half: the
-    band, and where its peaks are read."""
-    band, half = _region_band()
-    out = (np.ascontiguousarray(band[:, :cols]), np.ascontiguousarray(half[:, :cols]))
-    for a in out:
-        a.flags.writeable = False
-    return out
+    """Over the first ``cols`` columns of a region's ``rfft2`` half: the band
+    (``_moire_band``), and where its peaks are read (fx > 0, or fx = 0 and fy > 0)."""
+    band = _moire_band(_REGION, cols)
+    fy = np.fft.fftfreq(_REGION)[:, None]
+    fx = np.arange(cols)[None, :]
+    half = band & ((fx > 0) | (fy > 0))
+    half.flags.writeable = False
+    return band, half

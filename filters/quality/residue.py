@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from filters.quality.measure import F32, Signal, laplacian
+from filters.quality.measure import F32, LAPLACIAN_FLAT, Signal, laplacian
 from filters.quality.measure import ramp as _ramp
 
 RESIDUE_BAD, RESIDUE_GOOD = 0.03, 0.01  # the signs' correlation; see residue()
@@ -45,7 +45,6 @@ WINDOW = 4  # each image is compared with this many images before it
 _REGIONS = 3  # a 3 × 3 grid
 _BLOCK = 8  # px: the coarse luminance's blocks
 _MIN_SIDE = 32
-_FLAT = np.float32(1e-5)  # luminance: a Laplacian smaller than this is flat (1/255 is 4e-3)
 STREAM_BYTES = 64 << 20
 """What one mmguard process keeps at most of streams' earlier frames (~55 KB an image at
 224 px, the last ``WINDOW`` of a stream: ~220 KB a stream; 64 MiB is ~300 streams). A stream
@@ -81,7 +80,7 @@ def trace(plane: F32) -> Trace | None:
     regions = np.ascontiguousarray(grid.transpose(0, 2, 1, 3)).reshape(_REGIONS ** 2, rh * rw)
     # Within rounding of zero, a flat patch's Laplacian has no sign: its noise would be read as
     # edges (the order of its summation decides it).
-    up, down = regions > _FLAT, regions < -_FLAT
+    up, down = regions > LAPLACIAN_FLAT, regions < -LAPLACIAN_FLAT
     signs = up.astype(np.float32)
     signs -= down
     sums = np.einsum("ij->i", signs).astype(np.float64)  # exact: integers under 2^24

@@ -185,13 +185,15 @@ def _moire_by_the_definition(p: NDArray[np.float32]) -> float:
 
 
 @pytest.mark.parametrize("shape", [(224, 224), (230, 301), (57, 33), (100, 40), (33, 64)])
-def test_the_value_is_the_whole_spectrum_s_by_the_definition(shape: tuple[int, int]) -> None:
+def test_the_value_is_the_whole_spectrum_s_by_the_definition(
+        shape: tuple[int, int], monkeypatch: pytest.MonkeyPatch) -> None:
     # moire reads half the spectrum, only the columns its band reaches (a real image's power
     # is symmetric): the same value as the whole spectrum's, on even, odd and small sides
-    # (the band reaching the last column or not), for a screen photo and for noise
+    # (the band reaching the last column or not), for a screen photo and for noise; the
+    # whole frame's value (the regions have a test of their own in test_quality_spectra.py)
     rng = np.random.default_rng(sum(shape))
     for p in (rng.random(shape, dtype=np.float32),
               plane(photos.moire(np.asarray(rng.integers(0, 256, (*shape, 3)), np.uint8),
                                  0.7, rng))):
-        got = moire(p).value
+        got = whole_frame_only(p, monkeypatch)
         assert got == pytest.approx(_moire_by_the_definition(p), rel=1e-6, abs=1e-9), shape
